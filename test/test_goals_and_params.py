@@ -1,0 +1,83 @@
+"""Goal validation and the YAML -> dataclass parameter path."""
+
+import dataclasses
+import math
+
+import pytest
+
+from timebill_ros import config, goals, params, status
+from timebill_ros.goals import GoalRejected, GoalRequest
+
+
+@pytest.mark.parametrize('budget_s, match', [
+    (float('nan'), 'finite'), (math.inf, 'finite'), (0.0, '> 0'), (-1.0, '> 0'),
+])
+def test_bad_budgets_are_rejected_with_the_cause(budget_s, match):
+    with pytest.raises(GoalRejected, match=match):
+        goals.resolve_deadline(GoalRequest('hi', budget_s=budget_s), received_s=10.0)
+
+
+def test_deadline_rules():
+    assert goals.resolve_deadline(GoalRequest('hi', budget_s=2.0), 10.0) == 12.0
+    assert goals.resolve_deadline(GoalRequest('hi', deadline_s=15.0), 10.0) == 15.0
+    with pytest.raises(GoalRejected, match='already past'):
+        goals.resolve_deadline(GoalRequest('hi', deadline_s=9.0), 10.0)
+    with pytest.raises(GoalRejected, match='both are zero'):
+        goals.resolve_deadline(GoalRequest('hi'), 10.0)
+    with pytest.raises(GoalRejected, match='only one'):
+        goals.resolve_deadline(GoalRequest('hi', budget_s=1.0, deadline_s=12.0), 10.0)
+
+
+def test_policy_and_max_tokens():
+    assert goals.resolve_policy(GoalRequest('x'), 'skip_next') == 'skip_next'
+    assert goals.resolve_policy(GoalRequest('x', overrun_policy=1), 'skip_next') == 'kill'
+    with pytest.raises(GoalRejected, match='unknown overrun_policy 7'):
+        goals.resolve_policy(GoalRequest('x', overrun_policy=7), 'kill')
+    assert goals.resolve_max_new_tokens(GoalRequest('x'), 128, 2048) == 128
+    assert goals.resolve_max_new_tokens(GoalRequest('x', max_new_tokens=9), 128, 2048) == 9
+    with pytest.raises(GoalRejected, match='exceeds the model capacity'):
+        goals.resolve_max_new_tokens(GoalRequest('x', max_new_tokens=4096), 128, 2048)
+
+
+def test_empty_prompt():
+    with pytest.raises(GoalRejected, match='empty'):
+        goals.check_prompt(GoalRequest(' \n\t'))
+
+
+def test_status_names_cover_every_code():
+    assert set(status.STATUS_NAMES) == set(status.ACTION_OUTCOME)
+
+
+def test_yaml_round_trip_and_shipped_config(tmp_path):
+    cfg = config.ServerConfig(budget=config.BudgetConfig(alpha_max=0.9))
+    path = tmp_path / 'p.yaml'
+    path.write_text(params.to_yaml(cfg))
+    assert params.config_from_flat(params.load_yaml(path)) == cfg
+    shipped = params.config_from_flat(params.load_yaml('config/llm.yaml'))
+    assert shipped.ros.action_name == '~/instruct'
+
+
+def test_every_dataclass_field_is_a_parameter():
+    names = params.defaults()
+    for group, cls in params.groups().items():
+        for field in dataclasses.fields(cls):
+            assert f'{group}.{field.name}' in names
+
+
+def test_bad_parameters_name_the_culprit():
+    with pytest.raises(ValueError, match='unknown parameter.*engine.thread'):
+        params.config_from_flat({'engine.thread': 2})
+    with pytest.raises(TypeError, match='engine.threads'):
+        params.config_from_flat({'engine.threads': 'two'})
+    with pytest.raises(ValueError, match='budget.alpha_max'):
+        params.config_from_flat({'budget.alpha_max': 1.5})
+    with pytest.raises(ValueError, match='overrun.default_policy'):
+        params.config_from_flat({'overrun.default_policy': 'explode'})
+
+
+def test_node_section_matching(tmp_path):
+    path = tmp_path / 'p.yaml'
+    path.write_text('/**:\n  ros__parameters:\n    engine: {threads: 1}\n'
+                    '/robot/timebill:\n  ros__parameters:\n    queue.max_depth: 3\n'
+                    'other:\n  ros__parameters:\n    queue.max_depth: 9\n')
+    assert params.load_yaml(path) == {'engine.threads': 1, 'queue.max_depth': 3}

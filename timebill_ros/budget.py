@@ -1,0 +1,81 @@
+"""TimeBill budget math: Eq. 2 and Eq. 5-11 of the TimeBill paper.
+
+Units: seconds and tokens. ``coefficients`` is any object with the Eq. 4 coefficients
+``p`` (s/token), ``q`` (s) and the methods ``prefill_s(n_x)`` and
+``decode_phase_s(n_x, alpha, n_tokens)`` (see ``timing_model.TimingCoefficients``).
+"""
+
+import dataclasses
+import math
+
+
+def predicted_tokens(bucket_index: int, bucket_size: int, n_max: int) -> int:
+    """Eq. 2: N^ = min(N_max, n^ B) for a predicted bucket index n^ of size B tokens."""
+    if bucket_index < 0 or bucket_size < 1 or n_max < 1:
+        raise ValueError(
+            f'need bucket_index >= 0, bucket_size >= 1, n_max >= 1; got '
+            f'{bucket_index!r}, {bucket_size!r}, {n_max!r}')
+    return min(n_max, bucket_index * bucket_size)
+
+
+def pessimistic_tokens(n_hat: int, k: float, n_max: int) -> int:
+    """N^_W = min(k N^, N_max), tokens (Sec. 4.2); k >= 1 is the pessimistic factor."""
+    if not math.isfinite(k) or k < 1:
+        raise ValueError(f'pessimistic factor k must be finite and >= 1, got {k!r}')
+    if n_hat < 0 or n_max < 1:
+        raise ValueError(f'need n_hat >= 0 and n_max >= 1, got {n_hat!r} and {n_max!r}')
+    return min(n_max, math.ceil(k * n_hat))
+
+
+def alpha_star(budget_s, n_x, n_w, t_prefill_hat_s, t_predict_s, p, q, alpha_max):
+    """Eq. 11: the smallest KV eviction ratio whose WCET estimate fits the budget.
+
+    Solving Eq. 10b with Eq. 6-7 and 9 for alpha gives
+        1 - (T - t^_prefill - t_Predict) / (p N_x (N_W - 1)) + (N_W - 2) / (2 N_x) + q / (p N_x)
+    The paper prints the middle term as (N_W - 2) / (2 p N_x); dimensional analysis (and
+    summing Eq. 6 over i = 1..N_W-1) gives (N_W - 2) / (2 N_x), which is what we use.
+    The result is clamped to [0, alpha_max] (Eq. 10c).
+
+    budget_s: T, seconds left for this inference. n_x: prompt tokens. n_w: N^_W tokens.
+    t_prefill_hat_s: Eq. 4a estimate, seconds. t_predict_s: predictor time not hidden behind
+    the prefill, seconds. p, q: Eq. 4b coefficients (s/token, s).
+    """
+    if not math.isfinite(budget_s):
+        raise ValueError(f'budget_s must be finite, got {budget_s!r}')
+    if n_w <= 1 or n_x <= 0 or p <= 0:
+        # No decoding step, no prompt KV, or decode time independent of the KV length:
+        # eviction cannot buy time, so keep the whole cache.
+        return 0.0
+    steps = n_w - 1
+    slack = budget_s - t_prefill_hat_s - t_predict_s
+    alpha = 1.0 - slack / (p * n_x * steps) + (n_w - 2) / (2.0 * n_x) + q / (p * n_x)
+    return min(alpha_max, max(0.0, alpha))
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetDecision:
+    """What the budget math decided for one goal (tokens, seconds, ratio)."""
+
+    n_hat: int
+    n_w: int
+    alpha: float
+    wcet_s: float
+    fits: bool
+
+
+def decide(coefficients, budget_s, n_x, n_hat, n_max, k, alpha_max, t_predict_s=0.0,
+           fixed_alpha=None):
+    """Pick alpha for one goal and estimate its WCET (Eq. 9) at that alpha.
+
+    fixed_alpha: when not None, use it instead of Eq. 11 (the fixed-ratio baselines).
+    ``fits`` says whether t_Predict + t^_WCET <= T at the chosen alpha.
+    """
+    n_w = pessimistic_tokens(n_hat, k, n_max)
+    if fixed_alpha is None:
+        alpha = alpha_star(budget_s, n_x, n_w, coefficients.prefill_s(n_x), t_predict_s,
+                           coefficients.p, coefficients.q, alpha_max)
+    else:
+        alpha = float(fixed_alpha)
+    wcet_s = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, alpha, n_w)
+    return BudgetDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, wcet_s=wcet_s,
+                          fits=t_predict_s + wcet_s <= budget_s)

@@ -1,0 +1,136 @@
+"""The ``timebill`` command: serve, profile, send, demo, bench."""
+
+import argparse
+import sys
+
+
+def _split_ros_args(argv):
+    """Split argv at ``--ros-args``: (ours, ros args including the marker)."""
+    if '--ros-args' in argv:
+        i = argv.index('--ros-args')
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def _load_config(params_file, overrides=()):
+    from timebill_ros import params
+    flat = params.load_yaml(params_file) if params_file else {}
+    for item in overrides:
+        name, _, raw = item.partition('=')
+        flat[name] = _parse_value(raw)
+    return params.config_from_flat(flat)
+
+
+def _parse_value(raw):
+    import yaml
+    return yaml.safe_load(raw)
+
+
+def cmd_serve(args, ros_args):
+    """Start the timebill node (the same node launch/llm.launch.py starts)."""
+    from timebill_ros.factory import build_service
+    from timebill_ros.ros.node import TimeBillNode, spin
+    if args.params:
+        ros_args = (ros_args or ['--ros-args']) + ['--params-file', args.params]
+    spin(lambda: TimeBillNode(build_service, node_name=args.node_name),
+         args=[sys.argv[0]] + ros_args)
+    return 0
+
+
+def cmd_profile(args, ros_args):
+    """Profile prefill and decode-step times, fit Eq. 4, print the report, save the YAML."""
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.profiler import ProfileGrid, format_report, profile
+    from timebill_ros.timing_model import calibration_key, default_calibration_path
+    config = _load_config(args.params, args.set)
+    engine = LlmEngine.load(config.engine, config.eviction)
+    if args.quick:
+        grid = ProfileGrid.startup_grid()
+    else:
+        grid = ProfileGrid.full_grid(engine.context_tokens, max_tokens=args.max_tokens)
+    calibration = profile(engine, grid, progress=print)
+    print(format_report(calibration))
+    out = args.out or default_calibration_path(calibration_key(
+        engine.model_key, config.engine.device, config.engine.dtype, config.engine.threads))
+    calibration.save(out)
+    print(f'saved {out}')
+    return 0
+
+
+def cmd_send(args, ros_args):
+    """Send one goal and print feedback and the result."""
+    from timebill_ros.ros.client import make_goal
+    from timebill_ros.ros.session import client_session
+    policy = {'default': 0, 'kill': 1, 'skip_next': 2}[args.policy]
+    goal = make_goal(args.prompt, budget_s=args.budget, max_new_tokens=args.max_new_tokens,
+                     policy=policy, system_prompt=args.system)
+    with client_session(args.action) as client:
+        if not client.wait_for_server(args.wait):
+            print(f'no action server at {args.action}', file=sys.stderr)
+            return 2
+        result, _ = client.run(goal, on_feedback=lambda fb: print(fb.text, end='', flush=True))
+    print()
+    for field in ('status', 'message', 'response', 'prompt_tokens', 'response_tokens',
+                  'predicted_tokens', 'pessimistic_tokens', 'eviction_ratio', 'deadline_met',
+                  'predictor'):
+        print(f'{field}: {getattr(result, field)}')
+    return 0
+
+
+def cmd_demo(args, ros_args):
+    """Start the server on the embedded model and run the planner-like demo client."""
+    from timebill_ros.demo import run_demo
+    return run_demo(params_file=args.params, wait_s=args.wait)
+
+
+def cmd_bench(args, ros_args):
+    """Run the TimeBill benchmark through the real node."""
+    from timebill_ros.bench import run_bench
+    return run_bench(args)
+
+
+def build_parser():
+    """Return the argparse parser of the ``timebill`` command."""
+    parser = argparse.ArgumentParser(prog='timebill', description=__doc__)
+    sub = parser.add_subparsers(dest='command', required=True)
+    serve = sub.add_parser('serve', help=cmd_serve.__doc__)
+    serve.add_argument('--params', help='ROS 2 params YAML (e.g. config/llm.yaml)')
+    serve.add_argument('--node-name', default='timebill')
+    serve.set_defaults(func=cmd_serve)
+    prof = sub.add_parser('profile', help=cmd_profile.__doc__)
+    prof.add_argument('--params', help='ROS 2 params YAML for the engine settings')
+    prof.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE')
+    prof.add_argument('--out', help='calibration YAML (default: the per-user cache entry)')
+    prof.add_argument('--quick', action='store_true', help='the small start-up grid')
+    prof.add_argument('--max-tokens', type=int, default=4096, help='largest N_x / N_kv')
+    prof.set_defaults(func=cmd_profile)
+    send = sub.add_parser('send', help=cmd_send.__doc__)
+    send.add_argument('prompt')
+    send.add_argument('--budget', type=float, default=5.0, help='time budget, seconds')
+    send.add_argument('--max-new-tokens', type=int, default=0)
+    send.add_argument('--policy', choices=('default', 'kill', 'skip_next'), default='default')
+    send.add_argument('--system', default='')
+    send.add_argument('--action', default='/timebill/instruct')
+    send.add_argument('--wait', type=float, default=30.0, help='seconds to wait for the server')
+    send.set_defaults(func=cmd_send)
+    demo = sub.add_parser('demo', help=cmd_demo.__doc__)
+    demo.add_argument('--params', help='params YAML for the server')
+    demo.add_argument('--wait', type=float, default=600.0, help='seconds to wait for start-up')
+    demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser('bench', help=cmd_bench.__doc__)
+    bench.add_argument('--out', default='benchmarks/results')
+    bench.add_argument('--quick', action='store_true', help='fewer prompts and budgets')
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the ``timebill`` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, ros_args = _split_ros_args(argv)
+    args = build_parser().parse_args(ours)
+    return args.func(args, ros_args)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Frozen configuration dataclasses: one per parameter group.
+
+A ROS parameter ``<group>.<field>`` (e.g. ``budget.alpha_max``) maps to the field of the same
+name in the dataclass of that group. Units are in the field names or docstrings.
+Validation lives in ``__post_init__`` and raises ``ValueError`` naming the bad value.
+"""
+
+import dataclasses
+import math
+
+POLICY_NAMES = ('kill', 'skip_next')
+SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
+BUDGET_MODES = ('timebill', 'fixed')
+PREDICTOR_KINDS = ('fallback',)
+
+
+def _check_positive(name, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f'{name} must be a number, got {value!r}')
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f'{name} must be finite and > 0, got {value!r}')
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f'{name} must be one of {choices}, got {value!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """The LLM engine (group ``engine``).
+
+    model_path: transformers model directory; empty = the embedded SmolLM2-135M-Instruct GGUF.
+    model_cache_dir: where the converted embedded model is saved; empty = ~/.cache/timebill_ros.
+    device: torch device (``cpu``, ``cuda``, ``cuda:0``).
+    dtype: ``float32``, ``float16`` or ``bfloat16``.
+    threads: torch intra-op threads; 0 = torch's default.
+    max_new_tokens: server default N_max, tokens.
+    max_model_new_tokens: N_model, the most tokens a goal may ask for, tokens.
+    prefill_chunk_tokens: prefill runs in chunks of this many tokens so that cancel and Kill
+        are checked between chunks.
+    feedback_every_tokens: publish feedback every this many generated tokens.
+    """
+
+    model_path: str = ''
+    model_cache_dir: str = ''
+    device: str = 'cpu'
+    dtype: str = 'float32'
+    threads: int = 0
+    max_new_tokens: int = 128
+    max_model_new_tokens: int = 2048
+    prefill_chunk_tokens: int = 512
+    feedback_every_tokens: int = 4
+
+    def __post_init__(self):
+        _check_choice('engine.dtype', self.dtype, ('float32', 'float16', 'bfloat16'))
+        if not isinstance(self.threads, int) or self.threads < 0:
+            raise ValueError(f'engine.threads must be an int >= 0, got {self.threads!r}')
+        for name in ('max_new_tokens', 'max_model_new_tokens', 'prefill_chunk_tokens',
+                     'feedback_every_tokens'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f'engine.{name} must be an int >= 1, got {value!r}')
+        if self.max_new_tokens > self.max_model_new_tokens:
+            raise ValueError(
+                f'engine.max_new_tokens ({self.max_new_tokens}) exceeds '
+                f'engine.max_model_new_tokens ({self.max_model_new_tokens})')
+
+
+@dataclasses.dataclass(frozen=True)
+class EvictionConfig:
+    """KV-cache eviction (group ``eviction``).
+
+    scorer: which kvpress scorer ranks prompt KV entries: snapkv, streaming_llm, knorm.
+    window_size: observation window, tokens at the end of the prompt that are always kept
+        (and, for SnapKV, whose attention scores the rest).
+    """
+
+    scorer: str = 'snapkv'
+    window_size: int = 32
+
+    def __post_init__(self):
+        _check_choice('eviction.scorer', self.scorer, SCORER_NAMES)
+        if not isinstance(self.window_size, int) or self.window_size < 1:
+            raise ValueError(f'eviction.window_size must be an int >= 1, got {self.window_size!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+    """TimeBill budget math (group ``budget``).
+
+    pessimistic_factor: k >= 1 in N^_W = min(k N^, N_max).
+    alpha_max: largest KV eviction ratio, in [0, 1).
+    mode: ``timebill`` (alpha* from Eq. 11) or ``fixed`` (always ``fixed_alpha``; baselines).
+    fixed_alpha: the eviction ratio used when mode is ``fixed``, in [0, 1).
+    """
+
+    pessimistic_factor: float = 5.0
+    alpha_max: float = 0.95
+    mode: str = 'timebill'
+    fixed_alpha: float = 0.0
+
+    def __post_init__(self):
+        _check_positive('budget.pessimistic_factor', self.pessimistic_factor)
+        if self.pessimistic_factor < 1:
+            raise ValueError(
+                f'budget.pessimistic_factor must be >= 1, got {self.pessimistic_factor!r}')
+        for name in ('alpha_max', 'fixed_alpha'):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f'budget.{name} must be in [0, 1), got {value!r}')
+        _check_choice('budget.mode', self.mode, BUDGET_MODES)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictorConfig:
+    """Response-length predictor (group ``predictor``).
+
+    kind: ``fallback`` (N^ = N_max, conservative) until a trained predictor is available.
+    timeout_s: if the predictor has not answered this long after prefill ends, the goal goes on
+        with the fallback N^ and the result says so.
+    """
+
+    kind: str = 'fallback'
+    timeout_s: float = 1.0
+
+    def __post_init__(self):
+        _check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
+        _check_positive('predictor.timeout_s', self.timeout_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingConfig:
+    """Execution-time estimator calibration (group ``timing``).
+
+    calibration_file: YAML written by ``timebill profile``; empty = the per-user cache entry
+        for this model/device/dtype/threads.
+    calibrate_on_start: when no calibration exists, profile at start-up (bounded) and cache it.
+    max_calibration_s: time bound of the start-up calibration, seconds.
+    """
+
+    calibration_file: str = ''
+    calibrate_on_start: bool = True
+    max_calibration_s: float = 60.0
+
+    def __post_init__(self):
+        _check_positive('timing.max_calibration_s', self.max_calibration_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class OverrunConfig:
+    """Overrun policy (group ``overrun``): ``kill`` or ``skip_next`` for POLICY_DEFAULT goals."""
+
+    default_policy: str = 'kill'
+
+    def __post_init__(self):
+        _check_choice('overrun.default_policy', self.default_policy, POLICY_NAMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueConfig:
+    """Goal queue (group ``queue``): max_depth goals may wait; more are REJECTED."""
+
+    max_depth: int = 16
+
+    def __post_init__(self):
+        if not isinstance(self.max_depth, int) or self.max_depth < 1:
+            raise ValueError(f'queue.max_depth must be an int >= 1, got {self.max_depth!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsConfig:
+    """Stats and diagnostics (group ``stats``).
+
+    window: terminal goals in the sliding window.
+    period_s: publishing period of ~/stats and /diagnostics, seconds.
+    miss_rate_warn / miss_rate_error: diagnostics level thresholds on the window's miss rate.
+    """
+
+    window: int = 50
+    period_s: float = 1.0
+    miss_rate_warn: float = 0.2
+    miss_rate_error: float = 0.5
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f'stats.window must be an int >= 1, got {self.window!r}')
+        _check_positive('stats.period_s', self.period_s)
+        if not 0 <= self.miss_rate_warn <= self.miss_rate_error <= 1:
+            raise ValueError(
+                'stats.miss_rate_warn <= stats.miss_rate_error in [0, 1] required, got '
+                f'{self.miss_rate_warn!r} and {self.miss_rate_error!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class RosConfig:
+    """ROS surface names (group ``ros``): action_name is relative to the node's namespace."""
+
+    action_name: str = '~/instruct'
+    events_topic: str = '~/events'
+    stats_topic: str = '~/stats'
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """All groups together."""
+
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    eviction: EvictionConfig = dataclasses.field(default_factory=EvictionConfig)
+    budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
+    predictor: PredictorConfig = dataclasses.field(default_factory=PredictorConfig)
+    timing: TimingConfig = dataclasses.field(default_factory=TimingConfig)
+    overrun: OverrunConfig = dataclasses.field(default_factory=OverrunConfig)
+    queue: QueueConfig = dataclasses.field(default_factory=QueueConfig)
+    stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
+    ros: RosConfig = dataclasses.field(default_factory=RosConfig)

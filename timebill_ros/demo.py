@@ -1,0 +1,127 @@
+"""``timebill demo``: start the server on the embedded model, act as a planner, print a table.
+
+The server runs as its own process (``timebill serve``), the planner here talks to it over
+ROS 2 like any other client.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+from timebill_ros import prompts
+
+KILL, SKIP_NEXT = 1, 2
+
+
+def demo_goals():
+    """Return [(label, prompt, budget_s, max_new_tokens, policy)] for the demo planner."""
+    s = prompts.SHORT
+    return [
+        ('nav plan, generous', s[0][1], 20.0, 64, KILL),
+        ('yes/no, generous', s[1][1], 10.0, 32, KILL),
+        ('explain, tight', s[2][1], 2.0, 64, KILL),
+        ('grasp steps, tight', s[3][1], 2.5, 96, KILL),
+        ('safety, generous', s[4][1], 10.0, 48, KILL),
+        ('log summary 60 lines, generous', prompts.long_prompt(60, 1), 30.0, 64, KILL),
+        ('log summary 60 lines, tight', prompts.long_prompt(60, 2), 4.0, 64, KILL),
+        ('log summary 150 lines, tight', prompts.long_prompt(150, 3), 6.0, 64, KILL),
+        ('impossible budget', prompts.long_prompt(150, 4), 0.05, 64, KILL),
+        ('empty prompt (bad input)', '   ', 5.0, 32, KILL),
+    ]
+
+
+def burst_goals():
+    """Return goals the planner sends at once: the first overruns under skip-next."""
+    s = prompts.SHORT
+    return [
+        ('burst: long answer, skip-next', prompts.long_prompt(60, 5), 1.0, 96, SKIP_NEXT),
+        ('burst: greeting, due soon', s[5][1], 1.5, 32, KILL),
+        ('burst: yes/no, due soon', s[1][1], 2.0, 32, SKIP_NEXT),
+    ]
+
+
+def _start_server(params_file, log_path):
+    cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve']
+    if params_file:
+        cmd += ['--params', params_file]
+    log = open(log_path, 'w', encoding='utf-8')
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+
+
+def _stop_server(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def _row(label, budget_s, result):
+    from timebill_ros.goals import JobResult
+    from timebill_ros.ros.conversions import duration_to_s
+    name = JobResult(status=result.status, message='').status_name
+    return (f'{label:34s} {budget_s:7.2f} {result.prompt_tokens:5d} '
+            f'{duration_to_s(result.predicted_wcet):8.2f} {result.eviction_ratio:6.2f} '
+            f'{name:10s} {duration_to_s(result.total_time):7.2f} '
+            f'{"yes" if result.deadline_met else "no":>4s}  {result.message}')
+
+
+def _run_burst(client):
+    from timebill_ros.ros.client import make_goal
+    sent = []
+    for label, prompt, budget_s, n_max, policy in burst_goals():
+        goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max, policy=policy)
+        sent.append((label, budget_s, client.send(goal)))
+    failures = 0
+    for label, budget_s, handle in sent:
+        try:
+            result, _ = client.result(handle, timeout_s=300.0)
+        except (AttributeError, TimeoutError) as exc:
+            failures += 1
+            print(f'{label:34s} no result: {exc}')
+            continue
+        print(_row(label, budget_s, result), flush=True)
+    return failures
+
+
+def run_demo(params_file=None, wait_s=600.0):
+    """Run the demo; return 0 when every goal got a result, 1 otherwise."""
+    from timebill_ros.ros.client import make_goal
+    from timebill_ros.ros.session import client_session
+    log_dir = pathlib.Path('log')
+    log_dir.mkdir(exist_ok=True)
+    log_path = log_dir / 'demo_server.log'
+    print(f'starting the timebill server (log: {log_path}); first start converts the '
+          'embedded model and calibrates the time model, which takes a minute or two')
+    proc = _start_server(params_file, log_path)
+    failures = 0
+    try:
+        with client_session() as client:
+            start = time.monotonic()
+            while not client.wait_for_server(5.0):
+                if proc.poll() is not None or time.monotonic() - start > wait_s:
+                    print(f'server did not come up; see {log_path}', file=sys.stderr)
+                    return 1
+            print(f'{"goal":34s} {"budget":>7s} {"N_x":>5s} {"WCET^":>8s} {"alpha*":>6s} '
+                  f'{"status":10s} {"total":>7s} {"met":>4s}  message')
+            for label, prompt, budget_s, n_max, policy in demo_goals():
+                goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max,
+                                 policy=policy)
+                try:
+                    result, _ = client.run(goal, timeout_s=300.0)
+                except (RuntimeError, TimeoutError) as exc:
+                    failures += 1
+                    print(f'{label:34s} no result: {exc}')
+                    continue
+                print(_row(label, budget_s, result), flush=True)
+            failures += _run_burst(client)
+    finally:
+        code = _stop_server(proc)
+        print(f'server exited with code {code}')
+    return 1 if failures else 0

@@ -1,0 +1,139 @@
+"""Goal requests, feedback and results of the core service, and goal validation.
+
+Times are seconds on the service clock (monotonic). The ROS adapter converts
+``builtin_interfaces`` Durations/Times to these and back.
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+from timebill_ros import status
+
+
+@dataclasses.dataclass(frozen=True)
+class GoalRequest:
+    """One instruction goal.
+
+    budget_s: time budget T from receipt, seconds; None = use deadline_s.
+    deadline_s: absolute deadline on the service clock, seconds; None = use budget_s.
+    max_new_tokens: N_max for this goal, tokens; 0 = server default.
+    overrun_policy: a ``status.POLICY_*`` code.
+    """
+
+    prompt: str
+    system_prompt: str = ''
+    budget_s: Optional[float] = None
+    deadline_s: Optional[float] = None
+    max_new_tokens: int = 0
+    overrun_policy: int = status.POLICY_DEFAULT
+    goal_id: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    """Progress of a goal: phase, tokens so far, new text, seconds since receipt, alpha."""
+
+    phase: int
+    tokens_generated: int = 0
+    text: str = ''
+    elapsed_s: float = 0.0
+    eviction_ratio: float = 0.0
+
+
+@dataclasses.dataclass
+class JobResult:
+    """Terminal result of a goal; field meanings as in ``Instruct.action``'s result."""
+
+    status: int
+    message: str
+    goal_id: str = ''
+    response: str = ''
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    predicted_tokens: int = 0
+    pessimistic_tokens: int = 0
+    eviction_ratio: float = 0.0
+    predicted_wcet_s: float = 0.0
+    predict_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
+    total_time_s: float = 0.0
+    deadline_met: bool = False
+    predictor: str = ''
+    overrun_policy: str = ''
+    budget_s: float = 0.0
+    kill_latency_s: Optional[float] = None
+
+    @property
+    def status_name(self) -> str:
+        """Return the status as text, e.g. 'COMPLETED'."""
+        return status.STATUS_NAMES.get(self.status, f'UNKNOWN({self.status})')
+
+
+class GoalRejected(ValueError):
+    """A goal failed validation; the message names the bad field and value."""
+
+
+def _seconds_or_none(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise GoalRejected(f'{name} must be a number of seconds, got {value!r}')
+    if math.isnan(value) or math.isinf(value):
+        raise GoalRejected(f'{name} must be finite, got {value!r}')
+    return float(value)
+
+
+def resolve_deadline(request: GoalRequest, received_s: float) -> float:
+    """Return the absolute deadline (service-clock seconds) of a goal received at received_s.
+
+    Raises GoalRejected when neither or both of budget and deadline are given, or when the
+    budget is not > 0, or the deadline is not after received_s.
+    """
+    budget_s = _seconds_or_none('time_budget', request.budget_s)
+    deadline_s = _seconds_or_none('deadline', request.deadline_s)
+    if budget_s is None and deadline_s is None:
+        raise GoalRejected('no time limit: set time_budget or deadline (both are zero)')
+    if budget_s is not None and deadline_s is not None:
+        raise GoalRejected('set only one of time_budget and deadline, both are non-zero')
+    if budget_s is not None:
+        if budget_s <= 0:
+            raise GoalRejected(f'time_budget must be > 0 s, got {budget_s!r}')
+        return received_s + budget_s
+    if deadline_s <= received_s:
+        raise GoalRejected(
+            f'deadline already past by {received_s - deadline_s:.3f} s at goal receipt')
+    return deadline_s
+
+
+def resolve_policy(request: GoalRequest, default_policy: str) -> str:
+    """Return the overrun policy name of a goal ('kill' or 'skip_next')."""
+    code = request.overrun_policy
+    if code == status.POLICY_DEFAULT:
+        return default_policy
+    if code not in status.POLICY_BY_CODE:
+        raise GoalRejected(
+            f'unknown overrun_policy {code!r}; expected 0 (default), 1 (kill) or 2 (skip-next)')
+    return status.POLICY_BY_CODE[code]
+
+
+def resolve_max_new_tokens(request: GoalRequest, default_n_max: int, n_model: int) -> int:
+    """Return N_max for a goal, tokens; reject values above N_model."""
+    n_max = request.max_new_tokens
+    if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 0:
+        raise GoalRejected(f'max_new_tokens must be an int >= 0, got {n_max!r}')
+    if n_max == 0:
+        return default_n_max
+    if n_max > n_model:
+        raise GoalRejected(
+            f'max_new_tokens {n_max} exceeds the model capacity of {n_model} tokens')
+    return n_max
+
+
+def check_prompt(request: GoalRequest) -> None:
+    """Reject empty or whitespace-only prompts and non-string fields."""
+    if not isinstance(request.prompt, str) or not isinstance(request.system_prompt, str):
+        raise GoalRejected('prompt and system_prompt must be strings')
+    if not request.prompt.strip():
+        raise GoalRejected('prompt is empty or whitespace')

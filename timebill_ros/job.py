@@ -1,0 +1,64 @@
+"""A goal inside the server, from admission to its one terminal result."""
+
+import dataclasses
+import threading
+import time
+from typing import Callable, List, Optional
+
+from timebill_ros.goals import Feedback, GoalRequest, JobResult
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """An admitted goal.
+
+    received_s / deadline_s / started_s: service-clock seconds. n_max: N_max, tokens.
+    input_ids: the chat-templated prompt, N_x = len(input_ids) tokens.
+    """
+
+    request: GoalRequest
+    goal_id: str
+    received_s: float
+    deadline_s: float
+    policy: object
+    n_max: int
+    input_ids: List[int]
+    on_feedback: Callable[[Feedback], None]
+    on_done: Callable[[JobResult], None]
+    cancel_event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    started_s: Optional[float] = None
+    cancel_reason: str = ''
+    clock: Callable[[], float] = time.monotonic
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    _result: Optional[JobResult] = None
+
+    @property
+    def budget_s(self) -> float:
+        """Return T, seconds from receipt to deadline."""
+        return self.deadline_s - self.received_s
+
+    @property
+    def done(self) -> bool:
+        """Return True once the job has its terminal result."""
+        return self._result is not None
+
+    def cancel(self, reason: str = 'client') -> None:
+        """Ask the job to stop; reason is 'client' or 'shutdown'."""
+        if not self.cancel_reason:
+            self.cancel_reason = reason
+        self.cancel_event.set()
+
+    def finish(self, result: JobResult) -> bool:
+        """Deliver the terminal result exactly once; return False if it already had one."""
+        with self._lock:
+            if self._result is not None:
+                return False
+            result.goal_id = self.goal_id
+            result.overrun_policy = self.policy.name
+            result.budget_s = self.budget_s
+            result.prompt_tokens = result.prompt_tokens or len(self.input_ids)
+            if not result.total_time_s:
+                result.total_time_s = self.clock() - self.received_s
+            self._result = result
+        self.on_done(result)
+        return True

@@ -1,0 +1,1 @@
+"""The rclpy adapter: the only part of timebill_ros that imports ROS."""

@@ -1,0 +1,171 @@
+"""The ``timebill`` node: an Instruct action server over the core TimeBillService.
+
+Long work runs on the service's executor threads. Each goal's execute callback only waits for
+its result on a threading.Event, so the MultiThreadedExecutor gets ``queue.max_depth + 4``
+threads: goal, cancel and timer callbacks always find a free one.
+"""
+
+import threading
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.node import Node
+
+from timebill_ros import status
+from timebill_ros.action import Instruct
+from timebill_ros.msg import GoalEvent, ServerStats
+from timebill_ros.ros import conversions
+from timebill_ros.ros.parameters import declare_and_read
+from timebill_ros.stats import diagnostic_level
+
+LEVELS = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR)
+
+
+class TimeBillNode(Node):
+    """Serves Instruct goals with the service built by ``service_factory(config, logger)``."""
+
+    def __init__(self, service_factory, node_name='timebill', **kwargs):
+        super().__init__(node_name, **kwargs)
+        self.config = declare_and_read(self)
+        self.service = service_factory(self.config, self.get_logger().info)
+        self.service.start()
+        self._jobs = {}
+        self._received = {}
+        group = ReentrantCallbackGroup()
+        self._events_pub = self.create_publisher(GoalEvent, self.config.ros.events_topic, 10)
+        self._stats_pub = self.create_publisher(ServerStats, self.config.ros.stats_topic, 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+        self._action = ActionServer(
+            self, Instruct, self.config.ros.action_name, execute_callback=self._execute,
+            goal_callback=self._on_goal, cancel_callback=self._on_cancel, callback_group=group)
+        self.create_timer(self.config.stats.period_s, self._publish_stats, callback_group=group)
+        self.get_logger().info(f'serving {self._action_name()}')
+
+    @property
+    def executor_threads(self):
+        """Return the MultiThreadedExecutor size this node needs."""
+        return self.config.queue.max_depth + 4
+
+    def _action_name(self):
+        return self.resolve_topic_name(self.config.ros.action_name)
+
+    def shutdown(self):
+        """End all goals (FAILED) and stop the service's threads."""
+        self.service.shutdown()
+
+    # --- action callbacks --------------------------------------------------------------------
+    def _on_goal(self, goal_request):
+        # Every goal is accepted, so that bad input ends in a REJECTED result with a reason.
+        return GoalResponse.ACCEPT
+
+    def _on_cancel(self, goal_handle):
+        job = self._jobs.get(bytes(goal_handle.goal_id.uuid))
+        if job is not None:
+            self.service.cancel(job)
+        return CancelResponse.ACCEPT
+
+    def _execute(self, goal_handle):
+        key = bytes(goal_handle.goal_id.uuid)
+        request = conversions.request_from_goal(
+            goal_handle.request, key.hex(), self.get_clock().now().nanoseconds / 1e9,
+            self.service.clock())
+        finished = threading.Event()
+        outcome = {}
+
+        def on_feedback(feedback):
+            goal_handle.publish_feedback(conversions.feedback_to_msg(feedback))
+
+        def on_done(result):
+            outcome['result'] = result
+            self._events_pub.publish(
+                conversions.event_msg(result, self.get_clock().now().to_msg()))
+            finished.set()
+
+        job = self.service.submit(request, on_feedback, on_done)
+        if job is not None:
+            self._jobs[key] = job
+            if goal_handle.is_cancel_requested:
+                self.service.cancel(job)
+        finished.wait()
+        self._jobs.pop(key, None)
+        return self._terminate(goal_handle, outcome['result'])
+
+    def _terminate(self, goal_handle, result):
+        outcome = status.ACTION_OUTCOME[result.status]
+        if outcome == 'canceled' and goal_handle.is_cancel_requested:
+            goal_handle.canceled()
+        elif outcome == 'succeed':
+            goal_handle.succeed()
+        else:
+            goal_handle.abort()
+        level = 'info' if result.status == status.COMPLETED else 'warning'
+        getattr(self.get_logger(), level)(
+            f'goal {result.goal_id[:8]}: {result.status_name} ({result.message}) '
+            f'total {result.total_time_s:.3f} s')
+        return conversions.result_to_msg(result)
+
+    # --- stats and diagnostics -------------------------------------------------------------
+    def _publish_stats(self):
+        snap = self.service.stats.snapshot()
+        stamp = self.get_clock().now().to_msg()
+        self._stats_pub.publish(ServerStats(
+            stamp=stamp, queue_depth=self.service.queue_depth, busy=self.service.busy,
+            window_size=snap.window_size, completion_rate=float(snap.completion_rate),
+            deadline_misses=snap.deadline_misses, miss_rate=float(snap.miss_rate),
+            total_goals=snap.total_goals, last_kill_latency_s=snap.last_kill_latency_s,
+            last_total_time_s=snap.last_total_time_s,
+            last_predicted_wcet_s=snap.last_predicted_wcet_s))
+        level, message = diagnostic_level(snap, self.config.stats)
+        values = {
+            'queue_depth': self.service.queue_depth, 'busy': self.service.busy,
+            'window_size': snap.window_size, 'completion_rate': f'{snap.completion_rate:.3f}',
+            'deadline_misses': snap.deadline_misses, 'total_goals': snap.total_goals,
+            'last_kill_latency_s': f'{snap.last_kill_latency_s:.4f}',
+        }
+        values.update({f'count_{name.lower()}': n for name, n in snap.by_status.items()})
+        self._diag_pub.publish(DiagnosticArray(header=_header(stamp), status=[DiagnosticStatus(
+            level=LEVELS[level], name=f'{self.get_name()}: deadlines', message=message,
+            hardware_id=self.config.engine.device,
+            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])]))
+
+
+def _header(stamp):
+    from std_msgs.msg import Header
+    return Header(stamp=stamp)
+
+
+def spin(node_factory, args=None, stop_event=None):
+    """Run the node until SIGINT/SIGTERM (or ``stop_event``), then shut down cleanly.
+
+    On the signal the service ends every goal first (queued and running goals get a FAILED
+    result) while the executor still spins, so clients receive their results; then the
+    executor stops and its thread is joined before rclpy shuts down.
+    """
+    import signal
+
+    import rclpy
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
+
+    stop_event = stop_event or threading.Event()
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop_event.set())
+    node = node_factory()
+    executor = MultiThreadedExecutor(num_threads=node.executor_threads)
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, name='timebill-spin', daemon=True)
+    spinner.start()
+    try:
+        while not stop_event.wait(0.2):
+            pass
+    finally:
+        node.get_logger().info('shutting down: ending goals in flight')
+        node.shutdown()
+        time.sleep(0.5)  # results of the ended goals go out while the executor spins
+        executor.shutdown(timeout_sec=5.0)
+        spinner.join(timeout=5.0)
+        node.destroy_node()
+        rclpy.try_shutdown()

@@ -1,0 +1,77 @@
+"""A bounded, thread-safe queue of admitted jobs with deadline expiry."""
+
+import threading
+import time
+
+
+class QueueFull(RuntimeError):
+    """The queue holds ``max_depth`` goals already."""
+
+
+class JobQueue:
+    """Jobs waiting for an executor, in arrival order; ``policy`` picks the next one."""
+
+    def __init__(self, max_depth, policy, clock=time.monotonic):
+        self.max_depth = max_depth
+        self.policy = policy
+        self.clock = clock
+        self._jobs = []
+        self._closed = False
+        self.cond = threading.Condition()
+
+    def __len__(self):
+        """Return the number of waiting jobs."""
+        with self.cond:
+            return len(self._jobs)
+
+    def push(self, job):
+        """Append a job; raise QueueFull when max_depth jobs wait, RuntimeError when closed."""
+        with self.cond:
+            if self._closed:
+                raise RuntimeError('server is shutting down')
+            if len(self._jobs) >= self.max_depth:
+                raise QueueFull(f'queue full: {len(self._jobs)} goals waiting '
+                                f'(queue.max_depth={self.max_depth})')
+            self._jobs.append(job)
+            self.cond.notify_all()
+
+    def pop(self, timeout_s=None):
+        """Remove and return the next job, waiting up to timeout_s; None if none or closed."""
+        with self.cond:
+            end = None if timeout_s is None else self.clock() + timeout_s
+            while not self._jobs and not self._closed:
+                remaining = None if end is None else end - self.clock()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self.cond.wait(remaining)
+            if self._closed or not self._jobs:
+                return None
+            return self._jobs.pop(self.policy.select(list(self._jobs), self.clock()))
+
+    def remove(self, job):
+        """Remove a waiting job; return True if it was waiting."""
+        with self.cond:
+            if job in self._jobs:
+                self._jobs.remove(job)
+                return True
+            return False
+
+    def pop_expired(self, now_s):
+        """Remove and return the jobs whose deadline is <= now_s."""
+        with self.cond:
+            expired = [job for job in self._jobs if job.deadline_s <= now_s]
+            self._jobs = [job for job in self._jobs if job.deadline_s > now_s]
+            return expired
+
+    def next_deadline(self):
+        """Return the earliest deadline of the waiting jobs, or None."""
+        with self.cond:
+            return min((job.deadline_s for job in self._jobs), default=None)
+
+    def close(self):
+        """Refuse new jobs, wake all waiters and return the jobs still waiting."""
+        with self.cond:
+            self._closed = True
+            jobs, self._jobs = self._jobs, []
+            self.cond.notify_all()
+            return jobs

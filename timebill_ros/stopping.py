@@ -1,0 +1,92 @@
+"""Per-step stop criteria for generation: EOS, N_max, cancel, deadline (Kill).
+
+The engine calls :meth:`StopCriteria.check` before the prefill, between prefill chunks and
+before every decoding step. Clocks are injected (a callable returning monotonic seconds) so
+tests are deterministic.
+"""
+
+import abc
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+EOS = 'eos'
+MAX_TOKENS = 'max_tokens'
+CANCELED = 'canceled'
+DEADLINE = 'deadline'
+
+
+class StopCriterion(abc.ABC):
+    """Decides whether generation stops now."""
+
+    @abc.abstractmethod
+    def should_stop(self, n_generated: int, last_token_id: Optional[int]) -> Optional[str]:
+        """Return a stop reason, or None to go on.
+
+        n_generated: tokens generated so far (0 during prefill).
+        last_token_id: the token generated last, None during prefill.
+        """
+
+
+class EosStop(StopCriterion):
+    """Stop when the last token is one of ``eos_token_ids``."""
+
+    def __init__(self, eos_token_ids: Iterable[int]):
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+
+    def should_stop(self, n_generated, last_token_id):
+        """Return EOS when the last token ends the answer."""
+        if last_token_id is not None and last_token_id in self.eos_token_ids:
+            return EOS
+        return None
+
+
+class MaxTokensStop(StopCriterion):
+    """Stop once ``n_max`` tokens have been generated (N <= N_max, Eq. 1c)."""
+
+    def __init__(self, n_max: int):
+        if not isinstance(n_max, int) or n_max < 1:
+            raise ValueError(f'n_max must be an int >= 1, got {n_max!r}')
+        self.n_max = n_max
+
+    def should_stop(self, n_generated, last_token_id):
+        """Return MAX_TOKENS when N_max is reached."""
+        return MAX_TOKENS if n_generated >= self.n_max else None
+
+
+class CancelStop(StopCriterion):
+    """Stop when ``cancel_event`` is set (the client canceled, or the server shuts down)."""
+
+    def __init__(self, cancel_event: threading.Event):
+        self.cancel_event = cancel_event
+
+    def should_stop(self, n_generated, last_token_id):
+        """Return CANCELED once the event is set."""
+        return CANCELED if self.cancel_event.is_set() else None
+
+
+class DeadlineStop(StopCriterion):
+    """Stop at an absolute deadline (monotonic seconds): the Kill overrun policy."""
+
+    def __init__(self, deadline_s: float, clock: Callable[[], float] = time.monotonic):
+        self.deadline_s = deadline_s
+        self.clock = clock
+
+    def should_stop(self, n_generated, last_token_id):
+        """Return DEADLINE once the clock reaches the deadline."""
+        return DEADLINE if self.clock() >= self.deadline_s else None
+
+
+class StopCriteria:
+    """An ordered list of criteria; the first that fires gives the reason."""
+
+    def __init__(self, criteria: Iterable[StopCriterion] = ()):
+        self.criteria = list(criteria)
+
+    def check(self, n_generated: int, last_token_id: Optional[int] = None) -> Optional[str]:
+        """Return the first stop reason, or None."""
+        for criterion in self.criteria:
+            reason = criterion.should_stop(n_generated, last_token_id)
+            if reason is not None:
+                return reason
+        return None
