@@ -1,0 +1,42 @@
+"""Shared pytest fixtures: a tiny random-weight Llama with the real SmolLM2 tokenizer."""
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.model_source import resolve_model_dir
+
+TINY_SEED = 1234
+
+
+@pytest.fixture(scope='session')
+def smollm2_tokenizer():
+    """Return the real SmolLM2 tokenizer, from the converted embedded model (converted once)."""
+    model_dir = resolve_model_dir(EngineConfig())
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+@pytest.fixture(scope='session')
+def tiny_model(smollm2_tokenizer):
+    """Return a tiny random LlamaForCausalLM (2 layers, 4 heads, 2 KV heads), eval mode.
+
+    It has no EOS in its config so that ``generate`` runs to max_new_tokens.
+    """
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(smollm2_tokenizer), max_position_embeddings=2048,
+        bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(TINY_SEED)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def make_tiny_engine(tiny_model, smollm2_tokenizer):
+    """Return a factory of LlmEngine on the tiny model (chunks of 16 tokens, window 8)."""
+    def make(scorer='snapkv', window_size=8, prefill_chunk_tokens=16):
+        return LlmEngine(EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
+                         EvictionConfig(scorer=scorer, window_size=window_size),
+                         model=tiny_model, tokenizer=smollm2_tokenizer)
+    return make

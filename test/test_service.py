@@ -1,0 +1,258 @@
+"""The core service end to end on a tiny random-weight Llama with the real SmolLM2 tokenizer.
+
+Covers: good goals, every kind of bad input, Kill, Skip-Next, cancel (queued, prefill,
+decode), queue bound, faults in one goal, shutdown, and exactly one result per goal.
+Goals are held in place by blocking inside their feedback callback, so no test depends on
+how fast this machine is.
+"""
+
+import threading
+
+import pytest
+
+from timebill_ros import status
+from timebill_ros.config import EngineConfig, QueueConfig, ServerConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.goals import GoalRequest
+from timebill_ros.predictors import FallbackPredictor, LengthPredictor
+from timebill_ros.service import TimeBillService
+from timebill_ros.timing_model import TimingCoefficients
+
+COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+LONG = 100_000  # seconds: a budget that never runs out in a test
+
+
+class CountingEngine(LlmEngine):
+    """The real engine, counting prefills and optionally failing one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.prefills = 0
+        self.fail_next = False
+
+    def prefill(self, input_ids, stop):
+        self.prefills += 1
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError('simulated model fault')
+        return super().prefill(input_ids, stop)
+
+
+class Recorder:
+    """Collects results and feedback of one goal; can block it at a phase."""
+
+    def __init__(self, block_phase=None, cancel_phase=None):
+        self.results = []
+        self.feedback = []
+        self.done = threading.Event()
+        self.block_phase = block_phase
+        self.cancel_phase = cancel_phase
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+        self.service = None
+        self.job = None
+        self.submitted = threading.Event()
+
+    def on_feedback(self, fb):
+        self.feedback.append(fb)
+        if fb.phase == self.cancel_phase and self.submitted.wait(30):
+            self.service.cancel(self.job)
+        if fb.phase == self.block_phase and not self.release.is_set():
+            self.blocked.set()
+            self.release.wait(30)
+
+    def on_done(self, result):
+        self.results.append(result)
+        self.done.set()
+
+    def wait(self, timeout=60):
+        assert self.done.wait(timeout), 'no result'
+        return self.results[0]
+
+
+@pytest.fixture
+def make_service(tiny_model, smollm2_tokenizer):
+    services = []
+
+    def build(max_depth=4, predictor=None, default_policy='kill', **engine_kwargs):
+        from timebill_ros.config import OverrunConfig
+        engine_cfg = EngineConfig(max_new_tokens=16, max_model_new_tokens=4096,
+                                  prefill_chunk_tokens=64, feedback_every_tokens=1,
+                                  **engine_kwargs)
+        config = ServerConfig(engine=engine_cfg, queue=QueueConfig(max_depth=max_depth),
+                              overrun=OverrunConfig(default_policy=default_policy))
+        engine = CountingEngine(engine_cfg, config.eviction, model=tiny_model,
+                                tokenizer=smollm2_tokenizer)
+        service = TimeBillService(config, engine, predictor or FallbackPredictor(), COEFFS)
+        service.start()
+        services.append(service)
+        return service
+
+    yield build
+    for service in services:
+        service.shutdown()
+
+
+def submit(service, request, recorder=None):
+    recorder = recorder or Recorder()
+    recorder.service = service
+    recorder.job = service.submit(request, recorder.on_feedback, recorder.on_done)
+    recorder.submitted.set()
+    return recorder
+
+
+def test_good_goal_completes_with_all_fields(make_service):
+    service = make_service()
+    result = submit(service, GoalRequest('Plan a path to the dock.', budget_s=LONG)).wait()
+    assert result.status == status.COMPLETED, result.message
+    assert result.deadline_met and 0 < result.response_tokens <= 16
+    assert result.prompt_tokens > 10 and result.predicted_tokens == 16
+    assert result.pessimistic_tokens == 16 and result.predictor == 'fallback'
+    assert result.eviction_ratio == 0.0 and result.predicted_wcet_s > 0
+    assert result.total_time_s >= result.prefill_time_s > 0
+    rec = submit(service, GoalRequest('Hi', budget_s=LONG))
+    rec.wait()
+    phases = [f.phase for f in rec.feedback]
+    assert phases[:3] == [status.PHASE_QUEUED, status.PHASE_PREFILL, status.PHASE_DECODE]
+    assert sum(f.tokens_generated > 0 for f in rec.feedback) >= 1
+
+
+BAD = [
+    (GoalRequest('   ', budget_s=5.0), 'empty'),
+    (GoalRequest('x', budget_s=float('nan')), 'finite'),
+    (GoalRequest('x', budget_s=float('inf')), 'finite'),
+    (GoalRequest('x', budget_s=0.0), '> 0'),
+    (GoalRequest('x'), 'both are zero'),
+    (GoalRequest('x', budget_s=-2.0), '> 0'),
+    (GoalRequest('x', deadline_s=1.0), 'already past'),
+    (GoalRequest('x', budget_s=5.0, max_new_tokens=10**6), 'model capacity'),
+    (GoalRequest('x', budget_s=5.0, overrun_policy=9), 'unknown overrun_policy'),
+    (GoalRequest('word ' * 5000, budget_s=5.0), 'model context'),
+]
+
+
+@pytest.mark.parametrize('request_, cause', BAD, ids=[c for _, c in BAD])
+def test_bad_input_is_rejected_without_running_the_model(make_service, request_, cause):
+    service = make_service()
+    rec = submit(service, request_)
+    result = rec.wait()
+    assert rec.job is None
+    assert result.status == status.REJECTED and cause in result.message
+    assert service.engine.prefills == 0
+    good = submit(service, GoalRequest('Say hi.', budget_s=LONG)).wait()
+    assert good.status == status.COMPLETED
+
+
+def test_kill_stops_at_the_deadline(make_service):
+    service = make_service()
+    result = submit(service, GoalRequest('Tell a long story.', budget_s=0.3,
+                                         max_new_tokens=4000)).wait()
+    assert result.status == status.KILLED, result.message
+    assert result.response == '' and not result.deadline_met
+    assert result.kill_latency_s is not None and result.kill_latency_s >= 0
+    assert result.eviction_ratio == pytest.approx(0.95)
+
+
+def test_skip_next_finishes_late_and_skips_goals_due_meanwhile(make_service):
+    service = make_service()
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=0.2, max_new_tokens=8, overrun_policy=2),
+           first)
+    assert first.blocked.wait(30)
+    second = submit(service, GoalRequest('Yes or no?', budget_s=0.3, overrun_policy=1))
+    skipped = second.wait()
+    first.release.set()
+    late = first.wait()
+    assert skipped.status == status.SKIPPED and 'overran' in skipped.message
+    assert late.status == status.COMPLETED and not late.deadline_met
+    assert late.response_tokens > 0
+
+
+def test_queued_goal_expires_killed_when_nothing_overruns(make_service):
+    service = make_service()
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    expired = submit(service, GoalRequest('Quick?', budget_s=0.2)).wait()
+    first.release.set()
+    assert expired.status == status.KILLED and 'while queued' in expired.message
+    assert first.wait().status == status.COMPLETED
+
+
+@pytest.mark.parametrize('phase, where', [(status.PHASE_PREFILL, 'prefill'),
+                                          (status.PHASE_DECODE, 'decode')])
+def test_cancel_while_running(make_service, phase, where):
+    service = make_service()
+    rec = submit(service, GoalRequest('Explain.', budget_s=LONG),
+                 Recorder(cancel_phase=phase))
+    # The cancel is sent from the first feedback of the phase, before the engine checks.
+    result = rec.wait()
+    assert result.status == status.CANCELED and where in result.message
+
+
+def test_cancel_before_start(make_service):
+    service = make_service()
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    queued = submit(service, GoalRequest('Later.', budget_s=LONG))
+    service.cancel(queued.job)
+    result = queued.wait()
+    first.release.set()
+    assert result.status == status.CANCELED and 'queued' in result.message
+    assert first.wait().status == status.COMPLETED
+    assert service.engine.prefills == 1
+
+
+def test_flood_beyond_queue_bound_is_rejected(make_service):
+    service = make_service(max_depth=2)
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    flood = [submit(service, GoalRequest(f'Goal {i}', budget_s=LONG)) for i in range(6)]
+    rejected = [r for r in flood if r.done.is_set()]
+    assert len(rejected) == 4
+    assert all(r.results[0].status == status.REJECTED and 'queue full' in r.results[0].message
+               for r in rejected)
+    first.release.set()
+    assert all(r.wait().status == status.COMPLETED for r in flood if r.job is not None)
+
+
+class BrokenPredictor(LengthPredictor):
+    name = 'broken'
+
+    def predict(self, prompt, input_ids, n_max):
+        raise RuntimeError('predictor exploded')
+
+
+def test_faults_end_one_goal_and_the_next_succeeds(make_service):
+    service = make_service(predictor=BrokenPredictor())
+    ok = submit(service, GoalRequest('Hi.', budget_s=LONG)).wait()
+    assert ok.status == status.COMPLETED and 'predictor exploded' in ok.predictor
+    assert ok.predicted_tokens == 16
+    service.engine.fail_next = True
+    failed = submit(service, GoalRequest('Hi.', budget_s=LONG)).wait()
+    assert failed.status == status.FAILED and 'simulated model fault' in failed.message
+    again = submit(service, GoalRequest('Hi again.', budget_s=LONG)).wait()
+    assert again.status == status.COMPLETED
+
+
+def test_shutdown_ends_goals_in_flight_exactly_once(make_service):
+    service = make_service()
+    running = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), running)
+    assert running.blocked.wait(30)
+    queued = [submit(service, GoalRequest(f'Q{i}', budget_s=LONG)) for i in range(3)]
+    closer = threading.Thread(target=service.shutdown)
+    closer.start()
+    for rec in queued:
+        assert rec.wait().status == status.FAILED
+    running.release.set()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert running.wait().status == status.FAILED
+    assert 'shut down' in running.results[0].message
+    for rec in queued + [running]:
+        assert len(rec.results) == 1
+    late = submit(service, GoalRequest('After.', budget_s=LONG)).wait()
+    assert late.status == status.REJECTED and 'shutting down' in late.message

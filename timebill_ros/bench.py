@@ -1,0 +1,192 @@
+"""``timebill bench``: TimeBill vs Vanilla vs fixed eviction ratios, through the real node.
+
+Protocol (after TimeBill Sec. 6.4, adapted to one CPU): a prompt set of varied lengths is
+released as a periodic job stream. Each job's budget T is a fraction (``BUDGET_FRACTIONS``) of
+that prompt's Vanilla estimate t^_e2e(N_x, alpha=0, N_max) from the calibrated time model;
+the next job is released at the previous job's deadline, so an overrun under Skip-Next makes
+the next jobs come due while it runs (they end SKIPPED). For each method the server is
+started as its own process (``timebill serve``) with ``budget.mode`` / ``budget.fixed_alpha``.
+Score: ROUGE-L F1 of each response against the full-cache answer (Vanilla, no deadline);
+jobs that do not complete score 0, as in the paper.
+"""
+
+import contextlib
+import json
+import pathlib
+import tempfile
+import time
+
+from timebill_ros import params, prompts
+from timebill_ros.config import BudgetConfig, EngineConfig, ServerConfig
+
+BUDGET_FRACTIONS = (0.5, 0.75, 1.0)
+METHODS = (('vanilla', 'fixed', 0.0), ('alpha=0.25', 'fixed', 0.25),
+           ('alpha=0.5', 'fixed', 0.5), ('alpha=0.75', 'fixed', 0.75),
+           ('alpha=0.95', 'fixed', 0.95), ('timebill', 'timebill', 0.0))
+POLICIES = (('kill', 1), ('skip_next', 2))
+N_MAX = 48
+COMPLETED = 1
+
+
+def _server_params(mode, fixed_alpha, folder):
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=N_MAX),
+                          budget=BudgetConfig(mode=mode, fixed_alpha=fixed_alpha))
+    path = pathlib.Path(folder) / f'{mode}-{fixed_alpha}.yaml'
+    path.write_text(params.to_yaml(config))
+    return str(path)
+
+
+def _rouge_l(reference, candidate):
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(['rougeL'])
+    return scorer.score(reference, candidate)['rougeL'].fmeasure
+
+
+def _stream(client, items, policy_code):
+    """Release jobs periodically; return their results in order."""
+    from timebill_ros.ros.client import make_goal
+    handles = []
+    release = time.monotonic()
+    for _, prompt, budget_s in items:
+        time.sleep(max(0.0, release - time.monotonic()))
+        goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=N_MAX, policy=policy_code)
+        handles.append(client.send(goal))
+        release += budget_s
+    return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
+
+
+@contextlib.contextmanager
+def _server(name, mode, alpha, tmp):
+    """Start ``timebill serve`` for one method; yield a connected client; stop it after."""
+    from timebill_ros.demo import _start_server, _stop_server
+    from timebill_ros.ros.session import client_session
+    log = pathlib.Path(tmp) / f'{name}.log'
+    proc = _start_server(_server_params(mode, alpha, tmp), log)
+    try:
+        with client_session() as client:
+            while not client.wait_for_server(5.0):
+                if proc.poll() is not None:
+                    raise RuntimeError(f'server for {name} exited; see {log}')
+            yield client
+    finally:
+        _stop_server(proc)
+
+
+def _run_method(client, name, items_by_fraction):
+    """Run every budget fraction under both policies; return one row per job."""
+    rows = []
+    for fraction, items in items_by_fraction.items():
+        for policy, code in POLICIES:
+            for (pname, _, budget_s), res in zip(items, _stream(client, items, code)):
+                rows.append({'method': name, 'policy': policy, 'fraction': fraction,
+                             'prompt': pname, 'budget_s': budget_s, 'status': res.status,
+                             'response': res.response, 'alpha': res.eviction_ratio,
+                             'prompt_tokens': res.prompt_tokens,
+                             'deadline_met': res.deadline_met})
+                print(f'  {name:10s} {policy:9s} T={fraction:.2f}x {pname:8s} '
+                      f'N_x={res.prompt_tokens:5d} status={res.status} '
+                      f'alpha={res.eviction_ratio:.2f}', flush=True)
+    return rows
+
+
+def _references(client, prompt_set):
+    """Full-cache answers (Vanilla, generous deadline) used as ROUGE-L references."""
+    from timebill_ros.ros.client import make_goal
+    refs = {}
+    for name, prompt in prompt_set:
+        result, _ = client.run(make_goal(prompt, budget_s=600.0, max_new_tokens=N_MAX))
+        refs[name] = result.response
+    return refs
+
+
+def _budgets(prompt_set, coefficients, engine):
+    """Return {fraction: [(name, prompt, T seconds)]} from the Vanilla t^_e2e at N_MAX."""
+    out = {}
+    for fraction in BUDGET_FRACTIONS:
+        out[fraction] = []
+        for name, prompt in prompt_set:
+            n_x = len(engine.encode(prompt))
+            t_e2e = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, 0.0, N_MAX)
+            out[fraction].append((name, prompt, round(fraction * t_e2e, 3)))
+    return out
+
+
+def summarize(rows, refs):
+    """Return [{method, policy, fraction, completion_rate, misses, rouge_l}] aggregated."""
+    groups = {}
+    for row in rows:
+        key = (row['method'], row['policy'], row['fraction'])
+        groups.setdefault(key, []).append(row)
+    table = []
+    for (method, policy, fraction), items in groups.items():
+        done = [r for r in items if r['status'] == COMPLETED and r['deadline_met']]
+        scores = [_rouge_l(refs[r['prompt']], r['response']) if r in done else 0.0
+                  for r in items]
+        table.append({'method': method, 'policy': policy, 'fraction': fraction,
+                      'completion_rate': len(done) / len(items),
+                      'misses': len(items) - len(done),
+                      'rouge_l': sum(scores) / len(scores),
+                      'mean_alpha': sum(r['alpha'] for r in items) / len(items)})
+    return table
+
+
+def write_report(table, out_dir, calibration_report):
+    """Write results.md and results.png under out_dir."""
+    lines = ['| policy | T / t^_e2e(vanilla) | method | completion rate | misses | '
+             'ROUGE-L | mean alpha |', '|---|---|---|---|---|---|---|']
+    for r in sorted(table, key=lambda r: (r['policy'], r['fraction'], r['method'])):
+        lines.append(f"| {r['policy']} | {r['fraction']:.2f} | {r['method']} | "
+                     f"{r['completion_rate']:.2f} | {r['misses']} | {r['rouge_l']:.3f} | "
+                     f"{r['mean_alpha']:.2f} |")
+    text = '\n'.join(lines) + '\n\nTime model (ETE) fit:\n```\n' + calibration_report + '\n```\n'
+    (out_dir / 'bench.md').write_text(text)
+    _plot(table, out_dir / 'bench.png')
+    return text
+
+
+def _plot(table, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    for col, (policy, _) in enumerate(POLICIES):
+        for name, _, _ in METHODS:
+            pts = sorted((r['fraction'], r['completion_rate'], r['rouge_l']) for r in table
+                         if r['method'] == name and r['policy'] == policy)
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            axes[0][col].plot(xs, [p[1] for p in pts], marker='o', label=name)
+            axes[1][col].plot(xs, [p[2] for p in pts], marker='o', label=name)
+        axes[0][col].set_title(f'{policy}: completion rate')
+        axes[1][col].set_title(f'{policy}: ROUGE-L vs full-cache answer')
+        axes[1][col].set_xlabel('budget T / vanilla t^_e2e')
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def run_bench(args):
+    """Run the benchmark; write bench.md, bench.png and bench_raw.json under args.out."""
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.profiler import format_report, load_or_calibrate
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=N_MAX))
+    engine = LlmEngine.load(config.engine, config.eviction)
+    calibration = load_or_calibrate(engine, config.engine, config.timing)
+    prompt_set = prompts.benchmark_prompts(quick=args.quick)
+    items = _budgets(prompt_set, calibration.coefficients, engine)
+    del engine
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, mode, alpha in METHODS:
+            print(f'method {name}', flush=True)
+            with _server(name, mode, alpha, tmp) as client:
+                if name == 'vanilla':
+                    refs = _references(client, prompt_set)
+                rows += _run_method(client, name, items)
+    table = summarize(rows, refs)
+    (out_dir / 'bench_raw.json').write_text(json.dumps({'rows': rows, 'refs': refs}, indent=1))
+    print(write_report(table, out_dir, format_report(calibration)))
+    return 0

@@ -1,0 +1,435 @@
+"""LLM engine: chunked prefill, KV-cache eviction chosen after the prefill, greedy decoding.
+
+kvpress compresses the cache *during* the prefill with a ratio fixed beforehand, but TimeBill
+chooses the eviction ratio alpha *after* the prefill (the length predictor runs alongside it).
+So the prefill evicts nothing: forward pre-hooks on every attention module keep what the
+scorer needs (the attention input of the last ``window_size + 1`` prompt positions and their
+RoPE ``position_embeddings``). :meth:`LlmEngine.evict` then scores the full prompt keys of each
+layer with a kvpress scorer and writes the kept keys/values back into the ``DynamicCache``.
+Decoding feeds the true positions (``position_ids`` = N_x, N_x + 1, ...) although the evicted
+cache is shorter, so RoPE stays right; ``cache_position`` is left to transformers (the index
+in the shortened cache).
+
+Not thread-safe: one caller at a time. Never imports rclpy.
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from timebill_ros import model_source
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.eviction import gather_positions, keep_indices, make_scorer, n_keep_for
+from timebill_ros.stopping import EOS, MAX_TOKENS, StopCriteria
+
+DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
+# Chat templates' end-of-turn tokens; those the tokenizer knows count as EOS.
+END_OF_TURN_TOKENS = ('<|im_end|>', '<|eot_id|>', '<|end|>', '<end_of_turn>')
+# sdpa works with the hooks: they read the attention *inputs*, never the attention weights.
+ATTN_IMPLEMENTATION = 'sdpa'
+
+
+class GenerationStopped(Exception):
+    """The prefill was stopped by a stop criterion; ``reason`` is a stopping.py constant."""
+
+    def __init__(self, reason: str):
+        """Keep ``reason`` (e.g. ``'canceled'``, ``'deadline'``)."""
+        super().__init__(f'generation stopped during prefill: {reason}')
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class ScorerInputs:
+    """What one layer's scorer needs, captured during the prefill.
+
+    module: the attention module. hidden_states: its input at the last ``window_size + 1``
+    prompt positions, (1, W + 1, hidden). kwargs: ``position_embeddings`` (cos, sin) of those
+    positions, each (1, W + 1, head_dim).
+    """
+
+    module: torch.nn.Module
+    hidden_states: torch.Tensor
+    kwargs: dict
+
+
+@dataclasses.dataclass
+class PrefillState:
+    """Result of :meth:`LlmEngine.prefill`, consumed by ``evict`` and ``decode``.
+
+    cache: the KV cache, N_x tokens per layer until evicted. n_x: prompt tokens.
+    first_token: greedy token after the prompt (generated token 1).
+    scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
+    """
+
+    cache: DynamicCache
+    n_x: int
+    first_token: int
+    scorer_inputs: Optional[dict]
+    prefill_s: float
+
+    @property
+    def n_kv(self) -> int:
+        """Tokens now held in the cache per layer."""
+        return self.cache.get_seq_length()
+
+
+@dataclasses.dataclass
+class DecodeResult:
+    """Result of :meth:`LlmEngine.decode`.
+
+    token_ids: generated tokens, the EOS that stopped generation excluded. text: their text.
+    stop_reason: EOS, MAX_TOKENS, CANCELED or DEADLINE. decode_s: wall seconds of decode().
+    n_kv_final: tokens held in the cache per layer at the end.
+    """
+
+    token_ids: list
+    text: str
+    stop_reason: str
+    decode_s: float
+    n_kv_final: int
+
+
+def chunk_bounds(n_tokens: int, chunk_tokens: int, min_last: int) -> list:
+    """Return ``[(begin, end)]`` prefill chunks of ``chunk_tokens`` tokens covering n_tokens.
+
+    The last chunk is made at least ``min_last`` tokens long (when n_tokens allows) by moving
+    the last boundary back, or merging it, so that it holds the whole observation window.
+    """
+    edges = list(range(0, n_tokens, chunk_tokens)) + [n_tokens]
+    while len(edges) > 2 and edges[-1] - edges[-2] < min_last:
+        moved = edges[-1] - min_last
+        if moved > edges[-3]:
+            edges[-2] = moved
+        else:
+            del edges[-2]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class _Capture:
+    """Context manager: pre-hooks keeping each attention layer's last-positions inputs."""
+
+    def __init__(self, modules, n_positions: int):
+        """Prepare hooks on ``modules`` (attention layers) for ``n_positions`` positions."""
+        self.modules = modules
+        self.n_positions = n_positions
+        self.inputs = {}
+        self._handles = []
+
+    def __enter__(self):
+        """Register the hooks."""
+        for module in self.modules:
+            self._handles.append(
+                module.register_forward_pre_hook(self._hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        """Remove the hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, module, args, kwargs):
+        """Keep the tail of this chunk's inputs; the last chunk's tail is the one used."""
+        hidden = kwargs['hidden_states'] if 'hidden_states' in kwargs else args[0]
+        cos, sin = kwargs['position_embeddings']
+        tail = -self.n_positions
+        # clone(): a slice would keep the whole chunk's tensors alive.
+        self.inputs[module.layer_idx] = ScorerInputs(
+            module, hidden[:, tail:].clone(),
+            {'position_embeddings': (cos[:, tail:].clone(), sin[:, tail:].clone())})
+
+
+class _TextStream:
+    """Incremental detokenizer for feedback: sends only text that is complete."""
+
+    def __init__(self, tokenizer, callback, every: int):
+        """Call ``callback(n_generated, new_text)`` every ``every`` tokens."""
+        self.tokenizer = tokenizer
+        self.callback = callback
+        self.every = every
+        self.sent = ''
+
+    def text(self, tokens) -> str:
+        """Return the text of ``tokens``, special tokens skipped, spaces untouched."""
+        # No space clean-up: it could rewrite text already sent.
+        return self.tokenizer.decode(tokens, skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)
+
+    def after_token(self, tokens) -> None:
+        """Send the new text when len(tokens) is a multiple of ``every``."""
+        if self.callback is None or len(tokens) % self.every:
+            return
+        text = self.text(tokens)
+        if not text.endswith('\ufffd'):  # else wait for the rest of a multi-byte character
+            self._send(len(tokens), text)
+
+    def finish(self, tokens) -> str:
+        """Send any text not sent yet; return the full text."""
+        text = self.text(tokens)
+        if self.callback is not None and text != self.sent:
+            self._send(len(tokens), text)
+        return text
+
+    def _send(self, n_generated, text):
+        new_text, self.sent = text[len(self.sent):], text
+        self.callback(n_generated, new_text)
+
+
+class LlmEngine:
+    """A causal LM with prefill / evict / decode steps for time-budgeted generation."""
+
+    def __init__(self, engine_config: EngineConfig, eviction_config: EvictionConfig,
+                 model=None, tokenizer=None):
+        """Use ``model`` and ``tokenizer``, loading from ``engine_config`` those left None."""
+        if not isinstance(engine_config, EngineConfig):
+            raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
+        if not isinstance(eviction_config, EvictionConfig):
+            raise TypeError(
+                f'eviction_config must be an EvictionConfig, got {eviction_config!r}')
+        self.engine_config = engine_config
+        self.eviction_config = eviction_config
+        if model is None or tokenizer is None:
+            model_dir = model_source.resolve_model_dir(engine_config)
+            if tokenizer is None:
+                tokenizer = _load_tokenizer(model_dir)
+            if model is None:
+                model = _load_model(model_dir, engine_config)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.scorer = make_scorer(eviction_config)
+        self._eos_token_ids = _eos_token_ids(model, tokenizer)
+
+    @classmethod
+    def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig) -> 'LlmEngine':
+        """Resolve, load and return the engine of ``engine_config`` (no network)."""
+        return cls(engine_config, eviction_config)
+
+    @property
+    def context_tokens(self) -> int:
+        """Most positions the model handles (prompt + answer), tokens."""
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def eos_token_ids(self) -> tuple:
+        """Token ids that end an answer: config/tokenizer EOS and end-of-turn tokens."""
+        return self._eos_token_ids
+
+    @property
+    def model_key(self) -> str:
+        """Short model id (e.g. ``smollm2-135m-instruct``), keys calibration files."""
+        return model_source.model_key(self.engine_config)
+
+    @property
+    def device(self) -> torch.device:
+        """The model's torch device."""
+        return self.model.device
+
+    def encode(self, prompt: str, system_prompt: str = '') -> list:
+        """Return the token ids of the chat-formatted prompt, ready for generation.
+
+        The chat template is applied with ``add_generation_prompt=True``. With an empty
+        ``system_prompt`` no system message is passed; SmolLM2's template then inserts its
+        default system turn ("You are a helpful AI assistant named SmolLM, trained by Hugging
+        Face").
+        """
+        for name, value in (('prompt', prompt), ('system_prompt', system_prompt)):
+            if not isinstance(value, str):
+                raise TypeError(f'{name} must be a str, got {value!r}')
+        messages = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
+        messages.append({'role': 'user', 'content': prompt})
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False)
+        # The template text already holds its special tokens: add none.
+        return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
+
+    def prefill(self, input_ids: list, stop: StopCriteria) -> PrefillState:
+        """Run the prompt through the model in chunks; evict nothing.
+
+        ``stop.check(0, None)`` runs before each chunk of ``prefill_chunk_tokens`` tokens;
+        a stop reason raises :class:`GenerationStopped`. The last chunk holds at least
+        ``window_size + 1`` tokens so the observation window is captured whole.
+        """
+        ids = self._check_ids(input_ids)
+        window = self.eviction_config.window_size
+        start = time.perf_counter()
+        cache = DynamicCache(config=self.model.config)
+        bounds = chunk_bounds(len(ids), self.engine_config.prefill_chunk_tokens, window + 1)
+        with torch.inference_mode(), _Capture(self._attention_modules(), window + 1) as capture:
+            for begin, end in bounds:
+                reason = stop.check(0, None)
+                if reason is not None:
+                    raise GenerationStopped(reason)
+                logits = self._forward(ids[begin:end], begin, cache)
+        first = int(logits.argmax())
+        return PrefillState(cache, len(ids), first, capture.inputs, time.perf_counter() - start)
+
+    def evict(self, state: PrefillState, alpha: float) -> int:
+        """Evict round(alpha N_x) prompt tokens per layer and KV head; return tokens kept.
+
+        At least ``window_size`` tokens (the observation window, always kept) and at most N_x
+        are kept, in their original order. alpha == 0 (or a short prompt) evicts nothing.
+        Must run after :meth:`prefill` and before :meth:`decode`. Releases the captured
+        scorer inputs.
+        """
+        n_keep = n_keep_for(state.n_x, alpha, self.eviction_config.window_size)
+        inputs, state.scorer_inputs = state.scorer_inputs, None
+        if n_keep >= state.n_x:
+            return state.n_kv
+        if inputs is None or state.n_kv != state.n_x:
+            raise RuntimeError('evict() runs once, after prefill() and before decode()')
+        with torch.inference_mode():
+            for layer_idx, layer in enumerate(state.cache.layers):
+                self._evict_layer(layer, inputs[layer_idx], n_keep)
+        return state.n_kv
+
+    def decode(self, state: PrefillState, n_max: int, stop: StopCriteria,
+               on_tokens: Optional[Callable[[int, str], None]] = None,
+               feedback_every: int = 4) -> DecodeResult:
+        """Generate greedily after the prompt; return the answer.
+
+        Token 1 is ``state.first_token``. ``stop.check(n_generated, last_token_id)`` runs
+        before each step; ``n_max`` tokens (and the model's context) also stop generation,
+        with MAX_TOKENS. ``on_tokens(n_generated, new_text)`` gets the text produced since its
+        previous call every ``feedback_every`` tokens, and once more at the end if text is
+        left.
+        """
+        for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+        start = time.perf_counter()
+        state.scorer_inputs = None
+        # The last token is never fed: its position may be context_tokens at most.
+        limit = min(n_max, self.context_tokens - state.n_x + 1)
+        stream = _TextStream(self.tokenizer, on_tokens, feedback_every)
+        tokens = [state.first_token]
+        stream.after_token(tokens)
+        with torch.inference_mode():
+            while True:
+                reason = stop.check(len(tokens), tokens[-1])
+                if reason is None and len(tokens) >= limit:
+                    reason = MAX_TOKENS
+                if reason is not None:
+                    break
+                position = state.n_x + len(tokens) - 1
+                tokens.append(int(self._forward(tokens[-1:], position, state.cache).argmax()))
+                stream.after_token(tokens)
+        if reason == EOS:  # EosStop fired on the last token: not part of the answer
+            tokens.pop()
+        text = stream.finish(tokens)
+        return DecodeResult(tokens, text, reason, time.perf_counter() - start, state.n_kv)
+
+    def measure_prefill_s(self, n_x: int, repeats: int = 1) -> float:
+        """Return the median seconds to prefill ``n_x`` random non-special tokens."""
+        _check_count('n_x', n_x, self.context_tokens)
+        _check_count('repeats', repeats)
+        ids = self._random_ids(n_x)
+        return statistics.median(
+            self.prefill(ids, StopCriteria()).prefill_s for _ in range(repeats))
+
+    def measure_decode_step_s(self, n_kv: int, steps: int = 8) -> float:
+        """Return the median seconds of one decoding step with ``n_kv`` tokens cached.
+
+        The cache is filled by a prefill of ``n_kv`` random tokens (not timed); the cache
+        grows by one token per timed step.
+        """
+        _check_count('steps', steps)
+        _check_count('n_kv', n_kv, self.context_tokens - steps)
+        state = self.prefill(self._random_ids(n_kv), StopCriteria())
+        state.scorer_inputs = None
+        token, times = state.first_token, []
+        with torch.inference_mode():
+            for step in range(steps):
+                begin = time.perf_counter()
+                token = int(self._forward([token], n_kv + step, state.cache).argmax())
+                times.append(time.perf_counter() - begin)
+        return statistics.median(times)
+
+    def _forward(self, token_ids: list, position: int, cache: DynamicCache) -> torch.Tensor:
+        """Run ``token_ids`` at positions ``position``...; return the last logits, (vocab,)."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(position, position + len(token_ids), device=self.device)
+        out = self.model(input_ids=ids, position_ids=positions.unsqueeze(0),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def _evict_layer(self, layer, inputs: ScorerInputs, n_keep: int) -> None:
+        """Score one layer's prompt KV and keep its best ``n_keep`` positions per KV head."""
+        if type(layer) is not DynamicLayer:
+            raise TypeError(f'KV eviction needs a full DynamicLayer cache, got {type(layer)}')
+        scores = self.scorer.score(inputs.module, inputs.hidden_states, layer.keys,
+                                   layer.values, inputs.kwargs, n_keep=n_keep)
+        keep = keep_indices(scores, n_keep, self.eviction_config.window_size)
+        # DynamicLayer (transformers 5.2) holds plain (B, H, N, D) tensors and concatenates
+        # new tokens to them; its length is keys.shape[-2], so replacing them is enough.
+        layer.keys = gather_positions(layer.keys, keep)
+        layer.values = gather_positions(layer.values, keep)
+
+    def _attention_modules(self) -> list:
+        """Return the self-attention module of every decoder layer."""
+        return [layer.self_attn for layer in self.model.model.layers]
+
+    def _check_ids(self, input_ids) -> list:
+        """Return ``input_ids`` as a list after checking type, range and length."""
+        if not isinstance(input_ids, (list, tuple)) or not input_ids:
+            raise TypeError(f'input_ids must be a non-empty list of ints, got {input_ids!r}')
+        vocab = self.model.get_input_embeddings().num_embeddings
+        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f'input_ids hold ids outside [0, {vocab}): {bad[:5]!r}')
+        if len(input_ids) > self.context_tokens:
+            raise ValueError(f'prompt of {len(input_ids)} tokens exceeds the context of '
+                             f'{self.context_tokens} tokens')
+        return list(input_ids)
+
+    def _random_ids(self, n_tokens: int) -> list:
+        """Return ``n_tokens`` reproducible random ids, no special token."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        allowed = torch.ones(vocab, dtype=torch.bool)
+        special = [t for t in self.tokenizer.all_special_ids if 0 <= t < vocab]
+        allowed[special] = False
+        candidates = allowed.nonzero().squeeze(1)
+        generator = torch.Generator().manual_seed(n_tokens)
+        picks = torch.randint(len(candidates), (n_tokens,), generator=generator)
+        return candidates[picks].tolist()
+
+
+def _check_count(name: str, value, maximum: Optional[int] = None) -> None:
+    """Check ``value`` is an int in [1, maximum]."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+    if maximum is not None and value > maximum:
+        raise ValueError(f'{name} must be <= {maximum}, got {value!r}')
+
+
+def _load_tokenizer(model_dir):
+    """Load the tokenizer of ``model_dir`` from disk only."""
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+def _load_model(model_dir, engine_config: EngineConfig):
+    """Load the causal LM of ``model_dir`` with the config's device, dtype and threads."""
+    if engine_config.threads > 0:
+        torch.set_num_threads(engine_config.threads)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=DTYPES[engine_config.dtype], attn_implementation=ATTN_IMPLEMENTATION,
+        local_files_only=True)
+    return model.to(engine_config.device).eval()
+
+
+def _eos_token_ids(model, tokenizer) -> tuple:
+    """Return the sorted EOS ids: model/generation config, tokenizer, end-of-turn tokens."""
+    ids = set()
+    generation_config = getattr(model, 'generation_config', None)
+    for value in (getattr(generation_config, 'eos_token_id', None),
+                  model.config.eos_token_id, tokenizer.eos_token_id):
+        ids.update([value] if isinstance(value, int) else value or ())
+    for token in END_OF_TURN_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            ids.add(token_id)
+    return tuple(sorted(ids))
