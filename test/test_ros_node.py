@@ -29,7 +29,7 @@ COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 
 @pytest.fixture(scope='module')
 def ros_graph(tiny_model, smollm2_tokenizer):
-    """A timebill node in namespace /robot1, a client node and the topics they publish."""
+    """Start a timebill node in namespace /robot1 and a client node with subscriptions."""
     rclpy.init()
 
     def factory(config, log):

@@ -5,4 +5,11 @@ The core modules in this package never import rclpy or message types; only
 rosidl when the package is built with colcon.
 """
 
+import pkgutil
+
+# The generated timebill_ros.msg / timebill_ros.action live in the colcon install tree; when the
+# source folder comes first on sys.path (running from the repo root), extend the package path
+# so both halves are found.
+__path__ = pkgutil.extend_path(__path__, __name__)
+
 __version__ = '0.1.0'

@@ -100,10 +100,13 @@ class TimeBillNode(Node):
             goal_handle.succeed()
         else:
             goal_handle.abort()
-        level = 'info' if result.status == status.COMPLETED else 'warning'
-        getattr(self.get_logger(), level)(
-            f'goal {result.goal_id[:8]}: {result.status_name} ({result.message}) '
-            f'total {result.total_time_s:.3f} s')
+        line = (f'goal {result.goal_id[:8]}: {result.status_name} ({result.message}) '
+                f'total {result.total_time_s:.3f} s')
+        # rclpy refuses different severities from one call site: two calls.
+        if result.status == status.COMPLETED:
+            self.get_logger().info(line)
+        else:
+            self.get_logger().warning(line)
         return conversions.result_to_msg(result)
 
     # --- stats and diagnostics -------------------------------------------------------------

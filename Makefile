@@ -1,0 +1,33 @@
+# timebill_ros developer entry points. Everything runs inside .venv (scripts/setup_venv.sh)
+# with the environment of scripts/env.sh; the package is built by colcon into install/.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+ENV := source scripts/env.sh
+# Folders that git may not have yet (empty) are left out rather than failing flake8.
+LINT_PATHS := $(wildcard timebill_ros test launch benchmarks) setup.py scripts/timebill
+
+.PHONY: venv build test lint run bench clean
+
+venv:
+	scripts/setup_venv.sh
+
+build: venv
+	scripts/build.sh
+
+# pytest exits 5 when it collects no tests: that fails the target too.
+test: build
+	$(ENV) && python -m pytest -q test
+	$(ENV) && flake8 $(LINT_PATHS)
+
+lint: venv
+	$(ENV) && flake8 $(LINT_PATHS)
+
+run: build
+	$(ENV) && timebill demo
+
+bench: build
+	$(ENV) && timebill bench
+
+clean:
+	rm -rf build install log

@@ -1,0 +1,45 @@
+"""Launch the timebill_ros action server (``timebill serve``) on a ROS 2 install.
+
+Usage::
+
+    ros2 launch timebill_ros llm.launch.py
+    ros2 launch timebill_ros llm.launch.py namespace:=robot1 params_file:=/path/to/llm.yaml
+
+launch_ros appends ``--ros-args -r __node:=<node_name> [-r __ns:=<namespace>]
+--params-file <params_file>`` after ``serve``; the ``serve`` subcommand hands those to rclpy.
+"""
+
+import os
+
+from ament_index_python.packages import get_package_share_directory
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+
+def generate_launch_description():
+    """Declare the launch arguments and the ``timebill serve`` node."""
+    default_params = os.path.join(
+        get_package_share_directory('timebill_ros'), 'config', 'llm.yaml')
+    return LaunchDescription([
+        DeclareLaunchArgument(
+            'params_file', default_value=default_params,
+            description='YAML file with the node parameters'),
+        DeclareLaunchArgument(
+            'namespace', default_value='',
+            description='Namespace of the node (empty: none)'),
+        DeclareLaunchArgument(
+            'node_name', default_value='timebill',
+            description='Name of the node'),
+        Node(
+            package='timebill_ros',
+            executable='timebill',
+            name=LaunchConfiguration('node_name'),
+            namespace=LaunchConfiguration('namespace'),
+            arguments=['serve'],
+            parameters=[LaunchConfiguration('params_file')],
+            output='screen',
+            emulate_tty=True,
+        ),
+    ])

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build timebill_ros with colcon into build/ and install/ (log/ for logs).
+# --symlink-install: the installed .py files are symlinks to the sources, so edits to
+# existing files show at once; a new file (or launch/config file) needs another build.
+# Extra arguments go to `colcon build` (e.g. --event-handlers console_direct+).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck disable=SC1091
+source scripts/env.sh
+
+# CMake will not export an include dir that lies in the source tree, and .venv/ does (numpy's
+# headers, for the generated Python typesupport). Inside the install prefix is allowed, so
+# FindPython gets them through a link there.
+np_inc="$ROOT/install/timebill_ros/.numpy_include"
+mkdir -p "$(dirname "$np_inc")"
+ln -sfn "$(python -c 'import numpy; print(numpy.get_include())')" "$np_inc"
+
+colcon --log-base log build \
+  --base-paths . \
+  --build-base build \
+  --install-base install \
+  --symlink-install \
+  "$@" \
+  --cmake-args -DBUILD_TESTING=OFF "-DPython3_EXECUTABLE=$VIRTUAL_ENV/bin/python" \
+  "-DPython3_NumPy_INCLUDE_DIR=$np_inc"
+
+# Symlink install keeps links to deleted sources; drop them (`make clean` for a full reset).
+find install/timebill_ros -xtype l -delete

