@@ -89,11 +89,11 @@ def test_full_grid_shape():
 def test_startup_grid():
     """The start-up grid has the small fixed lengths, clipped to the context."""
     grid = profiler.startup_grid()
-    assert grid.prefill_n_x == (32, 128, 512, 1024)
-    assert grid.decode_n_kv == (32, 256, 1024)
-    assert grid.method == 'startup'
+    assert grid.prefill_n_x == (32, 128, 256, 512, 1024, 2048)
+    assert grid.decode_n_kv == (32, 256, 1024, 2048)
+    assert grid.method == 'startup' and grid.repeats == 2 and grid.decode_steps == 16
     clipped = profiler.startup_grid(context_tokens=600)
-    assert clipped.prefill_n_x == (32, 128, 512) and clipped.decode_n_kv == (32, 256)
+    assert clipped.prefill_n_x == (32, 128, 256, 512) and clipped.decode_n_kv == (32, 256)
 
 
 def test_grid_constructors_are_also_classmethods():
@@ -177,10 +177,15 @@ def test_profile_without_held_out_points_reports_none():
     assert 'n/a' in profiler.format_report(calibration)
 
 
+# A fixed small grid, so these tests do not move when the start-up grid is retuned.
+SMALL_GRID = ProfileGrid((32, 128, 512, 1024), (32, 256, 1024), repeats=1, decode_steps=8,
+                         method='startup')
+
+
 def _limited_run(limit_s):
     clock, messages = FakeClock(), []
     engine = FakeEngine(clock=clock)
-    calibration = profiler.profile(engine, profiler.startup_grid(), clock=clock,
+    calibration = profiler.profile(engine, SMALL_GRID, clock=clock,
                                    time_limit_s=limit_s, progress=messages.append)
     return calibration, engine, messages
 
@@ -226,7 +231,7 @@ def test_profile_rejects_bad_engine_measurement():
     engine = FakeEngine()
     engine.measure_decode_step_s = lambda n_kv, steps=8: math.nan
     with pytest.raises(RuntimeError, match='N_kv=1024'):
-        profiler.profile(engine, profiler.startup_grid())
+        profiler.profile(engine, SMALL_GRID)
 
 
 def test_load_or_calibrate_profiles_once_then_uses_cache():

@@ -78,19 +78,20 @@ def _goal(prompt='Plan a route to the dock.', budget_s=60, **fields):
     return goal
 
 
-def _run(graph, goal, feedback=None, cancel_after_feedback=False):
-    handle_box = {}
+def _run(graph, goal, feedback=None, cancel_in_decode=False):
+    decoding = threading.Event()
 
     def on_feedback(msg):
         if feedback is not None:
             feedback.append(msg.feedback)
-        if (cancel_after_feedback and msg.feedback.phase == Instruct.Feedback.PHASE_DECODE
-                and 'cancel' not in handle_box):
-            handle_box['cancel'] = handle_box['handle'].cancel_goal_async()
+        if msg.feedback.phase == Instruct.Feedback.PHASE_DECODE:
+            decoding.set()
 
     handle = _wait(graph['action'].send_goal_async(goal, feedback_callback=on_feedback))
-    handle_box['handle'] = handle
     assert handle.accepted
+    if cancel_in_decode:
+        assert decoding.wait(30), 'no decode feedback'
+        _wait(handle.cancel_goal_async())
     response = _wait(handle.get_result_async())
     return response.status, response.result
 
@@ -171,6 +172,6 @@ def test_kill_under_a_tight_budget(ros_graph):
 
 def test_cancel_during_decode(ros_graph):
     goal = _goal(max_new_tokens=2000)
-    goal_status, result = _run(ros_graph, goal, cancel_after_feedback=True)
+    goal_status, result = _run(ros_graph, goal, cancel_in_decode=True)
     assert goal_status == GoalStatus.STATUS_CANCELED
     assert result.status == Instruct.Result.CANCELED

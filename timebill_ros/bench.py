@@ -19,7 +19,7 @@ import time
 from timebill_ros import params, prompts
 from timebill_ros.config import BudgetConfig, EngineConfig, ServerConfig
 
-BUDGET_FRACTIONS = (0.5, 0.75, 1.0)
+BUDGET_FRACTIONS = (0.8, 0.9, 1.0)
 METHODS = (('vanilla', 'fixed', 0.0), ('alpha=0.25', 'fixed', 0.25),
            ('alpha=0.5', 'fixed', 0.5), ('alpha=0.75', 'fixed', 0.75),
            ('alpha=0.95', 'fixed', 0.95), ('timebill', 'timebill', 0.0))
@@ -166,6 +166,17 @@ def _plot(table, path):
     fig.savefig(path, dpi=80)
 
 
+def _selected_methods(names):
+    if not names:
+        return METHODS
+    wanted = [n.strip() for n in names.split(',')]
+    unknown = sorted(set(wanted) - {m[0] for m in METHODS})
+    if unknown:
+        raise ValueError(f'unknown method(s) {unknown}; known: {[m[0] for m in METHODS]}')
+    # Vanilla first: its server also produces the full-cache reference answers.
+    return [m for m in METHODS if m[0] in wanted or m[0] == 'vanilla']
+
+
 def run_bench(args):
     """Run the benchmark; write bench.md, bench.png and bench_raw.json under args.out."""
     from timebill_ros.engine import LlmEngine
@@ -180,7 +191,7 @@ def run_bench(args):
     del engine
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, mode, alpha in METHODS:
+        for name, mode, alpha in _selected_methods(args.methods):
             print(f'method {name}', flush=True)
             with _server(name, mode, alpha, tmp) as client:
                 if name == 'vanilla':

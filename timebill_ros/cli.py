@@ -119,7 +119,9 @@ def build_parser():
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser('bench', help=cmd_bench.__doc__)
     bench.add_argument('--out', default='benchmarks/results')
-    bench.add_argument('--quick', action='store_true', help='fewer prompts and budgets')
+    bench.add_argument('--quick', action='store_true', help='fewer prompts')
+    bench.add_argument('--methods', default='',
+                       help='comma list of methods (vanilla is always run); default all')
     bench.set_defaults(func=cmd_bench)
     return parser
 

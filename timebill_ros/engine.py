@@ -332,22 +332,20 @@ class LlmEngine:
             self.prefill(ids, StopCriteria()).prefill_s for _ in range(repeats))
 
     def measure_decode_step_s(self, n_kv: int, steps: int = 8) -> float:
-        """Return the median seconds of one decoding step with ``n_kv`` tokens cached.
+        """Return the mean seconds of one decoding step with ``n_kv`` tokens cached.
 
-        The cache is filled by a prefill of ``n_kv`` random tokens (not timed); the cache
-        grows by one token per timed step.
+        The cache is filled by a prefill of ``n_kv`` random tokens (not timed). The steps run
+        through :meth:`decode` itself - stop checks, text streaming and a feedback callback
+        included - so the estimate covers what the server pays per token, not only the
+        model's forward. The cache grows by one token per step.
         """
         _check_count('steps', steps)
-        _check_count('n_kv', n_kv, self.context_tokens - steps)
+        _check_count('n_kv', n_kv, self.context_tokens - steps - 1)
         state = self.prefill(self._random_ids(n_kv), StopCriteria())
-        state.scorer_inputs = None
-        token, times = state.first_token, []
-        with torch.inference_mode():
-            for step in range(steps):
-                begin = time.perf_counter()
-                token = int(self._forward([token], n_kv + step, state.cache).argmax())
-                times.append(time.perf_counter() - begin)
-        return statistics.median(times)
+        out = self.decode(state, steps + 1, StopCriteria(), on_tokens=lambda n, text: None,
+                          feedback_every=self.engine_config.feedback_every_tokens)
+        # Token 1 comes from the prefill; each further token is one decoding step.
+        return out.decode_s / (len(out.token_ids) - 1)
 
     def _forward(self, token_ids: list, position: int, cache: DynamicCache) -> torch.Tensor:
         """Run ``token_ids`` at positions ``position``...; return the last logits, (vocab,)."""

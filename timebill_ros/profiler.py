@@ -135,17 +135,17 @@ def full_grid(context_tokens, max_tokens=4096):
 
 
 def startup_grid(context_tokens=None):
-    """Return the small start-up grid: N_x {32, 128, 512, 1024}, N_kv {32, 256, 1024} tokens.
+    """Return the small start-up grid: N_x 32..2048, N_kv 32..2048 tokens.
 
-    One prefill repeat and 8 decoding steps per length. With ``context_tokens`` (tokens),
+    Two prefill repeats and 16 decoding steps per length. With ``context_tokens`` (tokens),
     lengths that do not fit that context are left out.
     """
-    prefill, decode, steps = (32, 128, 512, 1024), (32, 256, 1024), 8
+    prefill, decode, steps = (32, 128, 256, 512, 1024, 2048), (32, 256, 1024, 2048), 16
     if context_tokens is not None:
         context_tokens = _check_int('context_tokens', context_tokens, 1)
         prefill = tuple(n for n in prefill if n <= context_tokens)
         decode = tuple(n for n in decode if n + steps <= context_tokens)
-    return ProfileGrid(prefill, decode, repeats=1, decode_steps=steps, method='startup')
+    return ProfileGrid(prefill, decode, repeats=2, decode_steps=steps, method='startup')
 
 
 def key_fields(engine_config):
@@ -419,7 +419,6 @@ def _calibrate_and_cache(engine, engine_config, timing_config, path, log):
         log(f'warning: could not cache the timing calibration at {path}: {exc}')
     else:
         log(f'timing calibration: saved {path}')
-    log(format_report(calibration))
     return calibration
 
 

@@ -48,7 +48,7 @@ def long_prompt(n_lines, seed=0):
 
 def benchmark_prompts(quick=False):
     """Return [(name, prompt)] of varied lengths, short to a few thousand tokens."""
-    sizes = (20, 60, 150) if quick else (20, 60, 150, 250)
-    items = list(SHORT[:3] if quick else SHORT)
+    sizes = (20, 150) if quick else (20, 60, 150)
+    items = list(SHORT[:2] if quick else SHORT[:4])
     items += [(f'log{n}', long_prompt(n, seed=n)) for n in sizes]
     return items
