@@ -175,3 +175,17 @@ def test_cancel_during_decode(ros_graph):
     goal_status, result = _run(ros_graph, goal, cancel_in_decode=True)
     assert goal_status == GoalStatus.STATUS_CANCELED
     assert result.status == Instruct.Result.CANCELED
+
+
+def test_result_is_kept_for_a_client_that_asks_late(ros_graph):
+    """Kilted's rclpy drops results after 10 s by default; ros.result_timeout_s keeps them."""
+    handle = _wait(ros_graph['action'].send_goal_async(_goal()))
+    goal_id = bytes(handle.goal_id.uuid).hex()
+    end = time.monotonic() + 60
+    while not any(e.goal_id == goal_id for e in ros_graph['seen']['events']):
+        assert time.monotonic() < end, 'goal did not finish'
+        time.sleep(0.05)
+    time.sleep(11.0)
+    response = _wait(handle.get_result_async())
+    assert response.status == GoalStatus.STATUS_SUCCEEDED
+    assert response.result.status == Instruct.Result.COMPLETED

@@ -194,11 +194,22 @@ class StatsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RosConfig:
-    """ROS surface names (group ``ros``): action_name is relative to the node's namespace."""
+    """ROS surface (group ``ros``).
+
+    action_name / events_topic / stats_topic: names, ``~/`` = under the node's name.
+    result_timeout_s: how long the action server keeps a finished goal's result for clients
+        that ask late, seconds (rclpy's default on Kilted is 10).
+    """
 
     action_name: str = '~/instruct'
     events_topic: str = '~/events'
     stats_topic: str = '~/stats'
+    result_timeout_s: int = 60
+
+    def __post_init__(self):
+        if not isinstance(self.result_timeout_s, int) or self.result_timeout_s < 1:
+            raise ValueError(
+                f'ros.result_timeout_s must be an int >= 1, got {self.result_timeout_s!r}')
 
 
 @dataclasses.dataclass(frozen=True)

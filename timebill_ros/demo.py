@@ -4,6 +4,7 @@ The server runs as its own process (``timebill serve``), the planner here talks 
 ROS 2 like any other client.
 """
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -62,6 +63,26 @@ def _stop_server(proc):
     return proc.returncode
 
 
+@contextlib.contextmanager
+def served(params_file, log_path, wait_s=600.0):
+    """Run ``timebill serve`` as its own process; yield a client connected to it.
+
+    Raises RuntimeError when the server exits or does not come up within wait_s seconds.
+    On exit the server gets SIGINT (clean shutdown) and its exit code is printed.
+    """
+    from timebill_ros.ros.session import client_session
+    proc = _start_server(params_file, log_path)
+    try:
+        with client_session() as client:
+            start = time.monotonic()
+            while not client.wait_for_server(5.0):
+                if proc.poll() is not None or time.monotonic() - start > wait_s:
+                    raise RuntimeError(f'server did not come up; see {log_path}')
+            yield client
+    finally:
+        print(f'server exited with code {_stop_server(proc)}')
+
+
 def _row(label, budget_s, result):
     from timebill_ros.goals import JobResult
     from timebill_ros.ros.conversions import duration_to_s
@@ -72,56 +93,45 @@ def _row(label, budget_s, result):
             f'{"yes" if result.deadline_met else "no":>4s}  {result.message}')
 
 
-def _run_burst(client):
+def _report(client, label, budget_s, handle):
+    """Wait for one goal's result and print its row; return 1 when none came, else 0."""
+    try:
+        if handle is None or not handle.accepted:
+            raise RuntimeError('goal was not accepted')
+        result, _ = client.result(handle, timeout_s=300.0)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f'{label:34s} no result: {exc}')
+        return 1
+    print(_row(label, budget_s, result), flush=True)
+    return 0
+
+
+def _run_goals(client, goals, together):
+    """Send goals one after the other (or all at once); return how many got no result."""
     from timebill_ros.ros.client import make_goal
-    sent = []
-    for label, prompt, budget_s, n_max, policy in burst_goals():
+    failures, pending = 0, []
+    for label, prompt, budget_s, n_max, policy in goals:
         goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max, policy=policy)
-        sent.append((label, budget_s, client.send(goal)))
-    failures = 0
-    for label, budget_s, handle in sent:
-        try:
-            result, _ = client.result(handle, timeout_s=300.0)
-        except (AttributeError, TimeoutError) as exc:
-            failures += 1
-            print(f'{label:34s} no result: {exc}')
-            continue
-        print(_row(label, budget_s, result), flush=True)
-    return failures
+        pending.append((label, budget_s, client.send(goal)))
+        if not together:
+            failures += _report(client, *pending.pop())
+    return failures + sum(_report(client, *item) for item in pending)
 
 
 def run_demo(params_file=None, wait_s=600.0):
     """Run the demo; return 0 when every goal got a result, 1 otherwise."""
-    from timebill_ros.ros.client import make_goal
-    from timebill_ros.ros.session import client_session
     log_dir = pathlib.Path('log')
     log_dir.mkdir(exist_ok=True)
     log_path = log_dir / 'demo_server.log'
     print(f'starting the timebill server (log: {log_path}); first start converts the '
           'embedded model and calibrates the time model, which takes a minute or two')
-    proc = _start_server(params_file, log_path)
-    failures = 0
     try:
-        with client_session() as client:
-            start = time.monotonic()
-            while not client.wait_for_server(5.0):
-                if proc.poll() is not None or time.monotonic() - start > wait_s:
-                    print(f'server did not come up; see {log_path}', file=sys.stderr)
-                    return 1
+        with served(params_file, log_path, wait_s) as client:
             print(f'{"goal":34s} {"budget":>7s} {"N_x":>5s} {"WCET^":>8s} {"alpha*":>6s} '
                   f'{"status":10s} {"total":>7s} {"met":>4s}  message')
-            for label, prompt, budget_s, n_max, policy in demo_goals():
-                goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max,
-                                 policy=policy)
-                try:
-                    result, _ = client.run(goal, timeout_s=300.0)
-                except (RuntimeError, TimeoutError) as exc:
-                    failures += 1
-                    print(f'{label:34s} no result: {exc}')
-                    continue
-                print(_row(label, budget_s, result), flush=True)
-            failures += _run_burst(client)
-    finally:
-        code = _stop_server(proc)
-        print(f'server exited with code {code}')
+            failures = _run_goals(client, demo_goals(), together=False)
+            failures += _run_goals(client, burst_goals(), together=True)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     return 1 if failures else 0

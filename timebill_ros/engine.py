@@ -206,7 +206,13 @@ class LlmEngine:
 
     @classmethod
     def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig) -> 'LlmEngine':
-        """Resolve, load and return the engine of ``engine_config`` (no network)."""
+        """Resolve, load and return the engine of ``engine_config`` (no network).
+
+        This is the server's and the CLI's path: it also turns off transformers' per-weight
+        progress bar, which otherwise floods server logs (a process-wide setting).
+        """
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
         return cls(engine_config, eviction_config)
 
     @property

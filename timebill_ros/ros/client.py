@@ -26,18 +26,26 @@ class InstructClient(Node):
     def __init__(self, action_name='/timebill/instruct', node_name='timebill_client'):
         super().__init__(node_name)
         self.action = ActionClient(self, Instruct, action_name)
+        self._results = {}
 
     def wait_for_server(self, timeout_s=30.0):
         """Return True once the action server is available."""
         return self.action.wait_for_server(timeout_sec=timeout_s)
 
     def send(self, goal, on_feedback=None, timeout_s=60.0):
-        """Send a goal and block until it is accepted; return the goal handle (or None)."""
+        """Send a goal and block until it is accepted; return the goal handle (or None).
+
+        The result is requested at once (servers keep finished results only for
+        ``result_timeout``, 10 s by default on Kilted); :meth:`result` waits for it.
+        """
         ready = threading.Event()
         holder = {}
 
         def accepted(future):
-            holder['handle'] = future.result()
+            handle = future.result()
+            if handle.accepted:
+                self._results[bytes(handle.goal_id.uuid)] = handle.get_result_async()
+            holder['handle'] = handle
             ready.set()
 
         callback = (lambda msg: on_feedback(msg.feedback)) if on_feedback else None
@@ -47,20 +55,15 @@ class InstructClient(Node):
             return None
         return holder['handle']
 
-    @staticmethod
-    def result(handle, timeout_s=600.0):
+    def result(self, handle, timeout_s=600.0):
         """Block until the goal's result arrives; return (Instruct.Result, GoalStatus code)."""
+        future = self._results.pop(bytes(handle.goal_id.uuid))
         done = threading.Event()
-        holder = {}
-
-        def finished(future):
-            holder['response'] = future.result()
-            done.set()
-
-        handle.get_result_async().add_done_callback(finished)
+        future.add_done_callback(lambda _: done.set())
         if not done.wait(timeout_s):
             raise TimeoutError(f'no result within {timeout_s} s')
-        return holder['response'].result, holder['response'].status
+        response = future.result()
+        return response.result, response.status
 
     def run(self, goal, on_feedback=None, timeout_s=600.0):
         """Send a goal and wait for its result; return (Instruct.Result, GoalStatus code)."""

@@ -39,7 +39,8 @@ class TimeBillNode(Node):
         self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self._action = ActionServer(
             self, Instruct, self.config.ros.action_name, execute_callback=self._execute,
-            goal_callback=self._on_goal, cancel_callback=self._on_cancel, callback_group=group)
+            goal_callback=self._on_goal, cancel_callback=self._on_cancel, callback_group=group,
+            result_timeout=self.config.ros.result_timeout_s)
         self.create_timer(self.config.stats.period_s, self._publish_stats, callback_group=group)
         self.get_logger().info(f'serving {self._action_name()}')
 

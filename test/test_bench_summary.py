@@ -1,0 +1,51 @@
+"""Aggregation of benchmark rows: completion, misses, ROUGE-L (incomplete = 0), alpha*."""
+
+import pytest
+
+from timebill_ros import bench, prompts
+
+
+def _row(status, response, met=True, alpha=0.0, decided=True, prompt='p1'):
+    return {'method': 'timebill', 'policy': 'kill', 'fraction': 1.0, 'prompt': prompt,
+            'status': status, 'response': response, 'deadline_met': met, 'alpha': alpha,
+            'decided': decided}
+
+
+def test_summarize_scores_only_on_time_completions():
+    refs = {'p1': 'go to the dock then charge'}
+    rows = [_row(1, 'go to the dock then charge', alpha=0.5),
+            _row(1, 'go to the dock then charge', met=False, alpha=0.5),
+            _row(2, '', met=False, alpha=0.9),
+            _row(3, '', met=False, decided=False)]
+    (summary,) = bench.summarize(rows, refs)
+    assert summary['completion_rate'] == pytest.approx(0.25)
+    assert summary['misses'] == 3
+    assert summary['rouge_l'] == pytest.approx(0.25)
+    assert summary['mean_alpha'] == pytest.approx((0.5 + 0.5 + 0.9) / 3)
+
+
+def test_budgets_scale_the_vanilla_estimate(smollm2_tokenizer):
+    class Coeffs:
+        def prefill_s(self, n_x):
+            return 0.001 * n_x
+
+        def decode_phase_s(self, n_x, alpha, n_tokens):
+            return 0.05 * (n_tokens - 1)
+
+    class Encoder:
+        def encode(self, prompt):
+            return smollm2_tokenizer(prompt)['input_ids']
+
+    prompt_set = prompts.benchmark_prompts(quick=True)
+    out = bench._budgets(prompt_set, Coeffs(), Encoder())
+    assert set(out) == set(bench.BUDGET_FRACTIONS)
+    name, prompt, t_full = out[1.0][0]
+    assert t_full == pytest.approx(0.001 * len(Encoder().encode(prompt))
+                                   + 0.05 * (bench.N_MAX - 1), abs=1e-3)
+    assert out[0.9][0][2] == pytest.approx(0.9 * t_full, abs=2e-3)
+
+
+def test_long_prompts_reach_a_few_thousand_tokens(smollm2_tokenizer):
+    longest = max(len(smollm2_tokenizer(p)['input_ids'])
+                  for _, p in prompts.benchmark_prompts())
+    assert 2000 < longest < 4000
