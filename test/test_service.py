@@ -256,3 +256,22 @@ def test_shutdown_ends_goals_in_flight_exactly_once(make_service):
         assert len(rec.results) == 1
     late = submit(service, GoalRequest('After.', budget_s=LONG)).wait()
     assert late.status == status.REJECTED and 'shutting down' in late.message
+
+
+def test_fifo_follows_receipt_time_not_queue_arrival(make_service):
+    service = make_service()
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    now = service.clock()
+    order = []
+    late, early = Recorder(), Recorder()
+    late.on_done = lambda r, rec=late: (order.append('late'), Recorder.on_done(rec, r))
+    early.on_done = lambda r, rec=early: (order.append('early'), Recorder.on_done(rec, r))
+    for rec, received in ((late, now), (early, now - 0.5)):
+        rec.service = service
+        rec.job = service.submit(GoalRequest('Hi.', budget_s=LONG), rec.on_feedback,
+                                 rec.on_done, received_s=received)
+    first.release.set()
+    assert late.wait().status == early.wait().status == status.COMPLETED
+    assert order == ['early', 'late']

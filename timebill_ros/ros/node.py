@@ -69,9 +69,11 @@ class TimeBillNode(Node):
 
     def _execute(self, goal_handle):
         key = bytes(goal_handle.goal_id.uuid)
+        ros_now_s = self.get_clock().now().nanoseconds / 1e9
+        mono_now_s = self.service.clock()
         request = conversions.request_from_goal(
-            goal_handle.request, key.hex(), self.get_clock().now().nanoseconds / 1e9,
-            self.service.clock())
+            goal_handle.request, key.hex(), ros_now_s, mono_now_s)
+        received_s = mono_now_s - max(0.0, ros_now_s - _accepted_at_s(goal_handle, ros_now_s))
         finished = threading.Event()
         outcome = {}
 
@@ -84,7 +86,7 @@ class TimeBillNode(Node):
                 conversions.event_msg(result, self.get_clock().now().to_msg()))
             finished.set()
 
-        job = self.service.submit(request, on_feedback, on_done)
+        job = self.service.submit(request, on_feedback, on_done, received_s=received_s)
         if job is not None:
             self._jobs[key] = job
             if goal_handle.is_cancel_requested:
@@ -133,6 +135,20 @@ class TimeBillNode(Node):
             level=LEVELS[level], name=f'{self.get_name()}: deadlines', message=message,
             hardware_id=self.config.engine.device,
             values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])]))
+
+
+def _accepted_at_s(goal_handle, default_s):
+    """Return the ROS time (s) the action server stamped when it accepted the goal.
+
+    rclpy keeps it in the handle's GoalInfo (``_goal_info``, the same from Humble to Kilted)
+    without a public accessor. Execute callbacks run on parallel threads and may start out of
+    order, so this stamp, not the callback's start, is the goal's receipt time.
+    """
+    info = getattr(goal_handle, '_goal_info', None)
+    stamp = getattr(info, 'stamp', None)
+    if stamp is None or (stamp.sec == 0 and stamp.nanosec == 0):
+        return default_s
+    return conversions.time_to_s(stamp)
 
 
 def _header(stamp):
