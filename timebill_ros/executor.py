@@ -148,11 +148,10 @@ class JobRunner:
 class Executor:
     """A worker thread that takes jobs from a queue and runs them with a JobRunner."""
 
-    def __init__(self, name, queue, runner, on_start=None):
+    def __init__(self, name, queue, runner):
         self.name = name
         self.queue = queue
         self.runner = runner
-        self.on_start = on_start
         self.current = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f'timebill-{name}', daemon=True)
@@ -180,8 +179,6 @@ class Executor:
                     job.finish(JobResult(status=status.CANCELED,
                                          message='canceled before start'))
                     continue
-                if self.on_start is not None:
-                    self.on_start(job)
                 job.finish(self.runner.run(job))
             finally:
                 self.current = None

@@ -12,6 +12,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
+from std_msgs.msg import Header
 
 from timebill_ros import status
 from timebill_ros.action import Instruct
@@ -32,7 +33,6 @@ class TimeBillNode(Node):
         self.service = service_factory(self.config, self.get_logger().info)
         self.service.start()
         self._jobs = {}
-        self._received = {}
         group = ReentrantCallbackGroup()
         self._events_pub = self.create_publisher(GoalEvent, self.config.ros.events_topic, 10)
         self._stats_pub = self.create_publisher(ServerStats, self.config.ros.stats_topic, 10)
@@ -131,10 +131,11 @@ class TimeBillNode(Node):
             'last_kill_latency_s': f'{snap.last_kill_latency_s:.4f}',
         }
         values.update({f'count_{name.lower()}': n for name, n in snap.by_status.items()})
-        self._diag_pub.publish(DiagnosticArray(header=_header(stamp), status=[DiagnosticStatus(
+        diag = DiagnosticStatus(
             level=LEVELS[level], name=f'{self.get_name()}: deadlines', message=message,
             hardware_id=self.config.engine.device,
-            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])]))
+            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+        self._diag_pub.publish(DiagnosticArray(header=Header(stamp=stamp), status=[diag]))
 
 
 def _accepted_at_s(goal_handle, default_s):
@@ -149,11 +150,6 @@ def _accepted_at_s(goal_handle, default_s):
     if stamp is None or (stamp.sec == 0 and stamp.nanosec == 0):
         return default_s
     return conversions.time_to_s(stamp)
-
-
-def _header(stamp):
-    from std_msgs.msg import Header
-    return Header(stamp=stamp)
 
 
 def spin(node_factory, args=None, stop_event=None):
