@@ -38,10 +38,11 @@ def _server_params(mode, fixed_alpha, folder, calibration_file):
     return str(path)
 
 
-def _rouge_l(reference, candidate):
+def _rouge_l_scorer():
+    """Return f(reference, candidate) -> ROUGE-L F1, with one scorer built for all calls."""
     from rouge_score import rouge_scorer
     scorer = rouge_scorer.RougeScorer(['rougeL'])
-    return scorer.score(reference, candidate)['rougeL'].fmeasure
+    return lambda reference, candidate: scorer.score(reference, candidate)['rougeL'].fmeasure
 
 
 def _stream(client, items, policy_code):
@@ -107,6 +108,7 @@ def _budgets(prompt_set, coefficients, engine):
 
 def summarize(rows, refs):
     """Return [{method, policy, fraction, completion_rate, misses, rouge_l}] aggregated."""
+    rouge_l = _rouge_l_scorer()
     groups = {}
     for row in rows:
         key = (row['method'], row['policy'], row['fraction'])
@@ -114,7 +116,7 @@ def summarize(rows, refs):
     table = []
     for (method, policy, fraction), items in groups.items():
         done = [r for r in items if r['status'] == COMPLETED and r['deadline_met']]
-        scores = [_rouge_l(refs[r['prompt']], r['response']) if r in done else 0.0
+        scores = [rouge_l(refs[r['prompt']], r['response']) if r in done else 0.0
                   for r in items]
         decided = [r['alpha'] for r in items if r['decided']]
         table.append({'method': method, 'policy': policy, 'fraction': fraction,

@@ -13,6 +13,7 @@ import sys
 import time
 
 from timebill_ros import prompts
+from timebill_ros.status import STATUS_NAMES
 
 KILL, SKIP_NEXT = 1, 2
 
@@ -84,9 +85,8 @@ def served(params_file, log_path, wait_s=600.0):
 
 
 def _row(label, budget_s, result):
-    from timebill_ros.goals import JobResult
     from timebill_ros.ros.conversions import duration_to_s
-    name = JobResult(status=result.status, message='').status_name
+    name = STATUS_NAMES.get(result.status, f'UNKNOWN({result.status})')
     return (f'{label:34s} {budget_s:7.2f} {result.prompt_tokens:5d} '
             f'{duration_to_s(result.predicted_wcet):8.2f} {result.eviction_ratio:6.2f} '
             f'{name:10s} {duration_to_s(result.total_time):7.2f} '

