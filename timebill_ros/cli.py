@@ -1,4 +1,4 @@
-"""The ``timebill`` command: serve, profile, send, demo, bench."""
+"""The ``timebill`` command: serve, profile, send, demo, bench, predictor."""
 
 import argparse
 import sys
@@ -123,6 +123,8 @@ def build_parser():
     bench.add_argument('--methods', default='',
                        help='comma list of methods (vanilla is always run); default all')
     bench.set_defaults(func=cmd_bench)
+    from timebill_ros.rlp import cli as rlp_cli
+    rlp_cli.add_parser(sub)
     return parser
 
 

@@ -11,7 +11,8 @@ import math
 POLICY_NAMES = ('kill', 'skip_next')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
 BUDGET_MODES = ('timebill', 'fixed')
-PREDICTOR_KINDS = ('fallback',)
+PREDICTOR_KINDS = ('rlp', 'fallback')
+PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 
 
 def _check_positive(name, value):
@@ -116,16 +117,37 @@ class BudgetConfig:
 class PredictorConfig:
     """Response-length predictor (group ``predictor``).
 
-    kind: ``fallback`` (N^ = N_max, conservative) until a trained predictor is available.
+    kind: ``rlp`` (the trained RLP, ONNX, onnxruntime) or ``fallback`` (N^ = N_max). If the
+        RLP file is missing or broken the server logs why and serves with the fallback.
+    model_file: the RLP ONNX file; empty = the cache entry ``timebill predictor train
+        --export`` writes for this model (``<cache>/rlp/<model>__rlp.onnx``).
+    threads: onnxruntime intra-op threads of the predictor.
+    provider: ``auto`` (CUDA where onnxruntime-gpu sees a GPU, else CPU), ``cpu`` or ``cuda``.
+    min_input_tokens / max_input_tokens: clamp of N_p, the compressed predictor input, tokens.
     timeout_s: if the predictor has not answered this long after prefill ends, the goal goes on
         with the fallback N^ and the result says so.
     """
 
-    kind: str = 'fallback'
+    kind: str = 'rlp'
+    model_file: str = ''
+    threads: int = 1
+    provider: str = 'auto'
+    min_input_tokens: int = 64
+    max_input_tokens: int = 2048
     timeout_s: float = 1.0
 
     def __post_init__(self):
         _check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
+        _check_choice('predictor.provider', self.provider, PREDICTOR_PROVIDERS)
+        for name in ('threads', 'min_input_tokens', 'max_input_tokens'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f'predictor.{name} must be an int, got {value!r}')
+            _check_positive(f'predictor.{name}', value)
+        if self.max_input_tokens < self.min_input_tokens:
+            raise ValueError(
+                f'predictor.max_input_tokens ({self.max_input_tokens!r}) must be >= '
+                f'predictor.min_input_tokens ({self.min_input_tokens!r})')
         _check_positive('predictor.timeout_s', self.timeout_s)
 
 

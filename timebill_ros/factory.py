@@ -17,5 +17,7 @@ def build_service(config, log=print):
     engine = LlmEngine.load(config.engine, config.eviction)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
     log(format_report(calibration))
-    return TimeBillService(config, engine, make_predictor(config.predictor),
-                           calibration.coefficients)
+    predictor = make_predictor(config.predictor, engine.model_key,
+                               calibration.coefficients.prefill_s,
+                               config.engine.model_cache_dir or None, log=log)
+    return TimeBillService(config, engine, predictor, calibration.coefficients)

@@ -1,0 +1,215 @@
+"""The RLP pipeline on a tiny random Llama: corpus, collect, dataset, train, ONNX, predictor."""
+
+import json
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from timebill_ros.config import PredictorConfig
+from timebill_ros.predictors import FallbackPredictor, make_predictor
+from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor, PredictorTiming
+from timebill_ros.rlp import collect as collect_mod
+from timebill_ros.rlp.compress import compress_ids
+from timebill_ros.rlp.corpus import SPLITS, build_corpus, split_of
+from timebill_ros.rlp.dataset import Example, load_examples
+from timebill_ros.rlp.export import export_onnx, max_abs_difference, read_metadata
+from timebill_ros.rlp.metrics import length_metrics
+from timebill_ros.rlp.models.base import bucket_length, bucket_of
+from timebill_ros.rlp.models.rlp import RlpModel
+
+
+def test_corpus_is_deterministic_split_and_diverse():
+    first, second = build_corpus(), build_corpus()
+    assert first == second
+    assert len({it.prompt_id for it in first}) == len(first)
+    assert len({it.prompt for it in first}) == len(first)
+    by_split = {s: [it for it in first if it.split == s] for s in SPLITS}
+    assert len(by_split['train']) > len(by_split['val']) > 0 and len(by_split['test']) > 50
+    categories = {it.category for it in first}
+    for needed in ('plan', 'navigate', 'manipulate', 'yes_no', 'log_qa', 'map_qa', 'summary',
+                   'chat', 'u_structural', 'u_syntactic', 'u_semantic', 'u_vague',
+                   'u_open_ended', 'u_multi_part'):
+        assert needed in categories
+    assert max(len(it.prompt) for it in first) > 8000  # a few thousand tokens
+    assert all(it.split == split_of(it.prompt_id) for it in first)
+
+
+def test_split_depends_on_seed_and_id_only():
+    assert split_of('plan-0001') == split_of('plan-0001')
+    shares = [split_of(f'x-{i}') for i in range(3000)]
+    assert 0.65 < shares.count('train') / 3000 < 0.75
+    assert any(split_of(f'x-{i}', seed=1) != split_of(f'x-{i}') for i in range(50))
+
+
+def test_compress_keeps_head_and_tail():
+    ids = list(range(100))
+    assert compress_ids(ids, 200) == ids
+    out = compress_ids(ids, 10)
+    assert out == [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]
+    with pytest.raises(ValueError, match='max_tokens'):
+        compress_ids(ids, 1)
+
+
+def test_metrics_and_buckets():
+    m = length_metrics([10, 20, 30], [10, 20, 30])
+    assert m['mae'] == 0 and m['r2'] == 1 and m['within'] == 1
+    m = length_metrics([10, 20, 30], [20, 20, 20])
+    assert m['mae'] == pytest.approx(20 / 3) and m['r2'] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match='shapes'):
+        length_metrics([1, 2], [1])
+    assert bucket_of(1, 16) == 0 and bucket_of(16, 16) == 0 and bucket_of(17, 16) == 1
+    assert bucket_length(0, 16) == 16 and bucket_length(3, 64) == 256
+
+
+def test_response_length_counts_up_to_eos():
+    assert collect_mod.response_length([5, 6, 2, 7], {2}, 10) == (3, False)
+    assert collect_mod.response_length([5, 6, 7], {2}, 3) == (3, True)
+
+
+def test_collect_is_resumable_and_detects_changed_prompts(make_tiny_engine, tmp_path):
+    engine = make_tiny_engine()
+    items = build_corpus()[:5]
+    out = tmp_path / 'lengths.jsonl'
+    logs = []
+    assert collect_mod.collect(engine, items[:3], out, n_model=6, max_batch=2,
+                               log=logs.append) == 3
+    assert collect_mod.collect(engine, items, out, n_model=6, log=logs.append) == 2
+    assert collect_mod.collect(engine, items, out, n_model=6, log=logs.append) == 0
+    records = collect_mod.load_records(out)
+    assert sorted(records) == sorted(it.prompt_id for it in items)
+    assert all(1 <= r['n_tokens'] <= 6 and r['n_model'] == 6 for r in records.values())
+    assert any('ETA' in line for line in logs)
+    with pytest.raises(ValueError, match='n_model'):
+        collect_mod.collect(engine, items, out, n_model=8, log=logs.append)
+    changed = [items[0].__class__(items[0].prompt_id, items[0].category, items[0].split,
+                                  'a different text')]
+    with pytest.raises(ValueError, match='changed'):
+        collect_mod.collect(engine, changed, out, n_model=6, log=logs.append)
+
+
+def test_batched_lengths_match_unbatched_on_tiny_model(make_tiny_engine):
+    engine = make_tiny_engine()
+    prompts = [it.prompt for it in build_corpus()[:4]]
+    ids = [engine.encode(p) for p in prompts]
+    batched = collect_mod.generate_batch(engine, ids, 5)
+    single = [collect_mod.generate_batch(engine, [i], 5)[0] for i in ids]
+    assert batched == single
+
+
+def test_load_examples_joins_corpus_and_lengths(tmp_path):
+    items = build_corpus()[:4]
+    path = tmp_path / 'l.jsonl'
+    path.write_text(''.join(json.dumps({
+        'prompt_id': it.prompt_id, 'category': it.category, 'split': it.split,
+        'n_prompt_tokens': 10, 'n_tokens': 7 + i, 'capped': False, 'n_model': 256,
+        'prompt_sha': collect_mod.prompt_sha(it.prompt)}) + '\n' for i, it in enumerate(items)))
+    splits = load_examples(path)
+    got = sorted((e for s in splits.values() for e in s), key=lambda e: e.prompt_id)
+    assert [e.n_tokens for e in sorted(got, key=lambda e: e.n_tokens)] == [7, 8, 9, 10]
+    with pytest.raises(FileNotFoundError, match='predictor collect'):
+        load_examples(tmp_path / 'missing.jsonl')
+
+
+def _planted(n, split):
+    """Short answers for yes/no checks, long for 'in detail' (a learnable relation)."""
+    out = []
+    for i in range(n):
+        short = i % 2 == 0
+        text = (f'Is box {i} on shelf {i % 7}? Answer yes or no.' if short
+                else f'Explain in detail how robot {i} plans a route through hall {i % 5}.')
+        out.append(Example(f'{split}-{i}', 'x', split, text, 5 if short else 60, False, 20, 64))
+    return out
+
+
+@pytest.fixture(scope='module')
+def trained_rlp(tiny_model, smollm2_tokenizer):
+    def encode(prompt):
+        text = smollm2_tokenizer.apply_chat_template(
+            [{'role': 'user', 'content': prompt}], add_generation_prompt=True, tokenize=False)
+        return smollm2_tokenizer(text, add_special_tokens=False)['input_ids']
+    model = RlpModel(tiny_model, encode, bucket_tokens=16, n_model=64, n_layers=2,
+                     n_trainable_layers=1, max_input_tokens=64, epochs=8, lr=3e-3,
+                     head_lr=3e-3, accumulate=2, seed=0, log=lambda s: None)
+    model.fit(_planted(24, 'train'), _planted(8, 'val'))
+    return model
+
+
+def test_rlp_learns_a_planted_relation(trained_rlp):
+    test = _planted(10, 'test')
+    pred = trained_rlp.predict_tokens(test)
+    truth = np.array([e.n_tokens for e in test])
+    assert length_metrics(truth, pred)['mae'] < np.abs(truth - truth.mean()).mean()
+    assert set(pred) <= {16.0, 32.0, 48.0, 64.0}
+
+
+def test_rlp_copies_and_freezes_target_layers(trained_rlp, tiny_model):
+    net = trained_rlp.net
+    assert torch.equal(net.embed_tokens.weight, tiny_model.model.embed_tokens.weight)
+    assert torch.equal(net.layers[0].mlp.up_proj.weight,
+                       tiny_model.model.layers[0].mlp.up_proj.weight)
+    assert not torch.equal(net.layers[1].mlp.up_proj.weight,
+                           tiny_model.model.layers[1].mlp.up_proj.weight)
+    with pytest.raises(ValueError, match='n_trainable_layers'):
+        RlpModel(tiny_model, str.split, n_layers=2, n_trainable_layers=3)
+    with pytest.raises(ValueError, match='bucket_tokens'):
+        RlpModel(tiny_model, str.split, bucket_tokens=0)
+
+
+@pytest.fixture(scope='module')
+def exported(trained_rlp, tmp_path_factory):
+    path = tmp_path_factory.mktemp('rlp') / 'tiny__rlp.onnx'
+    export_onnx(trained_rlp, path, 'tiny-model')
+    return path
+
+
+def test_onnx_export_matches_torch(trained_rlp, exported):
+    session = onnxruntime.InferenceSession(str(exported), providers=['CPUExecutionProvider'])
+    ids = [trained_rlp.input_ids(e.prompt) for e in _planted(4, 'test')]
+    ids += [[1], list(range(3, 300))]
+    assert max_abs_difference(trained_rlp, session, ids) < 1e-4
+    meta = read_metadata(session)
+    assert meta['kind'] == 'classification' and meta['bucket_tokens'] == '16'
+    assert meta['model_key'] == 'tiny-model' and meta['n_model'] == '64'
+
+
+def test_onnx_predictor_applies_eq2_and_compression(exported):
+    predictor = OnnxRlpPredictor.load(exported, threads=1, provider='cpu',
+                                      prefill_s=lambda n_x: 1e-3 * n_x,
+                                      timing=PredictorTiming(0.0, 1e-3, 0.0),
+                                      min_input_tokens=8, max_input_tokens=100)
+    assert predictor.to_tokens(np.array([0.0, 5.0, 0.0, 0.0]), 128) == 32
+    assert predictor.to_tokens(np.array([0.0, 5.0, 0.0, 0.0]), 20) == 20
+    assert predictor.to_tokens(np.array([0.0, 0.0, 0.0, 9.0]), 500) == 500  # censored top
+    assert predictor.input_cap(50) == 50 and predictor.input_cap(4) == 8
+    assert predictor.input_cap(5000) == 100
+    n_hat = predictor.predict('p', list(range(10, 400)), 128)
+    assert predictor.last_input_tokens == 100 and 16 <= n_hat <= 128
+
+
+def test_predictor_timing_solves_the_cap():
+    timing = PredictorTiming(1e-6, 1e-4, 0.01)
+    n_p = timing.max_tokens_within(0.5)
+    assert timing.predict_s(n_p) <= 0.5 < timing.predict_s(n_p + 1)
+    assert timing.max_tokens_within(0.001) == 0
+
+
+def test_fit_timing_measures_the_session(exported):
+    predictor = OnnxRlpPredictor.load(exported, provider='cpu', max_input_tokens=256)
+    assert predictor.timing.predict_s(256) >= predictor.timing.predict_s(16) > 0
+
+
+def test_make_predictor_falls_back_with_reason(tmp_path, exported):
+    logs = []
+    missing = make_predictor(PredictorConfig(model_file=str(tmp_path / 'none.onnx')),
+                             'tiny-model', log=logs.append)
+    assert isinstance(missing, FallbackPredictor)
+    assert missing.name.startswith('fallback (rlp unavailable: FileNotFoundError')
+    other = make_predictor(PredictorConfig(model_file=str(exported), max_input_tokens=64),
+                           'another-model', log=logs.append)
+    assert isinstance(other, FallbackPredictor) and 'another-model' in other.name
+    good = make_predictor(PredictorConfig(model_file=str(exported), max_input_tokens=64),
+                          'tiny-model', prefill_s=lambda n: 0.1, log=logs.append)
+    assert isinstance(good, OnnxRlpPredictor) and good.name == 'rlp'
+    assert FallbackPredictor().name == 'fallback'

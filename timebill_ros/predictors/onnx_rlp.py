@@ -1,0 +1,159 @@
+"""The trained RLP, run with onnxruntime on the CPU (or CUDA) alongside the prefill.
+
+Prompt compression (TimeBill Sec. 5.2): t^_Predict(N_p) = a_p N_p^2 + b_p N_p + c_p is fitted
+at load time by timing the session on random ids; each call reads at most the largest N_p with
+t^_Predict(N_p) <= t^_prefill(N_x), clamped to [min_input_tokens, max_input_tokens], and
+:func:`compress_ids` keeps the head and tail of the prompt (see rlp/compress.py for why).
+"""
+
+import dataclasses
+import math
+import pathlib
+import statistics
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from timebill_ros.predictors.base import LengthPredictor
+from timebill_ros.rlp.compress import compress_ids
+from timebill_ros.rlp.export import INPUT_NAME, OUTPUT_NAME, read_metadata
+from timebill_ros.timing_model import fit_prefill
+
+TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens
+TIMING_REPEATS = 3
+PROVIDERS = {'cpu': ['CPUExecutionProvider'],
+             'cuda': ['CUDAExecutionProvider', 'CPUExecutionProvider']}
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictorTiming:
+    """t^_Predict(N_p) = a_p N_p^2 + b_p N_p + c_p; a_p s/token^2, b_p s/token, c_p s."""
+
+    a_p: float
+    b_p: float
+    c_p: float
+
+    def predict_s(self, n_p: int) -> float:
+        """Return the predicted predictor time for ``n_p`` input tokens, seconds."""
+        return self.a_p * n_p * n_p + self.b_p * n_p + self.c_p
+
+    def max_tokens_within(self, t_s: float) -> int:
+        """Return the largest N_p >= 0 with t^_Predict(N_p) <= ``t_s`` seconds (0 if none)."""
+        if t_s < self.c_p:
+            return 0
+        if self.a_p == 0.0:
+            return math.inf if self.b_p == 0.0 else int((t_s - self.c_p) / self.b_p)
+        root = (-self.b_p + math.sqrt(self.b_p ** 2 + 4 * self.a_p * (t_s - self.c_p)))
+        return int(root / (2 * self.a_p))
+
+
+def resolve_providers(provider: str) -> list:
+    """Return onnxruntime providers for ``provider`` (auto: CUDA when onnxruntime has it)."""
+    import onnxruntime
+    if provider == 'auto':
+        available = onnxruntime.get_available_providers()
+        provider = 'cuda' if 'CUDAExecutionProvider' in available else 'cpu'
+    if provider not in PROVIDERS:
+        raise ValueError(f'provider must be auto, cpu or cuda, got {provider!r}')
+    return PROVIDERS[provider]
+
+
+class OnnxRlpPredictor(LengthPredictor):
+    """N^ from the exported RLP (Eq. 2), with prompt compression.
+
+    Args:
+        session: an onnxruntime InferenceSession of an RLP export.
+        prefill_s: N_x (tokens) -> t^_prefill in seconds (Eq. 4a); None = no compression
+            beyond ``max_input_tokens``.
+        timing: the t^_Predict fit; None = fit it now (about a few seconds).
+        min_input_tokens / max_input_tokens: clamp of N_p, tokens.
+
+    """
+
+    name = 'rlp'
+
+    def __init__(self, session, prefill_s: Optional[Callable[[int], float]] = None,
+                 timing: Optional[PredictorTiming] = None, min_input_tokens: int = 64,
+                 max_input_tokens: int = 2048):
+        if not 2 <= min_input_tokens <= max_input_tokens:
+            raise ValueError(f'need 2 <= min_input_tokens <= max_input_tokens, got '
+                             f'{min_input_tokens!r} and {max_input_tokens!r}')
+        self.session = session
+        meta = read_metadata(session)
+        try:
+            self.kind = meta['kind']
+            self.bucket_tokens = int(meta['bucket_tokens'])
+            self.n_model = int(meta['n_model'])
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f'not a timebill RLP export (metadata {meta!r})') from exc
+        self.model_key = meta.get('model_key', '')
+        self.prefill_s = prefill_s
+        self.min_input_tokens = min_input_tokens
+        self.max_input_tokens = max_input_tokens
+        self.timing = timing or self.fit_timing()
+        self.last_input_tokens = 0
+
+    @classmethod
+    def load(cls, path, threads: int = 1, provider: str = 'auto', **kwargs):
+        """Open the ONNX file at ``path`` with ``threads`` intra-op threads; see __init__."""
+        import onnxruntime
+        path = pathlib.Path(path).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f'no RLP at {path}: build it with `timebill predictor train --export`')
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(str(path), options,
+                                               providers=resolve_providers(provider))
+        return cls(session, **kwargs)
+
+    def run(self, input_ids: Sequence[int]) -> np.ndarray:
+        """Return the raw output (C,) for ids (already compressed)."""
+        ids = np.asarray([list(input_ids)], dtype=np.int64)
+        return self.session.run([OUTPUT_NAME], {INPUT_NAME: ids})[0][0]
+
+    def fit_timing(self, lengths=TIMING_LENGTHS, repeats=TIMING_REPEATS) -> PredictorTiming:
+        """Time the session at several N_p and fit t^_Predict (Sec. 5.2); return the fit."""
+        rng = np.random.default_rng(0)
+        lengths = [n for n in lengths if n <= self.max_input_tokens] or [self.max_input_tokens]
+        n_points, t_points = [], []
+        self.run(rng.integers(100, 1000, size=8))  # warm-up
+        for n_p in sorted(set(lengths) | {2, self.max_input_tokens}):
+            ids = rng.integers(100, 1000, size=n_p)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                self.run(ids)
+                times.append(time.perf_counter() - start)
+            n_points.append(n_p)
+            t_points.append(statistics.median(times))
+        return PredictorTiming(*fit_prefill(n_points, t_points))
+
+    def input_cap(self, n_x: int) -> int:
+        """Return N_p for a prompt of ``n_x`` tokens (hidden behind t^_prefill if possible)."""
+        cap = self.max_input_tokens
+        if self.prefill_s is not None:
+            cap = min(cap, self.timing.max_tokens_within(self.prefill_s(n_x)))
+        return max(self.min_input_tokens, cap)
+
+    def to_tokens(self, output: np.ndarray, n_max: int) -> int:
+        """Eq. 2 post-processing: N^ = min(N_max, n^ B); the censored top bucket gives N_max."""
+        if self.kind == 'regression':
+            length = float(output[0]) * self.n_model
+            top = length >= self.n_model
+            n_hat = max(1, math.ceil(length))
+        else:
+            bucket = int(np.argmax(output))
+            top = bucket == len(output) - 1
+            n_hat = (bucket + 1) * self.bucket_tokens
+        if top:  # ">= N_model": the true length may be anything up to N_max
+            return n_max
+        return int(min(n_max, n_hat))
+
+    def predict(self, prompt, input_ids, n_max):
+        """Return N^ for the chat-formatted ``input_ids`` (compressed to input_cap tokens)."""
+        ids = compress_ids(input_ids, self.input_cap(len(input_ids)))
+        self.last_input_tokens = len(ids)
+        return self.to_tokens(self.run(ids), n_max)

@@ -1,0 +1,166 @@
+"""``timebill predictor collect|train|export|eval``: the response-length predictors."""
+
+import pathlib
+import sys
+
+DEFAULT_LENGTHS = 'data/rlp/lengths.jsonl'
+ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
+ONNX_ATOL = 1e-3
+
+
+def _engine(args):
+    from timebill_ros.cli import _load_config
+    from timebill_ros.engine import LlmEngine
+    config = _load_config(args.params, args.set)
+    return config, LlmEngine.load(config.engine, config.eviction)
+
+
+def _paths(args, config, engine):
+    from timebill_ros.rlp.export import default_onnx_path
+    onnx_path = pathlib.Path(args.onnx or config.predictor.model_file
+                             or default_onnx_path(engine.model_key,
+                                                  config.engine.model_cache_dir or None))
+    return onnx_path, onnx_path.with_suffix('.pt')
+
+
+def cmd_collect(args, ros_args):
+    """Run the target LLM over the corpus and append response lengths (resumable)."""
+    from timebill_ros.rlp.collect import collect
+    from timebill_ros.rlp.corpus import build_corpus
+    _, engine = _engine(args)
+    items = build_corpus()
+    if args.split:
+        items = [it for it in items if it.split == args.split]
+    n = collect(engine, items, pathlib.Path(args.out), n_model=args.n_model,
+                max_batch=args.batch, limit=args.limit or None)
+    print(f'collected {n} prompts into {args.out}')
+    return 0
+
+
+def _rlp_settings(args, n_model):
+    return {'bucket_tokens': args.bucket or None, 'n_model': n_model, 'n_layers': args.layers,
+            'n_trainable_layers': args.trainable_layers,
+            'max_input_tokens': args.max_input_tokens, 'epochs': args.epochs, 'seed': args.seed}
+
+
+def cmd_train(args, ros_args):
+    """Train the RLP on the train split (val picks the epoch); save it; optionally export."""
+    import torch
+    from timebill_ros.rlp.dataset import load_examples
+    from timebill_ros.rlp.models.rlp import RlpModel
+    config, engine = _engine(args)
+    onnx_path, pt_path = _paths(args, config, engine)
+    if args.if_missing and onnx_path.is_file():
+        print(f'RLP already built: {onnx_path}')
+        return 0
+    splits = load_examples(args.lengths)
+    settings = _rlp_settings(args, splits['train'][0].n_model)
+    model = RlpModel(engine.model, engine.encode, **settings)
+    model.fit(splits['train'], splits['val'])
+    pt_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'settings': settings, 'state_dict': model.net.state_dict()}, pt_path)
+    print(f'saved {pt_path}')
+    if args.export:
+        return _export(model, engine, splits, onnx_path)
+    return 0
+
+
+def _export(model, engine, splits, onnx_path):
+    import onnxruntime
+    from timebill_ros.rlp.export import export_onnx, max_abs_difference
+    export_onnx(model, onnx_path, engine.model_key)
+    session = onnxruntime.InferenceSession(str(onnx_path), providers=['CPUExecutionProvider'])
+    ids = [model.input_ids(e.prompt) for e in splits['test'][:ONNX_CHECK_PROMPTS]]
+    diff = max_abs_difference(model, session, ids)
+    lengths = sorted(len(i) for i in ids)
+    print(f'ONNX vs torch on {len(ids)} test prompts ({lengths[0]}..{lengths[-1]} tokens): '
+          f'max |difference| {diff:.2e} (tolerance {ONNX_ATOL})')
+    if diff > ONNX_ATOL:
+        print(f'ONNX output differs from torch: {diff}', file=sys.stderr)
+        return 1
+    print(f'exported {onnx_path} ({onnx_path.stat().st_size / 1e6:.0f} MB)')
+    return 0
+
+
+def cmd_export(args, ros_args):
+    """Export the trained RLP (.pt next to the ONNX path) to ONNX and check it."""
+    import torch
+    from timebill_ros.rlp.dataset import load_examples
+    from timebill_ros.rlp.models.rlp import RlpModel
+    config, engine = _engine(args)
+    onnx_path, pt_path = _paths(args, config, engine)
+    if not pt_path.is_file():
+        print(f'no trained RLP at {pt_path}: run `timebill predictor train`', file=sys.stderr)
+        return 2
+    saved = torch.load(pt_path, weights_only=True)
+    model = RlpModel(engine.model, engine.encode, **saved['settings'])
+    model.net.load_state_dict(saved['state_dict'])
+    return _export(model, engine, load_examples(args.lengths), onnx_path)
+
+
+def cmd_eval(args, ros_args):
+    """Train every predictor on train, print MAE / RMSE / R^2 on test, save the table."""
+    from timebill_ros.rlp import report
+    from timebill_ros.rlp.dataset import load_examples
+    config, engine = _engine(args)
+    splits = load_examples(args.lengths)
+    n_model = splits['train'][0].n_model
+    models = report.baseline_models(print) + report.rlp_variants(
+        engine, n_model, {}, print, n_layers=args.layers,
+        n_trainable_layers=args.trainable_layers, max_input_tokens=args.max_input_tokens,
+        epochs=args.epochs, seed=args.seed)
+    if args.only:
+        models = [m for m in models if any(s in m.name for s in args.only.split(','))]
+    rows = report.evaluate_models(models, splits)
+    print(report.format_table(rows, splits))
+    print(f'saved {report.save_report(rows, splits, args.out)}')
+    return 0
+
+
+def _common(parser, lengths=True):
+    parser.add_argument('--params', help='ROS 2 params YAML for the engine settings')
+    parser.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE')
+    if lengths:
+        parser.add_argument('--lengths', default=DEFAULT_LENGTHS, help='lengths JSONL')
+
+
+def _rlp_args(parser):
+    parser.add_argument('--layers', type=int, default=4, help='L, target decoder layers')
+    parser.add_argument('--trainable-layers', type=int, default=1, help='last T layers train')
+    parser.add_argument('--max-input-tokens', type=int, default=512, help='training N_p')
+    parser.add_argument('--epochs', type=int, default=6)
+    parser.add_argument('--seed', type=int, default=0)
+
+
+def add_parser(sub):
+    """Add the ``predictor`` command and its subcommands to ``sub``."""
+    from timebill_ros.rlp.collect import MAX_BATCH, N_MODEL
+    parser = sub.add_parser('predictor', help=__doc__)
+    psub = parser.add_subparsers(dest='predictor_command', required=True)
+    col = psub.add_parser('collect', help=cmd_collect.__doc__)
+    _common(col, lengths=False)
+    col.add_argument('--out', default=DEFAULT_LENGTHS, help='lengths JSONL (appended)')
+    col.add_argument('--n-model', type=int, default=N_MODEL, help='N_model, tokens')
+    col.add_argument('--batch', type=int, default=MAX_BATCH, help='prompts per batch')
+    col.add_argument('--split', choices=('train', 'val', 'test'), help='only this split')
+    col.add_argument('--limit', type=int, default=0, help='at most this many prompts now')
+    col.set_defaults(func=cmd_collect)
+    train = psub.add_parser('train', help=cmd_train.__doc__)
+    _common(train)
+    _rlp_args(train)
+    train.add_argument('--bucket', type=int, default=16, help='B, tokens; 0 = regression')
+    train.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
+    train.add_argument('--export', action='store_true', help='also export to ONNX and check')
+    train.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    train.set_defaults(func=cmd_train)
+    export = psub.add_parser('export', help=cmd_export.__doc__)
+    _common(export)
+    export.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
+    export.set_defaults(func=cmd_export)
+    ev = psub.add_parser('eval', help=cmd_eval.__doc__)
+    _common(ev)
+    _rlp_args(ev)
+    ev.add_argument('--out', default='benchmarks/results', help='folder of rlp_eval.md/json')
+    ev.add_argument('--only', default='', help='comma list of name parts to run')
+    ev.set_defaults(func=cmd_eval)
+    return parser

@@ -1,0 +1,194 @@
+"""The fine-grained response-length predictor (RLP, TimeBill Sec. 4.1, Fig. 3).
+
+Embedding + the target LLM's own first L decoder layers (RMSNorm, causal attention, RMSNorm,
+SwiGLU FFN, all transformers' ``LlamaDecoderLayer``) + the final RMSNorm + a classification
+head over ceil(N_model / B) buckets; N^ = min(N_max, n^ B) (Eq. 2). Labels are the target
+model's own response lengths (the paper's knowledge-distillation set-up). ``bucket_tokens=None``
+gives the regression variant of Table 1 (one output, the length / N_model).
+
+Training cost on a 2-core CPU decides one choice: the embedding and the first L - T layers are
+frozen (T = ``n_trainable_layers``), so their output is computed once per prompt and cached;
+only the last T layers, the norm and the head learn. Input is one prompt at a time (no padding)
+because the server also predicts one prompt at a time; the head reads the hidden state of the
+last token (the assistant header, where the target model decides how to answer) and the mean
+over tokens.
+"""
+
+import copy
+import random
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from timebill_ros.rlp.compress import compress_ids
+from timebill_ros.rlp.models.base import LengthModel, bucket_length, bucket_of
+
+HEAD_HIDDEN = 256
+
+
+class RlpNet(nn.Module):
+    """Embedding + L decoder layers + RMSNorm + head; input (1, n) ids -> output (1, C)."""
+
+    def __init__(self, target_model, n_layers: int, n_outputs: int):
+        """Copy the embedding, the first ``n_layers`` layers and the norm of ``target_model``.
+
+        target_model: a transformers ``LlamaForCausalLM`` (or any model whose ``.model`` has
+        ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``). The copies are independent.
+        """
+        super().__init__()
+        base = target_model.model
+        if not 1 <= n_layers <= len(base.layers):
+            raise ValueError(f'n_layers must be in 1..{len(base.layers)}, got {n_layers!r}')
+        if n_outputs < 1:
+            raise ValueError(f'n_outputs must be >= 1, got {n_outputs!r}')
+        self.embed_tokens = copy.deepcopy(base.embed_tokens)
+        self.layers = nn.ModuleList(copy.deepcopy(base.layers[i]) for i in range(n_layers))
+        self.norm = copy.deepcopy(base.norm)
+        self.rotary_emb = copy.deepcopy(base.rotary_emb)
+        hidden = base.config.hidden_size
+        self.head = nn.Sequential(nn.Linear(2 * hidden, HEAD_HIDDEN), nn.GELU(),
+                                  nn.Linear(HEAD_HIDDEN, n_outputs))
+
+    def run_layers(self, hidden: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """Run layers ``first`` .. ``last - 1`` on hidden states (1, n, hidden); causal."""
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        position_embeddings = self.rotary_emb(hidden, positions)
+        for layer in self.layers[first:last]:
+            hidden = layer(hidden, attention_mask=None, position_ids=positions,
+                           position_embeddings=position_embeddings)
+        return hidden
+
+    def trunk(self, input_ids: torch.Tensor, n_frozen: int) -> torch.Tensor:
+        """Return the output of the embedding and the first ``n_frozen`` layers, (1, n, hidden)."""
+        return self.run_layers(self.embed_tokens(input_ids), 0, n_frozen)
+
+    def top(self, hidden: torch.Tensor, n_frozen: int) -> torch.Tensor:
+        """Run the remaining layers, the norm and the head on trunk output; return (1, C)."""
+        hidden = self.norm(self.run_layers(hidden, n_frozen, len(self.layers)))
+        pooled = torch.cat([hidden[:, -1], hidden.mean(dim=1)], dim=-1)
+        return self.head(pooled)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Return logits (1, C) (or the scaled length (1, 1)) for input ids (1, n), int64."""
+        return self.top(self.trunk(input_ids, len(self.layers)), len(self.layers))
+
+
+class RlpModel(LengthModel):
+    """Trains and runs an :class:`RlpNet` in torch (the server runs its ONNX export).
+
+    Args:
+        target_model: the target LLM (weights are copied, never changed).
+        encode: prompt text -> chat-formatted token ids, exactly as the server encodes.
+        bucket_tokens: B in tokens (16, 32, 64, ...), or None for the regression variant.
+        n_model: N_model, the largest collected response length, tokens.
+        n_layers: L, decoder layers taken from the target model.
+        n_trainable_layers: T, the last T of the L layers are trained (the rest frozen).
+        max_input_tokens: N_p used in training (compress_ids), tokens.
+        feature_cache: dict shared between models with the same L and T to reuse trunk outputs.
+
+    """
+
+    def __init__(self, target_model, encode: Callable[[str], list],
+                 bucket_tokens: Optional[int] = 16, n_model: int = 256, n_layers: int = 4,
+                 n_trainable_layers: int = 1, max_input_tokens: int = 512, epochs: int = 6,
+                 lr: float = 2e-4, head_lr: float = 1e-3, accumulate: int = 8, seed: int = 0,
+                 feature_cache: Optional[Dict] = None, log: Callable[[str], None] = print):
+        if bucket_tokens is not None and (not isinstance(bucket_tokens, int)
+                                          or bucket_tokens < 1):
+            raise ValueError(f'bucket_tokens must be an int >= 1 or None, got {bucket_tokens!r}')
+        if not 1 <= n_trainable_layers <= n_layers:
+            raise ValueError(f'n_trainable_layers must be in 1..n_layers={n_layers}, '
+                             f'got {n_trainable_layers!r}')
+        for name, value in (('n_model', n_model), ('epochs', epochs), ('accumulate', accumulate),
+                            ('max_input_tokens', max_input_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+        self.bucket_tokens = bucket_tokens
+        self.n_model = n_model
+        self.n_classes = 1 if bucket_tokens is None else -(-n_model // bucket_tokens)
+        self.n_frozen = n_layers - n_trainable_layers
+        self.max_input_tokens = max_input_tokens
+        self.epochs, self.lr, self.head_lr, self.accumulate = epochs, lr, head_lr, accumulate
+        self.seed = seed
+        self.encode = encode
+        self.log = log
+        self.features = {} if feature_cache is None else feature_cache
+        torch.manual_seed(seed)
+        self.net = RlpNet(target_model, n_layers, self.n_classes)
+        for module in (self.net.embed_tokens, *self.net.layers[:self.n_frozen]):
+            module.requires_grad_(False)
+        bucket = 'regression' if bucket_tokens is None else f'B={bucket_tokens}'
+        self.name = f'RLP L={n_layers} {bucket}'
+
+    def input_ids(self, prompt: str) -> list:
+        """Return the compressed chat-formatted ids the predictor reads for ``prompt``."""
+        return compress_ids(self.encode(prompt), self.max_input_tokens)
+
+    def _feature(self, example) -> torch.Tensor:
+        key = (example.prompt_id, self.n_frozen, self.max_input_tokens)
+        if key not in self.features:
+            ids = torch.tensor([self.input_ids(example.prompt)])
+            with torch.no_grad():  # not inference_mode: training backpropagates through it
+                self.features[key] = self.net.trunk(ids, self.n_frozen)
+        return self.features[key]
+
+    def _loss(self, output: torch.Tensor, n_tokens: int) -> torch.Tensor:
+        if self.bucket_tokens is None:
+            target = torch.tensor([[min(n_tokens, self.n_model) / self.n_model]])
+            return nn.functional.smooth_l1_loss(output, target, beta=0.05)
+        label = min(bucket_of(n_tokens, self.bucket_tokens), self.n_classes - 1)
+        return nn.functional.cross_entropy(output, torch.tensor([label]))
+
+    def _to_tokens(self, output: torch.Tensor) -> float:
+        if self.bucket_tokens is None:
+            return float(np.clip(output.item() * self.n_model, 1, self.n_model))
+        bucket = int(output.argmax())
+        return float(min(bucket_length(bucket, self.bucket_tokens), self.n_model))
+
+    def fit(self, train: Sequence, val: Sequence) -> None:
+        """Train on ``train``; keep the epoch with the best MAE on ``val``."""
+        if not train:
+            raise ValueError('train must hold at least one example, got none')
+        rng = random.Random(self.seed)
+        params = [
+            {'params': [p for m in self.net.layers[self.n_frozen:] for p in m.parameters()]
+             + list(self.net.norm.parameters()), 'lr': self.lr},
+            {'params': list(self.net.head.parameters()), 'lr': self.head_lr}]
+        optimizer = torch.optim.AdamW(params, weight_decay=0.01)
+        best = (float('inf'), copy.deepcopy(self.net.state_dict()))
+        order = list(train)
+        for epoch in range(self.epochs):
+            self.net.train()
+            rng.shuffle(order)
+            total = 0.0
+            for step, example in enumerate(order, 1):
+                loss = self._loss(self.net.top(self._feature(example), self.n_frozen),
+                                  example.n_tokens)
+                (loss / self.accumulate).backward()
+                total += float(loss.detach())
+                if step % self.accumulate == 0 or step == len(order):
+                    optimizer.step()
+                    optimizer.zero_grad()
+            val_mae = self._mae(val) if val else -epoch
+            self.log(f'{self.name} epoch {epoch + 1}/{self.epochs}: train loss '
+                     f'{total / len(order):.4f}, val MAE {val_mae:.1f} tokens')
+            if val_mae < best[0]:
+                best = (val_mae, copy.deepcopy(self.net.state_dict()))
+        self.net.load_state_dict(best[1])
+        self.net.eval()
+
+    def _mae(self, examples) -> float:
+        pred = self.predict_tokens(examples)
+        true = np.array([min(e.n_tokens, self.n_model) for e in examples], dtype=float)
+        return float(np.abs(pred - true).mean())
+
+    def predict_tokens(self, examples: Sequence) -> np.ndarray:
+        """Return predicted lengths in tokens (bucket upper edge, or the regression value)."""
+        self.net.eval()
+        out = []
+        with torch.inference_mode():
+            for example in examples:
+                out.append(self._to_tokens(self.net.top(self._feature(example), self.n_frozen)))
+        return np.array(out, dtype=np.float64)
