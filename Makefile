@@ -7,7 +7,7 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks) setup.py scripts/timebill
 
-.PHONY: venv build test lint run bench clean
+.PHONY: venv build test lint run bench predictor clean
 
 venv:
 	scripts/setup_venv.sh
@@ -23,7 +23,11 @@ test: build
 lint: venv
 	$(ENV) && flake8 $(LINT_PATHS)
 
-run: build
+# The RLP is built from the committed lengths (data/rlp/lengths.jsonl) when the cache has none.
+predictor: build
+	$(ENV) && timebill predictor train --export --if-missing
+
+run: predictor
 	$(ENV) && timebill demo
 
 bench: build

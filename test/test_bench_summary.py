@@ -37,7 +37,7 @@ def test_budgets_scale_the_vanilla_estimate(smollm2_tokenizer):
             return smollm2_tokenizer(prompt)['input_ids']
 
     prompt_set = prompts.benchmark_prompts(quick=True)
-    out = bench._budgets(prompt_set, Coeffs(), Encoder())
+    out = bench._budgets(prompt_set, Coeffs(), Encoder(), bench.N_MAX)
     assert set(out) == set(bench.BUDGET_FRACTIONS)
     name, prompt, t_full = out[1.0][0]
     assert t_full == pytest.approx(0.001 * len(Encoder().encode(prompt))
@@ -49,3 +49,18 @@ def test_long_prompts_reach_a_few_thousand_tokens(smollm2_tokenizer):
     longest = max(len(smollm2_tokenizer(p)['input_ids'])
                   for _, p in prompts.benchmark_prompts())
     assert 2000 < longest < 4000
+
+
+def test_rlp_test_prompts_are_held_out_and_varied():
+    from timebill_ros.rlp.corpus import build_corpus
+    test_ids = {it.prompt_id for it in build_corpus() if it.split == 'test'}
+    chosen = bench.rlp_test_prompts()
+    assert len(chosen) == bench.RLP_TEST_PROMPTS and chosen == bench.rlp_test_prompts()
+    assert {pid for pid, _ in chosen} <= test_ids
+    assert len({pid.split('-')[0] for pid, _ in chosen}) == len(chosen)
+
+
+def test_methods_pick_their_predictor():
+    by_name = {m[0]: m for m in bench.METHODS}
+    assert by_name['timebill'][3] == 'rlp' and by_name['timebill-fallback'][3] == 'fallback'
+    assert all(m[3] == 'fallback' for m in bench.METHODS if m[1] == 'fixed')

@@ -1,6 +1,7 @@
 """The RLP pipeline on a tiny random Llama: corpus, collect, dataset, train, ONNX, predictor."""
 
 import json
+import threading
 
 import numpy as np
 import onnxruntime
@@ -213,3 +214,34 @@ def test_make_predictor_falls_back_with_reason(tmp_path, exported):
                           'tiny-model', prefill_s=lambda n: 0.1, log=logs.append)
     assert isinstance(good, OnnxRlpPredictor) and good.name == 'rlp'
     assert FallbackPredictor().name == 'fallback'
+
+
+def test_service_runs_the_rlp_alongside_prefill(exported, tiny_model, smollm2_tokenizer):
+    from timebill_ros import status
+    from timebill_ros.config import EngineConfig, ServerConfig
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.goals import GoalRequest
+    from timebill_ros.service import TimeBillService
+    from timebill_ros.timing_model import TimingCoefficients
+    coeffs = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+    engine_cfg = EngineConfig(max_new_tokens=48, prefill_chunk_tokens=64)
+    config = ServerConfig(engine=engine_cfg)
+    engine = LlmEngine(engine_cfg, config.eviction, model=tiny_model, tokenizer=smollm2_tokenizer)
+    predictor = OnnxRlpPredictor.load(exported, provider='cpu', prefill_s=coeffs.prefill_s,
+                                      timing=PredictorTiming(0.0, 1e-5, 1e-3),
+                                      min_input_tokens=16, max_input_tokens=64)
+    service = TimeBillService(config, engine, predictor, coeffs)
+    service.start()
+    try:
+        done = []
+        finished = threading.Event()
+        service.submit(GoalRequest('Is the dock free? Answer yes or no.', budget_s=1e5),
+                       lambda fb: None, lambda r: (done.append(r), finished.set()))
+        assert finished.wait(60)
+    finally:
+        service.shutdown()
+    result = done[0]
+    assert result.status == status.COMPLETED, result.message
+    assert result.predictor == 'rlp' and result.predict_time_s > 0
+    assert result.predicted_tokens in (16, 32, 48)  # Eq. 2 with B = 16, capped by N_max
+    assert 0 < predictor.last_input_tokens <= 64

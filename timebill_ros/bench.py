@@ -10,6 +10,10 @@ The time model is calibrated afresh (start-up grid) at the start of the run and 
 servers, so budgets and alpha* use the machine's speed of the moment.
 Score: ROUGE-L F1 of each response against the full-cache answer (Vanilla, no deadline);
 jobs that do not complete score 0, as in the paper.
+``timebill`` uses the trained RLP (predictor.kind=rlp), ``timebill-fallback`` the same
+pipeline with N^ = N_max; the fixed-ratio methods run no predictor (as in the paper).
+``--prompt-set rlp-test`` takes held-out prompts of the RLP corpus (test split) instead of the
+robot prompt set, so the RLP is scored on prompts it never trained on.
 """
 
 import json
@@ -18,22 +22,27 @@ import tempfile
 import time
 
 from timebill_ros import params, prompts
-from timebill_ros.config import BudgetConfig, EngineConfig, ServerConfig, TimingConfig
+from timebill_ros.config import (BudgetConfig, EngineConfig, PredictorConfig, ServerConfig,
+                                 TimingConfig)
 
 BUDGET_FRACTIONS = (0.9, 1.0, 1.1, 1.25)
-METHODS = (('vanilla', 'fixed', 0.0), ('alpha=0.25', 'fixed', 0.25),
-           ('alpha=0.5', 'fixed', 0.5), ('alpha=0.75', 'fixed', 0.75),
-           ('alpha=0.95', 'fixed', 0.95), ('timebill', 'timebill', 0.0))
+# (name, budget.mode, budget.fixed_alpha, predictor.kind)
+METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 'fallback'),
+           ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
+           ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'),
+           ('timebill-fallback', 'timebill', 0.0, 'fallback'))
 POLICIES = (('kill', 1), ('skip_next', 2))
 N_MAX = 48
 COMPLETED = 1
+RLP_TEST_PROMPTS = 8
 
 
-def _server_params(mode, fixed_alpha, folder, calibration_file):
-    config = ServerConfig(engine=EngineConfig(max_new_tokens=N_MAX),
+def _server_params(name, mode, fixed_alpha, kind, folder, calibration_file, n_max):
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max),
                           budget=BudgetConfig(mode=mode, fixed_alpha=fixed_alpha),
+                          predictor=PredictorConfig(kind=kind),
                           timing=TimingConfig(calibration_file=calibration_file))
-    path = pathlib.Path(folder) / f'{mode}-{fixed_alpha}.yaml'
+    path = pathlib.Path(folder) / f'{name}.yaml'
     path.write_text(params.to_yaml(config))
     return str(path)
 
@@ -45,36 +54,41 @@ def _rouge_l_scorer():
     return lambda reference, candidate: scorer.score(reference, candidate)['rougeL'].fmeasure
 
 
-def _stream(client, items, policy_code):
+def _stream(client, items, policy_code, n_max):
     """Release jobs periodically; return their results in order."""
     from timebill_ros.ros.client import make_goal
     handles = []
     release = time.monotonic()
     for _, prompt, budget_s in items:
         time.sleep(max(0.0, release - time.monotonic()))
-        goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=N_MAX, policy=policy_code)
+        goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max, policy=policy_code)
         handles.append(client.send(goal))
         release += budget_s
     return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
 
 
-def _server(name, mode, alpha, tmp):
+def _server(method, tmp, n_max):
     """Start ``timebill serve`` for one method; a context yielding a connected client."""
     from timebill_ros.demo import served
-    params_file = _server_params(mode, alpha, tmp, str(pathlib.Path(tmp) / 'calibration.yaml'))
+    name = method[0]
+    params_file = _server_params(*method, tmp, str(pathlib.Path(tmp) / 'calibration.yaml'),
+                                 n_max)
     return served(params_file, pathlib.Path(tmp) / f'{name}.log')
 
 
-def _run_method(client, name, items_by_fraction):
+def _run_method(client, name, items_by_fraction, n_max):
     """Run every budget fraction under both policies; return one row per job."""
     rows = []
     for fraction, items in items_by_fraction.items():
         for policy, code in POLICIES:
-            for (pname, _, budget_s), res in zip(items, _stream(client, items, code)):
+            for (pname, _, budget_s), res in zip(items, _stream(client, items, code, n_max)):
                 rows.append({'method': name, 'policy': policy, 'fraction': fraction,
                              'prompt': pname, 'budget_s': budget_s, 'status': res.status,
                              'response': res.response, 'alpha': res.eviction_ratio,
                              'prompt_tokens': res.prompt_tokens,
+                             'predicted_tokens': res.predicted_tokens,
+                             'response_tokens': res.response_tokens,
+                             'predictor': res.predictor,
                              'decided': res.predicted_wcet.sec > 0
                              or res.predicted_wcet.nanosec > 0,
                              'deadline_met': res.deadline_met})
@@ -84,24 +98,24 @@ def _run_method(client, name, items_by_fraction):
     return rows
 
 
-def _references(client, prompt_set):
+def _references(client, prompt_set, n_max):
     """Full-cache answers (Vanilla, generous deadline) used as ROUGE-L references."""
     from timebill_ros.ros.client import make_goal
     refs = {}
     for name, prompt in prompt_set:
-        result, _ = client.run(make_goal(prompt, budget_s=600.0, max_new_tokens=N_MAX))
+        result, _ = client.run(make_goal(prompt, budget_s=600.0, max_new_tokens=n_max))
         refs[name] = result.response
     return refs
 
 
-def _budgets(prompt_set, coefficients, engine):
-    """Return {fraction: [(name, prompt, T seconds)]} from the Vanilla t^_e2e at N_MAX."""
+def _budgets(prompt_set, coefficients, engine, n_max, fractions=BUDGET_FRACTIONS):
+    """Return {fraction: [(name, prompt, T seconds)]} from the Vanilla t^_e2e at N_max."""
     out = {}
-    for fraction in BUDGET_FRACTIONS:
+    for fraction in fractions:
         out[fraction] = []
         for name, prompt in prompt_set:
             n_x = len(engine.encode(prompt))
-            t_e2e = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, 0.0, N_MAX)
+            t_e2e = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, 0.0, n_max)
             out[fraction].append((name, prompt, round(fraction * t_e2e, 3)))
     return out
 
@@ -147,7 +161,7 @@ def _plot(table, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     for col, (policy, _) in enumerate(POLICIES):
-        for name, _, _ in METHODS:
+        for name, *_ in METHODS:
             pts = sorted((r['fraction'], r['completion_rate'], r['rouge_l']) for r in table
                          if r['method'] == name and r['policy'] == policy)
             if not pts:
@@ -174,29 +188,58 @@ def _selected_methods(names):
     return [m for m in METHODS if m[0] in wanted or m[0] == 'vanilla']
 
 
+def rlp_test_prompts(n=RLP_TEST_PROMPTS):
+    """Return [(prompt_id, prompt)]: ``n`` test-split corpus prompts, one per category first.
+
+    Deterministic: categories in corpus order, the first test prompt of each, then the
+    second of each, ... until ``n``.
+    """
+    from timebill_ros.rlp.corpus import build_corpus
+    by_category = {}
+    for item in build_corpus():
+        if item.split == 'test':
+            by_category.setdefault(item.category, []).append(item)
+    out, rank = [], 0
+    while len(out) < n and any(len(v) > rank for v in by_category.values()):
+        out += [(v[rank].prompt_id, v[rank].prompt) for v in by_category.values()
+                if len(v) > rank][:n - len(out)]
+        rank += 1
+    return out
+
+
+def _prompt_set(args):
+    if args.prompt_set == 'rlp-test':
+        return rlp_test_prompts(args.prompts or RLP_TEST_PROMPTS)
+    return prompts.benchmark_prompts(quick=args.quick)
+
+
 def run_bench(args):
     """Run the benchmark; write bench.md, bench.png and bench_raw.json under args.out."""
     from timebill_ros.engine import LlmEngine
     from timebill_ros.profiler import format_report, profile, startup_grid
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = ServerConfig(engine=EngineConfig(max_new_tokens=N_MAX))
+    n_max = args.n_max
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max))
     engine = LlmEngine.load(config.engine, config.eviction)
     # A fresh calibration, taken in the same machine state as the runs (shared machines
     # drift), used by this process for the budgets and by every server it starts.
     calibration = profile(engine, startup_grid(engine.context_tokens), progress=print)
-    prompt_set = prompts.benchmark_prompts(quick=args.quick)
-    items = _budgets(prompt_set, calibration.coefficients, engine)
+    prompt_set = _prompt_set(args)
+    fractions = tuple(float(f) for f in args.fractions.split(',')) if args.fractions \
+        else BUDGET_FRACTIONS
+    items = _budgets(prompt_set, calibration.coefficients, engine, n_max, fractions)
     del engine
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         calibration.save(pathlib.Path(tmp) / 'calibration.yaml')
-        for name, mode, alpha in _selected_methods(args.methods):
+        for method in _selected_methods(args.methods):
+            name = method[0]
             print(f'method {name}', flush=True)
-            with _server(name, mode, alpha, tmp) as client:
+            with _server(method, tmp, n_max) as client:
                 if name == 'vanilla':
-                    refs = _references(client, prompt_set)
-                rows += _run_method(client, name, items)
+                    refs = _references(client, prompt_set, n_max)
+                rows += _run_method(client, name, items, n_max)
     table = summarize(rows, refs)
     (out_dir / 'bench_raw.json').write_text(json.dumps({'rows': rows, 'refs': refs}, indent=1))
     print(write_report(table, out_dir, format_report(calibration)))

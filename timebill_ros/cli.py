@@ -120,6 +120,13 @@ def build_parser():
     bench = sub.add_parser('bench', help=cmd_bench.__doc__)
     bench.add_argument('--out', default='benchmarks/results')
     bench.add_argument('--quick', action='store_true', help='fewer prompts')
+    bench.add_argument('--prompt-set', choices=('robot', 'rlp-test'), default='robot',
+                       help='robot prompts, or held-out test prompts of the RLP corpus')
+    bench.add_argument('--n-max', type=int, default=48, help='N_max of every goal, tokens')
+    bench.add_argument('--fractions', default='',
+                       help='comma list of budget fractions T / t^_e2e (default 0.9,1,1.1,1.25)')
+    bench.add_argument('--prompts', type=int, default=0,
+                       help='with --prompt-set rlp-test: how many held-out prompts')
     bench.add_argument('--methods', default='',
                        help='comma list of methods (vanilla is always run); default all')
     bench.set_defaults(func=cmd_bench)

@@ -88,6 +88,8 @@ def _row(label, budget_s, result):
     from timebill_ros.ros.conversions import duration_to_s
     name = STATUS_NAMES.get(result.status, f'UNKNOWN({result.status})')
     return (f'{label:34s} {budget_s:7.2f} {result.prompt_tokens:5d} '
+            f'{result.predicted_tokens:4d} {result.predictor[:8]:8s} '
+            f'{duration_to_s(result.predict_time) * 1e3:6.0f} '
             f'{duration_to_s(result.predicted_wcet):8.2f} {result.eviction_ratio:6.2f} '
             f'{name:10s} {duration_to_s(result.total_time):7.2f} '
             f'{"yes" if result.deadline_met else "no":>4s}  {result.message}')
@@ -127,7 +129,8 @@ def run_demo(params_file=None, wait_s=600.0):
           'embedded model and calibrates the time model, which takes a minute or two')
     try:
         with served(params_file, log_path, wait_s) as client:
-            print(f'{"goal":34s} {"budget":>7s} {"N_x":>5s} {"WCET^":>8s} {"alpha*":>6s} '
+            print(f'{"goal":34s} {"budget":>7s} {"N_x":>5s} {"N^":>4s} {"N^ from":8s} '
+                  f'{"t_pred":>6s} {"WCET^":>8s} {"alpha*":>6s} '
                   f'{"status":10s} {"total":>7s} {"met":>4s}  message')
             failures = _run_goals(client, demo_goals(), together=False)
             failures += _run_goals(client, burst_goals(), together=True)

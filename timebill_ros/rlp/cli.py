@@ -70,7 +70,9 @@ def _export(model, engine, splits, onnx_path):
     from timebill_ros.rlp.export import export_onnx, max_abs_difference
     export_onnx(model, onnx_path, engine.model_key)
     session = onnxruntime.InferenceSession(str(onnx_path), providers=['CPUExecutionProvider'])
-    ids = [model.input_ids(e.prompt) for e in splits['test'][:ONNX_CHECK_PROMPTS]]
+    by_length = sorted(splits['test'], key=lambda e: e.n_prompt_tokens)
+    step = max(1, len(by_length) // ONNX_CHECK_PROMPTS)  # short to long, evenly
+    ids = [model.input_ids(e.prompt) for e in by_length[::step][:ONNX_CHECK_PROMPTS]]
     diff = max_abs_difference(model, session, ids)
     lengths = sorted(len(i) for i in ids)
     print(f'ONNX vs torch on {len(ids)} test prompts ({lengths[0]}..{lengths[-1]} tokens): '
@@ -114,6 +116,30 @@ def cmd_eval(args, ros_args):
     rows = report.evaluate_models(models, splits)
     print(report.format_table(rows, splits))
     print(f'saved {report.save_report(rows, splits, args.out)}')
+    return 0
+
+
+def cmd_overlap(args, ros_args):
+    """Measure t_Predict against t_prefill when both run concurrently, as in the server."""
+    from timebill_ros.predictors import make_predictor
+    from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
+    from timebill_ros.profiler import load_or_calibrate
+    from timebill_ros.rlp.overlap import format_overlap, measure_overlap
+    config, engine = _engine(args)
+    calibration = load_or_calibrate(engine, config.engine, config.timing, log=print)
+    predictor = make_predictor(config.predictor, engine.model_key,
+                               calibration.coefficients.prefill_s,
+                               config.engine.model_cache_dir or None)
+    if not isinstance(predictor, OnnxRlpPredictor):
+        print(f'no RLP to measure: {predictor.name}', file=sys.stderr)
+        return 2
+    rows = measure_overlap(engine, predictor, repeats=args.repeats)
+    text = format_overlap(rows)
+    print(text)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text('Regenerate: `timebill predictor overlap`\n\n' + text + '\n')
+    print(f'saved {out}')
     return 0
 
 
@@ -163,4 +189,9 @@ def add_parser(sub):
     ev.add_argument('--out', default='benchmarks/results', help='folder of rlp_eval.md/json')
     ev.add_argument('--only', default='', help='comma list of name parts to run')
     ev.set_defaults(func=cmd_eval)
+    over = psub.add_parser('overlap', help=cmd_overlap.__doc__)
+    _common(over, lengths=False)
+    over.add_argument('--repeats', type=int, default=3)
+    over.add_argument('--out', default='benchmarks/results/rlp_overlap.md')
+    over.set_defaults(func=cmd_overlap)
     return parser
