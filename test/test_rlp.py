@@ -245,3 +245,13 @@ def test_service_runs_the_rlp_alongside_prefill(exported, tiny_model, smollm2_to
     assert result.predictor == 'rlp' and result.predict_time_s > 0
     assert result.predicted_tokens in (16, 32, 48)  # Eq. 2 with B = 16, capped by N_max
     assert 0 < predictor.last_input_tokens <= 64
+
+
+def test_verify_reruns_through_the_server_path(make_tiny_engine, tmp_path):
+    engine = make_tiny_engine()
+    items = build_corpus()[:3]
+    out = tmp_path / 'lengths.jsonl'
+    collect_mod.collect(engine, items, out, n_model=5, log=lambda s: None)
+    rows = collect_mod.verify(engine, items, out, 3, log=lambda s: None)
+    assert [r[0] for r in rows] == [it.prompt_id for it in items]
+    assert all(batched == single for _, batched, single in rows)

@@ -37,6 +37,19 @@ def cmd_collect(args, ros_args):
     return 0
 
 
+def cmd_verify(args, ros_args):
+    """Re-measure some collected lengths unbatched, through the server's decode path."""
+    from timebill_ros.rlp.collect import verify
+    from timebill_ros.rlp.corpus import build_corpus
+    _, engine = _engine(args)
+    rows = verify(engine, build_corpus(), args.lengths, args.n)
+    same = sum(b == s for _, b, s in rows)
+    within = sum(abs(b - s) <= 16 for _, b, s in rows)
+    print(f'{same}/{len(rows)} identical, {within}/{len(rows)} within 16 tokens '
+          '(batched collection vs unbatched server path)')
+    return 0
+
+
 def _rlp_settings(args, n_model):
     return {'bucket_tokens': args.bucket or None, 'n_model': n_model, 'n_layers': args.layers,
             'n_trainable_layers': args.trainable_layers,
@@ -171,6 +184,10 @@ def add_parser(sub):
     col.add_argument('--split', choices=('train', 'val', 'test'), help='only this split')
     col.add_argument('--limit', type=int, default=0, help='at most this many prompts now')
     col.set_defaults(func=cmd_collect)
+    ver = psub.add_parser('verify', help=cmd_verify.__doc__)
+    _common(ver)
+    ver.add_argument('--n', type=int, default=16, help='prompts to re-measure')
+    ver.set_defaults(func=cmd_verify)
     train = psub.add_parser('train', help=cmd_train.__doc__)
     _common(train)
     _rlp_args(train)

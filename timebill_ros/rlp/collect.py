@@ -149,3 +149,28 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
             log(f'{n_done}/{len(pending)} prompts, {elapsed:.0f} s, ETA {eta:.0f} s')
             sys.stdout.flush()
     return n_done
+
+
+def verify(engine, items: List[CorpusItem], out_path, n_prompts: int,
+           log: Callable[[str], None] = print) -> List[tuple]:
+    """Re-measure ``n_prompts`` collected lengths through the server's own unbatched path.
+
+    Uses :meth:`LlmEngine.prefill` + :meth:`LlmEngine.decode` (no eviction) with EOS and
+    N_model as the only stops. Returns [(prompt_id, batched n_tokens, unbatched n_tokens)]
+    for ``n_prompts`` collected items spread evenly over the corpus order.
+    """
+    from timebill_ros import stopping
+    records = load_records(out_path)
+    collected = [it for it in items if it.prompt_id in records]
+    chosen = collected[::max(1, len(collected) // max(1, n_prompts))][:n_prompts]
+    out = []
+    for item in chosen:
+        record = records[item.prompt_id]
+        n_model = record['n_model']
+        state = engine.prefill(engine.encode(item.prompt), stopping.StopCriteria([]))
+        result = engine.decode(state, n_model, stopping.StopCriteria(
+            [stopping.EosStop(engine.eos_token_ids)]))
+        single = len(result.token_ids) + (1 if result.stop_reason == stopping.EOS else 0)
+        out.append((item.prompt_id, record['n_tokens'], single))
+        log(f'{item.prompt_id}: batched {record["n_tokens"]}, unbatched {single}')
+    return out
