@@ -33,7 +33,7 @@ def test_corpus_is_deterministic_split_and_diverse():
                    'chat', 'u_structural', 'u_syntactic', 'u_semantic', 'u_vague',
                    'u_open_ended', 'u_multi_part'):
         assert needed in categories
-    assert max(len(it.prompt) for it in first) > 8000  # a few thousand tokens
+    assert 7000 < max(len(it.prompt) for it in first) <= 8000  # a few thousand tokens
     assert all(it.split == split_of(it.prompt_id) for it in first)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from timebill_ros.rlp.corpus import CorpusItem
 
-N_MODEL = 256  # most tokens collected per answer; the RLP's top bucket means ">= N_MODEL"
+N_MODEL = 128  # most tokens collected per answer; the RLP's top bucket means ">= N_MODEL"
 MAX_BATCH = 16
 MAX_BATCH_TOKENS = 12288  # batch size x padded prompt length, bounds prefill memory
 

@@ -21,6 +21,9 @@ from timebill_ros import prompts as robot_prompts
 CORPUS_SEED = 20261121
 SPLITS = ('train', 'val', 'test')
 SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
+# Prompts longer than this are dropped (after generation, so no other prompt changes): the
+# longest kept are about 3,600 tokens; 7,000-token summaries cost too much collection time.
+MAX_PROMPT_CHARS = 8000
 
 PLACES = ['kitchen', 'hallway', 'warehouse aisle 4', 'loading dock', 'charging station',
           'lab', 'office 12', 'parking lot', 'garage', 'elevator lobby', 'greenhouse',
@@ -222,7 +225,7 @@ def build_corpus(seed: int = CORPUS_SEED) -> List[CorpusItem]:
             if sum(1 for it in items if it.category == category) >= count:
                 break
             text = make(rng)
-            if text in seen:
+            if text in seen or len(text) > MAX_PROMPT_CHARS:
                 continue
             seen.add(text)
             prompt_id = f'{category}-{index:04d}'
