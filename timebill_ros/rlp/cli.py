@@ -84,8 +84,9 @@ def _export(model, engine, splits, onnx_path):
     export_onnx(model, onnx_path, engine.model_key)
     session = onnxruntime.InferenceSession(str(onnx_path), providers=['CPUExecutionProvider'])
     by_length = sorted(splits['test'], key=lambda e: e.n_prompt_tokens)
-    step = max(1, len(by_length) // ONNX_CHECK_PROMPTS)  # short to long, evenly
-    ids = [model.input_ids(e.prompt) for e in by_length[::step][:ONNX_CHECK_PROMPTS]]
+    picks = sorted({round(i * (len(by_length) - 1) / (ONNX_CHECK_PROMPTS - 1))
+                    for i in range(ONNX_CHECK_PROMPTS)})  # shortest to longest, evenly
+    ids = [model.input_ids(by_length[i].prompt) for i in picks]
     diff = max_abs_difference(model, session, ids)
     lengths = sorted(len(i) for i in ids)
     print(f'ONNX vs torch on {len(ids)} test prompts ({lengths[0]}..{lengths[-1]} tokens): '

@@ -11,7 +11,8 @@ from typing import List
 
 from timebill_ros import prompts, stopping
 
-LOG_LINES = (1, 4, 10, 25, 50, 100, 200, 300)  # robot-log sizes, ~14 tokens a line
+LOG_LINES = (1, 4, 10, 25, 50, 100, 200)  # robot-log sizes, ~18 tokens a line
+SHORT_PROMPTS = ('Stop.', 'Is the door open?')  # the shortest goals a planner sends
 REPEATS = 3
 
 
@@ -19,16 +20,17 @@ def measure_overlap(engine, predictor, n_max: int = 128, repeats: int = REPEATS,
                     log_lines=LOG_LINES) -> List[dict]:
     """Return one row per prompt length: medians over ``repeats`` concurrent runs."""
     rows = []
+    texts = list(SHORT_PROMPTS) + [prompts.long_prompt(n, seed=n) for n in log_lines]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
-        for n_lines in log_lines:
-            prompt = prompts.long_prompt(n_lines, seed=n_lines)
+        for prompt in texts:
             ids = engine.encode(prompt)
             runs = [_one_run(engine, predictor, pool, prompt, ids, n_max)
                     for _ in range(repeats)]
             runs.sort(key=lambda r: r['overhang_s'])
             median = runs[len(runs) // 2]
-            rows.append({'n_x': len(ids), 'n_p': predictor.input_cap(len(ids)), **median,
+            rows.append({'n_x': len(ids), 'n_p': min(len(ids), predictor.input_cap(len(ids))),
+                         **median,
                          'hidden_runs': sum(r['overhang_s'] == 0.0 for r in runs),
                          'repeats': repeats})
     finally:
