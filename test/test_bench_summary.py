@@ -64,3 +64,19 @@ def test_methods_pick_their_predictor():
     by_name = {m[0]: m for m in bench.METHODS}
     assert by_name['timebill'][3] == 'rlp' and by_name['timebill-fallback'][3] == 'fallback'
     assert all(m[3] == 'fallback' for m in bench.METHODS if m[1] == 'fixed')
+
+
+def test_predictor_breakdown_splits_by_predicted_length():
+    def row(method, prompt, n_hat, status, alpha, response):
+        return {'method': method, 'policy': 'kill', 'fraction': 1.0, 'prompt': prompt,
+                'predicted_tokens': n_hat, 'status': status, 'deadline_met': status == 1,
+                'alpha': alpha, 'response': response}
+    raw = {'refs': {'a': 'yes it is', 'b': 'go left then right'}, 'rows': [
+        row('timebill', 'a', 16, 1, 0.0, 'yes it is'),
+        row('timebill-fallback', 'a', 64, 1, 0.9, 'yes'),
+        row('timebill', 'b', 64, 2, 0.5, ''),
+        row('timebill-fallback', 'b', 64, 1, 0.5, 'go left then right')]}
+    out = bench.predictor_breakdown(raw)
+    assert out['short']['jobs'] == 1 and out['short']['rouge_l'][0] == 1.0
+    assert out['short']['rouge_l'][1] < 1.0 and out['short']['alpha'] == (0.0, 0.9)
+    assert out['n_max']['done'] == (0.0, 1.0)

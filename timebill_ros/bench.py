@@ -244,3 +244,39 @@ def run_bench(args):
     (out_dir / 'bench_raw.json').write_text(json.dumps({'rows': rows, 'refs': refs}, indent=1))
     print(write_report(table, out_dir, format_report(calibration)))
     return 0
+
+
+def predictor_breakdown(raw, method='timebill', baseline='timebill-fallback', n_max=None):
+    """Compare two methods job by job, split by whether ``method`` predicted N^ < N_max.
+
+    raw: the ``bench_raw.json`` dict. Returns {group: {jobs, rouge_l, done, alpha}} with each
+    value a (method, baseline) pair; groups ``short`` (N^ < N_max: the RLP changed alpha*) and
+    ``n_max`` (N^ = N_max: both decided alike, differences are timing).
+    """
+    rouge_l = _rouge_l_scorer()
+    refs = raw['refs']
+
+    def key(row):
+        return row['policy'], row['fraction'], row['prompt']
+
+    ours = {key(r): r for r in raw['rows'] if r['method'] == method}
+    base = {key(r): r for r in raw['rows'] if r['method'] == baseline}
+    n_max = n_max or max(r['predicted_tokens'] for r in base.values())
+
+    def done(row):
+        return row['status'] == COMPLETED and row['deadline_met']
+
+    def score(row):
+        return rouge_l(refs[row['prompt']], row['response']) if done(row) else 0.0
+
+    out = {}
+    for group in ('short', 'n_max'):
+        keys = [k for k, r in ours.items() if k in base
+                and (r['predicted_tokens'] < n_max) == (group == 'short')]
+        if not keys:
+            continue
+        out[group] = {'jobs': len(keys)}
+        for name, fn in (('rouge_l', score), ('done', done), ('alpha', lambda r: r['alpha'])):
+            out[group][name] = tuple(sum(fn(rows[k]) for k in keys) / len(keys)
+                                     for rows in (ours, base))
+    return out

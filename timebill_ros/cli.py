@@ -86,7 +86,23 @@ def cmd_demo(args, ros_args):
 def cmd_bench(args, ros_args):
     """Run the TimeBill benchmark through the real node."""
     from timebill_ros.bench import run_bench
+    if args.breakdown:
+        return _print_breakdown(args.breakdown)
     return run_bench(args)
+
+
+def _print_breakdown(raw_path):
+    import json
+    from timebill_ros.bench import predictor_breakdown
+    table = predictor_breakdown(json.loads(open(raw_path, encoding='utf-8').read()))
+    print('| jobs | N^ | ROUGE-L rlp / fallback | on time rlp / fallback | '
+          'mean alpha* rlp / fallback |\n|---|---|---|---|---|')
+    for group, row in table.items():
+        label = 'N^ < N_max' if group == 'short' else 'N^ = N_max'
+        print(f"| {row['jobs']} | {label} | {row['rouge_l'][0]:.3f} / {row['rouge_l'][1]:.3f} | "
+              f"{row['done'][0]:.2f} / {row['done'][1]:.2f} | "
+              f"{row['alpha'][0]:.2f} / {row['alpha'][1]:.2f} |")
+    return 0
 
 
 def build_parser():
@@ -125,6 +141,8 @@ def build_parser():
     bench.add_argument('--n-max', type=int, default=48, help='N_max of every goal, tokens')
     bench.add_argument('--fractions', default='',
                        help='comma list of budget fractions T / t^_e2e (default 0.9,1,1.1,1.25)')
+    bench.add_argument('--breakdown', metavar='RAW_JSON',
+                       help='only print the RLP-vs-fallback breakdown of a bench_raw.json')
     bench.add_argument('--prompts', type=int, default=0,
                        help='with --prompt-set rlp-test: how many held-out prompts')
     bench.add_argument('--methods', default='',
