@@ -255,3 +255,17 @@ def test_verify_reruns_through_the_server_path(make_tiny_engine, tmp_path):
     rows = collect_mod.verify(engine, items, out, 3, log=lambda s: None)
     assert [r[0] for r in rows] == [it.prompt_id for it in items]
     assert all(batched == single for _, batched, single in rows)
+
+
+def test_report_and_overlap_tables_format_every_row():
+    from timebill_ros.rlp.overlap import format_overlap
+    from timebill_ros.rlp.report import format_table
+    ex = Example('t-1', 'x', 'test', 'p', 10, False, 5, 128)
+    rows = [{'predictor': 'RLP', 'mae': 1.0, 'rmse': 2.0, 'r2': 0.5, 'within': 0.9,
+             'val_mae': 3.0, 'fit_s': 4.0, 'predict_ms': 5.0}]
+    table = format_table(rows, {'train': [ex], 'val': [ex], 'test': [ex]})
+    assert '| RLP | 1.0 | 2.0 | 0.500 | 90 % | 3.0 | 4 | 5.0 |' in table
+    over = format_overlap([{'n_x': 10, 'n_p': 10, 'prefill_alone_s': 0.1, 'prefill_s': 0.2,
+                            'predict_s': 0.05, 'overhang_s': 0.0, 'hidden_runs': 3,
+                            'repeats': 3}])
+    assert '| 10 | 10 | 0.100 | 0.200 | 0.050 | 0.000 | 3/3 |' in over
