@@ -17,7 +17,11 @@ def build_service(config, log=print):
     engine = LlmEngine.load(config.engine, config.eviction)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
     log(format_report(calibration))
-    predictor = make_predictor(config.predictor, engine.model_key,
-                               calibration.coefficients.prefill_s,
-                               config.engine.model_cache_dir or None, log=log)
+    predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     return TimeBillService(config, engine, predictor, calibration.coefficients)
+
+
+def build_predictor(config, engine, coefficients, log=print):
+    """Return the length predictor of ``config`` for ``engine``, compressing against Eq. 4a."""
+    return make_predictor(config.predictor, engine.model_key, coefficients.prefill_s,
+                          config.engine.model_cache_dir or None, log=log)

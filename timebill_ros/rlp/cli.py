@@ -8,17 +8,23 @@ ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after expo
 ONNX_ATOL = 1e-3
 
 
-def _engine(args):
+def _config(args):
     from timebill_ros.cli import _load_config
+    return _load_config(args.params, args.set)
+
+
+def _engine(args, config=None):
     from timebill_ros.engine import LlmEngine
-    config = _load_config(args.params, args.set)
+    config = config or _config(args)
     return config, LlmEngine.load(config.engine, config.eviction)
 
 
-def _paths(args, config, engine):
+def _paths(args, config):
+    """Return (ONNX path, torch checkpoint path); needs no loaded model."""
+    from timebill_ros import model_source
     from timebill_ros.rlp.export import default_onnx_path
     onnx_path = pathlib.Path(args.onnx or config.predictor.model_file
-                             or default_onnx_path(engine.model_key,
+                             or default_onnx_path(model_source.model_key(config.engine),
                                                   config.engine.model_cache_dir or None))
     return onnx_path, onnx_path.with_suffix('.pt')
 
@@ -61,11 +67,12 @@ def cmd_train(args, ros_args):
     import torch
     from timebill_ros.rlp.dataset import load_examples
     from timebill_ros.rlp.models.rlp import RlpModel
-    config, engine = _engine(args)
-    onnx_path, pt_path = _paths(args, config, engine)
+    config = _config(args)
+    onnx_path, pt_path = _paths(args, config)
     if args.if_missing and onnx_path.is_file():
         print(f'RLP already built: {onnx_path}')
         return 0
+    _, engine = _engine(args, config)
     splits = load_examples(args.lengths)
     settings = _rlp_settings(args, splits['train'][0].n_model)
     model = RlpModel(engine.model, engine.encode, **settings)
@@ -103,11 +110,12 @@ def cmd_export(args, ros_args):
     import torch
     from timebill_ros.rlp.dataset import load_examples
     from timebill_ros.rlp.models.rlp import RlpModel
-    config, engine = _engine(args)
-    onnx_path, pt_path = _paths(args, config, engine)
+    config = _config(args)
+    onnx_path, pt_path = _paths(args, config)
     if not pt_path.is_file():
         print(f'no trained RLP at {pt_path}: run `timebill predictor train`', file=sys.stderr)
         return 2
+    _, engine = _engine(args, config)
     saved = torch.load(pt_path, weights_only=True)
     model = RlpModel(engine.model, engine.encode, **saved['settings'])
     model.net.load_state_dict(saved['state_dict'])
@@ -135,15 +143,13 @@ def cmd_eval(args, ros_args):
 
 def cmd_overlap(args, ros_args):
     """Measure t_Predict against t_prefill when both run concurrently, as in the server."""
-    from timebill_ros.predictors import make_predictor
+    from timebill_ros.factory import build_predictor
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
     from timebill_ros.profiler import load_or_calibrate
     from timebill_ros.rlp.overlap import format_overlap, measure_overlap
     config, engine = _engine(args)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=print)
-    predictor = make_predictor(config.predictor, engine.model_key,
-                               calibration.coefficients.prefill_s,
-                               config.engine.model_cache_dir or None)
+    predictor = build_predictor(config, engine, calibration.coefficients)
     if not isinstance(predictor, OnnxRlpPredictor):
         print(f'no RLP to measure: {predictor.name}', file=sys.stderr)
         return 2
