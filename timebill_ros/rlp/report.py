@@ -14,6 +14,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from timebill_ros.rlp.metrics import WITHIN_TOKENS, length_metrics
+from timebill_ros.rlp.models.base import true_lengths
 
 # B = 16 / 32 / 64 as in TimeBill's Table 1, plus B = 8: at N_model = 128, B = 16 gives only
 # 8 buckets, coarser than S3's 10 classes; B = 8 (16 buckets) keeps the RLP the finest, as
@@ -39,7 +40,7 @@ def baseline_models(log) -> list:
 def evaluate_models(models, splits, log: Callable[[str], None] = print) -> List[Dict]:
     """Fit each model on ``splits['train']`` (val for epoch choice); return test-split rows."""
     test = splits['test']
-    truth = np.array([min(e.n_tokens, e.n_model) for e in test], dtype=float)
+    truth = true_lengths(test)
     rows = []
     for model in models:
         start = time.perf_counter()
@@ -48,8 +49,7 @@ def evaluate_models(models, splits, log: Callable[[str], None] = print) -> List[
         start = time.perf_counter()
         pred = model.predict_tokens(test)
         predict_ms = (time.perf_counter() - start) / len(test) * 1e3
-        val_truth = [min(e.n_tokens, e.n_model) for e in splits['val']]
-        val_mae = length_metrics(val_truth, model.predict_tokens(splits['val']))['mae']
+        val_mae = model.mae(splits['val'])
         row = {'predictor': model.name, **length_metrics(truth, pred), 'val_mae': val_mae,
                'fit_s': fit_s, 'predict_ms': predict_ms}
         log(format_row(row))

@@ -6,6 +6,13 @@ from typing import List, Sequence
 
 import numpy as np
 
+from timebill_ros.rlp.metrics import length_metrics
+
+
+def true_lengths(examples: Sequence) -> np.ndarray:
+    """Return each example's length capped at its N_model (a capped answer counts as N_model)."""
+    return np.array([min(e.n_tokens, e.n_model) for e in examples], dtype=np.float64)
+
 
 def bucket_of(n_tokens: int, bucket_tokens: int) -> int:
     """Return the 0-based bucket index of a length: ceil(n / B) - 1 (Eq. 2's n^ minus one)."""
@@ -35,6 +42,10 @@ class LengthModel(abc.ABC):
     @abc.abstractmethod
     def predict_tokens(self, examples: Sequence) -> np.ndarray:
         """Return predicted response lengths in tokens, shape (len(examples),)."""
+
+    def mae(self, examples: Sequence) -> float:
+        """Return the mean absolute error of :meth:`predict_tokens` on ``examples``, tokens."""
+        return length_metrics(true_lengths(examples), self.predict_tokens(examples))['mae']
 
     def save(self, folder: pathlib.Path) -> List[pathlib.Path]:
         """Write the trained model under ``folder``; return the files written."""

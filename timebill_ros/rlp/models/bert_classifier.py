@@ -168,10 +168,6 @@ class BertBucketClassifier(LengthModel):
             out[idx] = self._net(**batch).argmax(-1).cpu().numpy()
         return out
 
-    def _val_mae(self, val: Sequence) -> float:
-        pred = self.lengths_of(self._predict_classes(val))
-        return float(np.abs(pred - np.array([e.n_tokens for e in val])).mean())
-
     # -- LengthModel --------------------------------------------------------------------------
 
     def fit(self, train: Sequence, val: Sequence) -> None:
@@ -214,7 +210,7 @@ class BertBucketClassifier(LengthModel):
                 optim.step()
                 sched.step()
                 total += loss.item() * len(idx)
-            val_mae = self._val_mae(val) if val else None
+            val_mae = self.mae(val) if val else None
             self.history.append({'epoch': epoch, 'train_loss': total / len(texts),
                                  'val_mae': val_mae})
             if best_mae is None or (val_mae is not None and val_mae < best_mae):

@@ -171,18 +171,13 @@ class RlpModel(LengthModel):
                 if step % self.accumulate == 0 or step == len(order):
                     optimizer.step()
                     optimizer.zero_grad()
-            val_mae = self._mae(val) if val else -epoch
+            val_mae = self.mae(val) if val else -epoch
             self.log(f'{self.name} epoch {epoch + 1}/{self.epochs}: train loss '
                      f'{total / len(order):.4f}, val MAE {val_mae:.1f} tokens')
             if val_mae < best[0]:
                 best = (val_mae, copy.deepcopy(self.net.state_dict()))
         self.net.load_state_dict(best[1])
         self.net.eval()
-
-    def _mae(self, examples) -> float:
-        pred = self.predict_tokens(examples)
-        true = np.array([min(e.n_tokens, self.n_model) for e in examples], dtype=float)
-        return float(np.abs(pred - true).mean())
 
     def predict_tokens(self, examples: Sequence) -> np.ndarray:
         """Return predicted lengths in tokens (bucket upper edge, or the regression value)."""
