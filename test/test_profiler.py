@@ -13,6 +13,7 @@ import pytest
 from timebill_ros import model_source, profiler
 from timebill_ros import timing_model as tm
 from timebill_ros.config import EngineConfig, TimingConfig
+from timebill_ros.latency.probe import Probe
 from timebill_ros.profiler import ProfileGrid
 
 TRUE = tm.TimingCoefficients(a=2e-8, b=2e-4, c=5e-3, p=2e-6, q=0.02)
@@ -63,6 +64,15 @@ class FakeEngine:
         t_s = self.coefficients.decode_step_s(n_kv)
         self._advance(self.coefficients.prefill_s(n_kv) + steps * t_s)
         return self._noisy(t_s)
+
+    def measure_probe(self, n_in, n_out):
+        """Return a noisy Probe (few-shot protocol); advance by its end-to-end time."""
+        self.calls.append(('probe', n_in, n_out))
+        steps = tuple(self._noisy(self.coefficients.decode_step_s(n))
+                      for n in range(n_in, n_in + n_out - 1))
+        probe = Probe(n_in, n_out, self._noisy(self.coefficients.prefill_s(n_in)), steps)
+        self._advance(probe.e2e_s)
+        return probe
 
 
 @pytest.fixture(autouse=True)
@@ -236,7 +246,7 @@ def test_profile_rejects_bad_engine_measurement():
 
 def test_load_or_calibrate_profiles_once_then_uses_cache():
     """The first call profiles and caches; the second only loads."""
-    engine_config, timing_config, log = EngineConfig(), TimingConfig(), []
+    engine_config, timing_config, log = EngineConfig(), TimingConfig(startup_method='grid'), []
     first_engine = FakeEngine()
     first = profiler.load_or_calibrate(first_engine, engine_config, timing_config,
                                        log=log.append)
@@ -307,3 +317,24 @@ def test_profile_takes_key_fields_from_the_engine_config():
     explicit = profiler.profile(FakeEngine(), profiler.startup_grid(),
                                 engine_config=EngineConfig(threads=1))
     assert explicit.threads == 1
+
+
+def test_load_or_calibrate_few_shot_at_start_up():
+    """startup_method few_shot (the default) calibrates from five probes and caches it."""
+    engine, log = FakeEngine(noise=0.0), []
+    calibration = profiler.load_or_calibrate(engine, EngineConfig(), TimingConfig(),
+                                             log=log.append)
+    assert calibration.method == 'few_shot'
+    assert [call[0] for call in engine.calls] == ['probe'] * 6  # warm-up + 5
+    for name in tm.COEFFICIENT_NAMES:
+        assert getattr(calibration.coefficients, name) == pytest.approx(
+            getattr(TRUE, name), rel=1e-6, abs=1e-12)
+    path = tm.default_calibration_path(tm.calibration_key(*profiler.key_fields(EngineConfig())))
+    assert tm.Calibration.load(path) == calibration
+    assert any('few_shot calibration at start-up' in line for line in log)
+
+
+def test_timing_startup_method_is_checked():
+    """An unknown timing.startup_method is a ValueError naming the parameter."""
+    with pytest.raises(ValueError, match='timing.startup_method'):
+        TimingConfig(startup_method='fast')

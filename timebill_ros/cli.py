@@ -1,4 +1,4 @@
-"""The ``timebill`` command: serve, profile, send, demo, bench, predictor."""
+"""The ``timebill`` command: serve, profile, send, demo, bench, predictor, latency."""
 
 import argparse
 import sys
@@ -40,15 +40,21 @@ def cmd_serve(args, ros_args):
 def cmd_profile(args, ros_args):
     """Profile prefill and decode-step times, fit Eq. 4, print the report, save the YAML."""
     from timebill_ros.engine import LlmEngine
+    from timebill_ros.latency.few_shot import few_shot_profile
     from timebill_ros.profiler import ProfileGrid, format_report, profile
     from timebill_ros.timing_model import calibration_key, default_calibration_path
     config = _load_config(args.params, args.set)
     engine = LlmEngine.load(config.engine, config.eviction)
-    if args.quick:
-        grid = ProfileGrid.startup_grid()
+    limit = args.time_limit or None
+    if args.few_shot:
+        calibration = few_shot_profile(engine, engine_config=config.engine, time_limit_s=limit,
+                                       max_tokens=min(args.max_tokens, 2048), progress=print)
     else:
-        grid = ProfileGrid.full_grid(engine.context_tokens, max_tokens=args.max_tokens)
-    calibration = profile(engine, grid, progress=print)
+        if args.quick:
+            grid = ProfileGrid.startup_grid()
+        else:
+            grid = ProfileGrid.full_grid(engine.context_tokens, max_tokens=args.max_tokens)
+        calibration = profile(engine, grid, time_limit_s=limit, progress=print)
     print(format_report(calibration))
     out = args.out or default_calibration_path(calibration_key(
         engine.model_key, config.engine.device, config.engine.dtype, config.engine.threads))
@@ -117,8 +123,14 @@ def build_parser():
     prof.add_argument('--params', help='ROS 2 params YAML for the engine settings')
     prof.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE')
     prof.add_argument('--out', help='calibration YAML (default: the per-user cache entry)')
-    prof.add_argument('--quick', action='store_true', help='the small start-up grid')
-    prof.add_argument('--max-tokens', type=int, default=4096, help='largest N_x / N_kv')
+    mode = prof.add_mutually_exclusive_group()
+    mode.add_argument('--quick', action='store_true', help='the small start-up grid')
+    mode.add_argument('--few-shot', action='store_true',
+                      help='five probes, Eq. 4 fitted to them (SimFLi budget; ~20 s on CPU)')
+    prof.add_argument('--max-tokens', type=int, default=4096,
+                      help='largest N_x / N_kv (few-shot: at most 2048)')
+    prof.add_argument('--time-limit', type=float, default=0.0,
+                      help='seconds; skip measurements that would exceed it (0 = none)')
     prof.set_defaults(func=cmd_profile)
     send = sub.add_parser('send', help=cmd_send.__doc__)
     send.add_argument('prompt')
@@ -150,6 +162,8 @@ def build_parser():
     bench.set_defaults(func=cmd_bench)
     from timebill_ros.rlp import cli as rlp_cli
     rlp_cli.add_parser(sub)
+    from timebill_ros.latency import cli as latency_cli
+    latency_cli.add_parser(sub)
     return parser
 
 

@@ -15,6 +15,9 @@ PREDICTOR_KINDS = ('rlp', 'fallback')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 
 
+STARTUP_METHODS = ('few_shot', 'grid')
+
+
 def _check_positive(name, value):
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f'{name} must be a number, got {value!r}')
@@ -159,14 +162,19 @@ class TimingConfig:
         for this model/device/dtype/threads.
     calibrate_on_start: when no calibration exists, profile at start-up (bounded) and cache it.
     max_calibration_s: time bound of the start-up calibration, seconds.
+    startup_method: how the start-up calibration measures: ``few_shot`` (five probes, Eq. 4
+        fitted to them, ``timebill profile --few-shot``) or ``grid`` (the start-up grid,
+        ``timebill profile --quick``).
     """
 
     calibration_file: str = ''
     calibrate_on_start: bool = True
     max_calibration_s: float = 60.0
+    startup_method: str = 'few_shot'
 
     def __post_init__(self):
         _check_positive('timing.max_calibration_s', self.max_calibration_s)
+        _check_choice('timing.startup_method', self.startup_method, STARTUP_METHODS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,8 @@ from transformers.cache_utils import DynamicLayer
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.eviction import gather_positions, keep_indices, make_scorer, n_keep_for
-from timebill_ros.stopping import EOS, MAX_TOKENS, StopCriteria
+from timebill_ros.latency.probe import Probe
+from timebill_ros.stopping import EOS, MAX_TOKENS, StepTimer, StopCriteria
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # Chat templates' end-of-turn tokens; those the tokenizer knows count as EOS.
@@ -333,7 +334,7 @@ class LlmEngine:
         """Return the median seconds to prefill ``n_x`` random non-special tokens."""
         _check_count('n_x', n_x, self.context_tokens)
         _check_count('repeats', repeats)
-        ids = self._random_ids(n_x)
+        ids = self.random_ids(n_x)
         return statistics.median(
             self.prefill(ids, StopCriteria()).prefill_s for _ in range(repeats))
 
@@ -347,11 +348,26 @@ class LlmEngine:
         """
         _check_count('steps', steps)
         _check_count('n_kv', n_kv, self.context_tokens - steps - 1)
-        state = self.prefill(self._random_ids(n_kv), StopCriteria())
+        state = self.prefill(self.random_ids(n_kv), StopCriteria())
         out = self.decode(state, steps + 1, StopCriteria(), on_tokens=lambda n, text: None,
                           feedback_every=self.engine_config.feedback_every_tokens)
         # Token 1 comes from the prefill; each further token is one decoding step.
         return out.decode_s / (len(out.token_ids) - 1)
+
+    def measure_probe(self, n_in: int, n_out: int) -> Probe:
+        """Time one generation of exactly ``n_out`` tokens after ``n_in`` random tokens.
+
+        The server's own prefill and decode loop run (stop checks, text streaming and a
+        feedback callback included); no KV eviction; EOS does not stop it, so the answer is
+        exactly ``n_out`` tokens. Returns the prefill seconds and each decoding step's seconds.
+        """
+        _check_count('n_out', n_out)
+        _check_count('n_in', n_in, self.context_tokens - n_out + 1)
+        state = self.prefill(self.random_ids(n_in), StopCriteria())
+        timer = StepTimer()
+        self.decode(state, n_out, StopCriteria([timer]), on_tokens=lambda n, text: None,
+                    feedback_every=self.engine_config.feedback_every_tokens)
+        return Probe(n_in, n_out, state.prefill_s, tuple(timer.step_durations_s()))
 
     def _forward(self, token_ids: list, position: int, cache: DynamicCache) -> torch.Tensor:
         """Run ``token_ids`` at positions ``position``...; return the last logits, (vocab,)."""
@@ -390,7 +406,7 @@ class LlmEngine:
                              f'{self.context_tokens} tokens')
         return list(input_ids)
 
-    def _random_ids(self, n_tokens: int) -> list:
+    def random_ids(self, n_tokens: int) -> list:
         """Return ``n_tokens`` reproducible random ids, no special token."""
         vocab = self.model.get_input_embeddings().num_embeddings
         allowed = torch.ones(vocab, dtype=torch.bool)

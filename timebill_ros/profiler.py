@@ -286,7 +286,7 @@ def _distinct(points):
     return len({n for n, _ in points})
 
 
-def _held_out_mape(kind, indexed, held_out_every):
+def held_out_mape(kind, indexed, held_out_every):
     """Return the MAPE, percent, on held-out points of a fit on the others, or None.
 
     Grid indices 1, 1 + k, 1 + 2k, ... (k = held_out_every) are held out, so the shortest
@@ -328,7 +328,7 @@ def _check_profile_args(held_out_every, time_limit_s, clock, progress):
         raise TypeError(f'progress must be callable or None, got {progress!r}')
 
 
-def _engine_config_of(engine, engine_config):
+def engine_config_of(engine, engine_config):
     """Return ``engine_config``, else ``engine.engine_config`` if any, else EngineConfig()."""
     if engine_config is not None:
         return engine_config
@@ -359,7 +359,7 @@ def profile(engine, grid, *, held_out_every=3, time_limit_s=None, clock=time.mon
         raise TypeError(f'grid must be a ProfileGrid, got {grid!r}')
     grid.check_fits(_check_engine(engine))
     _check_profile_args(held_out_every, time_limit_s, clock, progress)
-    model_key, device, dtype, threads = key_fields(_engine_config_of(engine, engine_config))
+    model_key, device, dtype, threads = key_fields(engine_config_of(engine, engine_config))
     run = _Run(engine, grid, clock, time_limit_s, progress or (lambda _msg: None))
     run.start = clock()
     _warm_up(run)
@@ -368,7 +368,7 @@ def profile(engine, grid, *, held_out_every=3, time_limit_s=None, clock=time.mon
     random.Random(rng_seed).shuffle(tasks)
     _measure_grid(run, tasks)
     coefficients = _fit_all(run)
-    prefill_mape, decode_mape = (_held_out_mape(k, run.points[k], held_out_every)
+    prefill_mape, decode_mape = (held_out_mape(k, run.points[k], held_out_every)
                                  for k in (PREFILL, DECODE))
     prefill, decode = (tuple(sorted(run.points[k].values())) for k in (PREFILL, DECODE))
     return Calibration(
@@ -407,12 +407,21 @@ def _load_cached(path, log):
 
 
 def _calibrate_and_cache(engine, engine_config, timing_config, path, log):
-    """Profile the start-up grid within timing.max_calibration_s and save it to ``path``."""
-    log(f'timing calibration: none cached at {path}; profiling at start-up '
-        f'(at most ~{timing_config.max_calibration_s:g} s)')
-    calibration = profile(engine, startup_grid(engine.context_tokens),
-                          time_limit_s=timing_config.max_calibration_s,
-                          engine_config=engine_config, progress=log)
+    """Calibrate at start-up within timing.max_calibration_s and save it to ``path``.
+
+    timing.startup_method picks five few-shot probes or the start-up grid.
+    """
+    log(f'timing calibration: none cached at {path}; {timing_config.startup_method} '
+        f'calibration at start-up (at most ~{timing_config.max_calibration_s:g} s)')
+    if timing_config.startup_method == 'few_shot':
+        from timebill_ros.latency.few_shot import few_shot_profile
+        calibration = few_shot_profile(engine, engine_config=engine_config,
+                                       time_limit_s=timing_config.max_calibration_s,
+                                       progress=log)
+    else:
+        calibration = profile(engine, startup_grid(engine.context_tokens),
+                              time_limit_s=timing_config.max_calibration_s,
+                              engine_config=engine_config, progress=log)
     try:
         calibration.save(path)
     except OSError as exc:
@@ -428,7 +437,8 @@ def load_or_calibrate(engine, engine_config, timing_config, *, log=print):
     1. ``timing_config.calibration_file`` if set (FileNotFoundError if missing, ValueError if
        malformed); 2. else the cache entry ``default_calibration_path(key)`` for this engine
        config's model/device/dtype/threads if present and readable; 3. else, when
-       ``timing_config.calibrate_on_start``, a start-up :func:`profile` bounded by
+       ``timing_config.calibrate_on_start``, a start-up calibration (few-shot probes or the
+       start-up grid, ``timing_config.startup_method``) bounded by
        ``timing_config.max_calibration_s`` seconds, saved to that cache path; 4. else
        RuntimeError telling to run ``timebill profile``. ``log`` gets one line per event.
     """

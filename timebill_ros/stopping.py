@@ -77,6 +77,28 @@ class DeadlineStop(StopCriterion):
         return DEADLINE if self.clock() >= self.deadline_s else None
 
 
+class StepTimer(StopCriterion):
+    """Never stops; records ``clock()`` at every decoding-step check (n_generated >= 1).
+
+    The engine checks before every decoding step, so consecutive records bracket one step:
+    :meth:`step_durations_s` gives seconds per step. ``clock`` returns seconds.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.times_s = []
+
+    def should_stop(self, n_generated, last_token_id):
+        """Record the time once generation has started; never return a reason."""
+        if n_generated >= 1:
+            self.times_s.append(self.clock())
+        return None
+
+    def step_durations_s(self):
+        """Return the seconds between consecutive checks: one entry per decoding step."""
+        return [b - a for a, b in zip(self.times_s, self.times_s[1:])]
+
+
 class StopCriteria:
     """An ordered list of criteria; the first that fires gives the reason."""
 

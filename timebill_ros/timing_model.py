@@ -27,7 +27,7 @@ import scipy.optimize
 import yaml
 
 FORMAT_VERSION = 1
-METHODS = ('full_grid', 'startup')
+METHODS = ('full_grid', 'startup', 'few_shot')
 CACHE_ENV = 'TIMEBILL_CACHE'
 DEFAULT_CACHE_DIR = os.path.join('~', '.cache', 'timebill_ros')
 COEFFICIENT_NAMES = ('a', 'b', 'c', 'p', 'q')
@@ -300,7 +300,7 @@ class Calibration:
     Fit report: prefill_mape_pct / decode_mape_pct, percent, of a fit without the held-out
     points evaluated on them (None when no held-out point could be evaluated); n_points,
     measured points in all; profiling_s, seconds the profiling took; created, ISO 8601 time;
-    method, ``full_grid`` or ``startup``.
+    method, ``full_grid``, ``startup`` or ``few_shot``.
     Raw grid: prefill_points ``((n_x tokens, t_s seconds), ...)`` and decode_points
     ``((n_kv tokens, t_s seconds per step), ...)``; :func:`fit_coefficients` refits them.
     """
