@@ -126,7 +126,7 @@ def build_parser():
     mode = prof.add_mutually_exclusive_group()
     mode.add_argument('--quick', action='store_true', help='the small start-up grid')
     mode.add_argument('--few-shot', action='store_true',
-                      help='five probes, Eq. 4 fitted to them (SimFLi budget; ~20 s on CPU)')
+                      help='five probes, Eq. 4 fitted to them (SimFLi budget; ~15 s on CPU)')
     prof.add_argument('--max-tokens', type=int, default=4096,
                       help='largest N_x / N_kv (few-shot: at most 2048)')
     prof.add_argument('--time-limit', type=float, default=0.0,

@@ -29,8 +29,8 @@ import numpy as np
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, TimingConfig
 from timebill_ros.timing_model import (
-    METHODS, Calibration, TimingCoefficients, calibration_key, default_calibration_path,
-    fit_decode, fit_prefill, mape, now_iso)
+    METHODS, Calibration, TimingCoefficients, calibration_key, check_int,
+    default_calibration_path, fit_decode, fit_prefill, mape, now_iso)
 
 MIN_GRID_TOKENS = 16
 WALL_MARGIN = 0.25  # relative safety margin on fitted wall-time estimates
@@ -40,18 +40,9 @@ _UNKNOWNS = {PREFILL: 3, DECODE: 2}
 _LENGTH_NAME = {PREFILL: 'N_x', DECODE: 'N_kv'}
 
 
-def _check_int(name, value, minimum):
-    """Return ``value`` as an int; raise unless it is an int >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f'{name} must be an int, got {value!r}')
-    if value < minimum:
-        raise ValueError(f'{name} must be >= {minimum}, got {value!r}')
-    return int(value)
-
-
 def _check_lengths(name, values, minimum_count):
     """Return ``values`` (token counts) as a strictly increasing tuple of ints >= 1."""
-    lengths = tuple(_check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values))
+    lengths = tuple(check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values))
     if any(x >= y for x, y in zip(lengths, lengths[1:])):
         raise ValueError(f'{name} must be strictly increasing, got {lengths!r}')
     if len(lengths) < minimum_count:
@@ -82,8 +73,8 @@ class ProfileGrid:
             'prefill_n_x', self.prefill_n_x, _UNKNOWNS[PREFILL]))
         object.__setattr__(self, 'decode_n_kv', _check_lengths(
             'decode_n_kv', self.decode_n_kv, _UNKNOWNS[DECODE]))
-        _check_int('repeats', self.repeats, 1)
-        _check_int('decode_steps', self.decode_steps, 1)
+        check_int('repeats', self.repeats, 1)
+        check_int('decode_steps', self.decode_steps, 1)
         if self.method not in METHODS:
             raise ValueError(f'method must be one of {METHODS}, got {self.method!r}')
 
@@ -122,8 +113,8 @@ def full_grid(context_tokens, max_tokens=4096):
     (dense where times are large), up to ``min(context_tokens, max_tokens)`` tokens for the
     prefill and that less the decoding steps for the KV cache. 3 prefill repeats, 8 steps.
     """
-    context_tokens = _check_int('context_tokens', context_tokens, 1)
-    max_tokens = _check_int('max_tokens', max_tokens, 1)
+    context_tokens = check_int('context_tokens', context_tokens, 1)
+    max_tokens = check_int('max_tokens', max_tokens, 1)
     steps = 8
     upper = min(context_tokens, max_tokens)
     if min(upper, context_tokens - steps) < 4 * MIN_GRID_TOKENS:
@@ -142,7 +133,7 @@ def startup_grid(context_tokens=None):
     """
     prefill, decode, steps = (32, 128, 256, 512, 1024, 2048), (32, 256, 1024, 2048), 16
     if context_tokens is not None:
-        context_tokens = _check_int('context_tokens', context_tokens, 1)
+        context_tokens = check_int('context_tokens', context_tokens, 1)
         prefill = tuple(n for n in prefill if n <= context_tokens)
         decode = tuple(n for n in decode if n + steps <= context_tokens)
     return ProfileGrid(prefill, decode, repeats=2, decode_steps=steps, method='startup')
@@ -165,7 +156,7 @@ def _check_engine(engine):
     for name in ('measure_prefill_s', 'measure_decode_step_s'):
         if not callable(getattr(engine, name, None)):
             raise TypeError(f'engine must have a callable {name}(), got {engine!r}')
-    return _check_int('engine.context_tokens', getattr(engine, 'context_tokens', None), 1)
+    return check_int('engine.context_tokens', getattr(engine, 'context_tokens', None), 1)
 
 
 @dataclasses.dataclass
@@ -316,7 +307,7 @@ def _fit_all(run):
 
 def _check_profile_args(held_out_every, time_limit_s, clock, progress):
     """Check profile()'s keyword arguments, naming the bad one."""
-    _check_int('held_out_every', held_out_every, 2)
+    check_int('held_out_every', held_out_every, 2)
     if not callable(clock):
         raise TypeError(f'clock must be callable, got {clock!r}')
     if time_limit_s is not None:

@@ -37,16 +37,16 @@ _YAML_HEADER = (
     '# prefill_points / decode_points: raw [tokens, seconds] measurements.\n')
 
 
-def _check_count(name, value):
-    """Return ``value`` (a token count) as an int; raise unless it is an int >= 0."""
+def check_int(name, value, minimum=0):
+    """Return ``value`` (e.g. a token count) as an int; raise unless it is an int >= minimum."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f'{name} must be an int, got {value!r}')
-    if value < 0:
-        raise ValueError(f'{name} must be >= 0, got {value!r}')
+    if value < minimum:
+        raise ValueError(f'{name} must be >= {minimum}, got {value!r}')
     return int(value)
 
 
-def _check_nonneg_real(name, value):
+def check_nonneg_real(name, value):
     """Return ``value`` as a float; raise unless it is a finite real number >= 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f'{name} must be a number, got {value!r}')
@@ -93,17 +93,17 @@ class TimingCoefficients:
     def __post_init__(self):
         """Check every coefficient and store it as a float."""
         for name in COEFFICIENT_NAMES:
-            value = _check_nonneg_real(f'coefficients.{name}', getattr(self, name))
+            value = check_nonneg_real(f'coefficients.{name}', getattr(self, name))
             object.__setattr__(self, name, value)
 
     def prefill_s(self, n_x):
         """Return the prefill time in seconds of a prompt of ``n_x`` tokens (Eq. 4a)."""
-        n_x = _check_count('n_x', n_x)
+        n_x = check_int('n_x', n_x)
         return self.a * n_x * n_x + self.b * n_x + self.c
 
     def decode_step_s(self, n_kv):
         """Return the time in seconds of one decoding step with ``n_kv`` cached tokens (Eq. 4b)."""
-        n_kv = _check_count('n_kv', n_kv)
+        n_kv = check_int('n_kv', n_kv)
         return self.p * n_kv + self.q
 
     def decode_phase_s(self, n_x, alpha, n_tokens):
@@ -114,9 +114,9 @@ class TimingCoefficients:
         there are N - 1 decoding steps and the result is 0 when ``n_tokens <= 1``. Equals
         ``sum_{i=1}^{N-1} p ((1 - alpha) n_x + i - 1) + q``.
         """
-        n_x = _check_count('n_x', n_x)
+        n_x = check_int('n_x', n_x)
         alpha = _check_alpha(alpha)
-        steps = max(_check_count('n_tokens', n_tokens) - 1, 0)
+        steps = max(check_int('n_tokens', n_tokens) - 1, 0)
         kept = (1.0 - alpha) * n_x
         return steps * (self.p * kept + self.q) + self.p * steps * (steps - 1) / 2.0
 
@@ -230,7 +230,7 @@ def calibration_key(model_key, device, dtype, threads):
     is appended so distinct combinations never share a key.
     """
     raw = [_check_text('model_key', model_key), _check_text('device', device),
-           _check_text('dtype', dtype), f't{_check_count("threads", threads)}']
+           _check_text('dtype', dtype), f't{check_int("threads", threads)}']
     safe = [_UNSAFE.sub('_', part).lstrip('.') or '_' for part in raw]
     safe[0] = safe[0][:80]
     key = '__'.join(safe)
@@ -259,7 +259,7 @@ def default_calibration_path(key, cache_dir=None):
 
 def _check_mape(name, value):
     """Return a MAPE (percent) as a float, or None when it was not measured."""
-    return None if value is None else _check_nonneg_real(name, value)
+    return None if value is None else check_nonneg_real(name, value)
 
 
 def _check_points(name, points):
@@ -270,8 +270,8 @@ def _check_points(name, points):
     for i, pair in enumerate(points):
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable) or len(pair) != 2:
             raise ValueError(f'{name}[{i}] must be a [tokens, seconds] pair, got {pair!r}')
-        checked.append((_check_count(f'{name}[{i}][0]', pair[0]),
-                        _check_nonneg_real(f'{name}[{i}][1]', pair[1])))
+        checked.append((check_int(f'{name}[{i}][0]', pair[0]),
+                        check_nonneg_real(f'{name}[{i}][1]', pair[1])))
     return tuple(checked)
 
 
@@ -328,11 +328,11 @@ class Calibration:
             'model_key': _check_text('model_key', self.model_key),
             'device': _check_text('device', self.device),
             'dtype': _check_text('dtype', self.dtype),
-            'threads': _check_count('threads', self.threads),
+            'threads': check_int('threads', self.threads),
             'prefill_mape_pct': _check_mape('prefill_mape_pct', self.prefill_mape_pct),
             'decode_mape_pct': _check_mape('decode_mape_pct', self.decode_mape_pct),
-            'n_points': _check_count('n_points', self.n_points),
-            'profiling_s': _check_nonneg_real('profiling_s', self.profiling_s),
+            'n_points': check_int('n_points', self.n_points),
+            'profiling_s': check_nonneg_real('profiling_s', self.profiling_s),
             'created': _check_created(self.created),
             'prefill_points': _check_points('prefill_points', self.prefill_points),
             'decode_points': _check_points('decode_points', self.decode_points),

@@ -63,7 +63,7 @@ def _calibrations(items):
     return out
 
 
-def _hardware(args, grid_path, grid, config):
+def _hardware(grid_path, grid, config):
     """Return the grid's recorded Hardware, measuring (and recording) it when absent."""
     from timebill_ros.latency.grid import LatencyGrid
     from timebill_ros.latency.hardware import Hardware, measure_hardware
@@ -88,7 +88,7 @@ def cmd_report(args, ros_args):
     from timebill_ros.engine import DTYPES
     config = _load_config(args.params, args.set)
     grid_path = os.path.join(args.out, 'grid.json')
-    grid, hardware = _hardware(args, grid_path, LatencyGrid.load(grid_path), config)
+    grid, hardware = _hardware(grid_path, LatencyGrid.load(grid_path), config)
     design = GridDesign(**{k: tuple(v) for k, v in grid.meta['design'].items()})
     value_bytes = torch.empty((), dtype=DTYPES[config.engine.dtype]).element_size()
     arch = Architecture.from_model_dir(model_source.resolve_model_dir(config.engine),

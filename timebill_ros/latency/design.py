@@ -8,12 +8,12 @@ test extrapolation, as SimFLi's Table 4 does with its second token range.
 import dataclasses
 from typing import Tuple
 
-from timebill_ros.latency.probe import check_tokens
+from timebill_ros.timing_model import check_int
 
 
 def _lengths(name, values):
     """Return ``values`` as a strictly increasing tuple of ints >= 1 (tokens)."""
-    lengths = tuple(check_tokens(f'{name}[{i}]', v) for i, v in enumerate(values))
+    lengths = tuple(check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values))
     if not lengths or any(a >= b for a, b in zip(lengths, lengths[1:])):
         raise ValueError(f'{name} must be non-empty and strictly increasing, got {lengths!r}')
     return lengths

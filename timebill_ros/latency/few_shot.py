@@ -15,9 +15,8 @@ from typing import Callable, Optional
 from timebill_ros.latency.design import GridDesign
 from timebill_ros.latency.harness import timed_probe
 from timebill_ros.latency.predictors.timebill_ls import TimeBillLeastSquares, decode_points
-from timebill_ros.latency.probe import check_tokens
 from timebill_ros.latency.selection import exponential_inputs, output_lengths
-from timebill_ros.timing_model import Calibration, now_iso
+from timebill_ros.timing_model import Calibration, check_int, now_iso
 
 PROBES = 5
 MAX_TOKENS = 2048
@@ -34,8 +33,8 @@ def few_shot_probes(context_tokens, k=PROBES, max_tokens=MAX_TOKENS, seed=0,
     """
     design = design or GridDesign()
     n_out = output_lengths(design.probe_n_out, k, seed)
-    limit = min(check_tokens('max_tokens', max_tokens),
-                check_tokens('context_tokens', context_tokens) - max(n_out) + 1)
+    limit = min(check_int('max_tokens', max_tokens, 1),
+                check_int('context_tokens', context_tokens, 1) - max(n_out) + 1)
     candidates = [n for n in design.id_n_in if n <= limit]
     if len(candidates) < 3:
         raise ValueError(f'max_tokens={max_tokens} leaves {len(candidates)} prompt lengths; '

@@ -13,7 +13,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from timebill_ros.latency.probe import Probe, check_tokens
+from timebill_ros.latency.probe import Probe
+from timebill_ros.timing_model import check_int
 
 FORMAT_VERSION = 1
 
@@ -114,8 +115,8 @@ class LatencyGrid:
         """Build a LatencyGrid from :meth:`to_dict` output; ValueError on another format."""
         if not isinstance(data, dict) or data.get('format_version') != FORMAT_VERSION:
             raise ValueError(f'not a latency grid of format_version {FORMAT_VERSION}')
-        runs = tuple(GridRun(check_tokens('repeat', r['repeat'], 0),
-                             check_tokens('order', r['order'], 0), Probe.from_dict(r))
+        runs = tuple(GridRun(check_int('repeat', r['repeat'], 0),
+                             check_int('order', r['order'], 0), Probe.from_dict(r))
                      for r in data['runs'])
         return cls(runs, dict(data.get('meta', {})))
 

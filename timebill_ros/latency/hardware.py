@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from timebill_ros.latency.probe import check_seconds
+from timebill_ros.timing_model import check_nonneg_real
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Hardware:
     def __post_init__(self):
         """Check both rates are > 0."""
         for name in ('peak_flops', 'bandwidth_bps'):
-            if check_seconds(name, getattr(self, name)) <= 0:
+            if check_nonneg_real(name, getattr(self, name)) <= 0:
                 raise ValueError(f'{name} must be > 0, got {getattr(self, name)!r}')
 
 

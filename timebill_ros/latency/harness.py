@@ -10,14 +10,15 @@ import time
 from typing import Callable, Optional, Sequence
 
 from timebill_ros.latency.grid import GridRun, LatencyGrid
-from timebill_ros.latency.probe import Probe, check_seconds, check_tokens
+from timebill_ros.latency.probe import Probe
+from timebill_ros.timing_model import check_int, check_nonneg_real
 
 WARM_UP_TOKENS = 8
 
 
 def _check_lengths(name, values):
     """Return ``values`` as a sorted tuple of distinct ints >= 1 (tokens)."""
-    lengths = tuple(sorted({check_tokens(f'{name}[{i}]', v) for i, v in enumerate(values)}))
+    lengths = tuple(sorted({check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values)}))
     if not lengths:
         raise ValueError(f'{name} must hold at least one length')
     return lengths
@@ -46,9 +47,9 @@ def measure_grid(engine, n_in_values: Sequence[int], n_out_max: int, *, repeats=
         seconds of the whole measurement (``wall_s``).
     """
     lengths = _check_lengths('n_in_values', n_in_values)
-    n_out_max = check_tokens('n_out_max', n_out_max)
-    repeats = check_tokens('repeats', repeats)
-    cooldown_s = check_seconds('cooldown_s', cooldown_s)
+    n_out_max = check_int('n_out_max', n_out_max, 1)
+    repeats = check_int('repeats', repeats, 1)
+    cooldown_s = check_nonneg_real('cooldown_s', cooldown_s)
     say = progress or (lambda _msg: None)
     start = clock()
     say(f'warm-up: n_in={lengths[-1]}, n_out={WARM_UP_TOKENS}')

@@ -8,26 +8,9 @@ TimeBill Eq. 5 with alpha = 0.
 
 import dataclasses
 import math
-import numbers
 from typing import Tuple
 
-
-def check_tokens(name, value, minimum=1):
-    """Return ``value`` as an int; raise unless it is an int >= ``minimum`` (tokens)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f'{name} must be an int, got {value!r}')
-    if value < minimum:
-        raise ValueError(f'{name} must be >= {minimum}, got {value!r}')
-    return int(value)
-
-
-def check_seconds(name, value):
-    """Return ``value`` as a float; raise unless it is a finite number >= 0 (seconds)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f'{name} must be a number, got {value!r}')
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f'{name} must be finite and >= 0, got {value!r}')
-    return float(value)
+from timebill_ros.timing_model import check_int, check_nonneg_real
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +30,10 @@ class Probe:
 
     def __post_init__(self):
         """Check every field, naming the bad one."""
-        object.__setattr__(self, 'n_in', check_tokens('n_in', self.n_in))
-        object.__setattr__(self, 'n_out', check_tokens('n_out', self.n_out))
-        object.__setattr__(self, 'ttft_s', check_seconds('ttft_s', self.ttft_s))
-        steps = tuple(check_seconds(f'step_s[{i}]', s) for i, s in enumerate(self.step_s))
+        object.__setattr__(self, 'n_in', check_int('n_in', self.n_in, 1))
+        object.__setattr__(self, 'n_out', check_int('n_out', self.n_out, 1))
+        object.__setattr__(self, 'ttft_s', check_nonneg_real('ttft_s', self.ttft_s))
+        steps = tuple(check_nonneg_real(f'step_s[{i}]', s) for i, s in enumerate(self.step_s))
         if len(steps) != self.n_out - 1:
             raise ValueError(f'step_s must hold n_out - 1 = {self.n_out - 1} decoding steps, '
                              f'got {len(steps)}')
@@ -73,7 +56,7 @@ class Probe:
 
     def truncated(self, n_out):
         """Return this probe cut to its first ``n_out`` answer tokens (a prefix of the run)."""
-        n_out = check_tokens('n_out', n_out)
+        n_out = check_int('n_out', n_out, 1)
         if n_out > self.n_out:
             raise ValueError(f'n_out must be <= {self.n_out}, got {n_out}')
         return Probe(self.n_in, n_out, self.ttft_s, self.step_s[:n_out - 1])

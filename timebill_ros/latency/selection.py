@@ -8,14 +8,14 @@ import math
 import random
 from typing import Callable, Sequence
 
-from timebill_ros.latency.probe import check_tokens
+from timebill_ros.timing_model import check_int
 
 SAT_THRESHOLD = 0.10  # tau: a TPS drop of 10 % between halvings marks the boundary
 
 
 def _available(values):
     """Return ``values`` as a sorted tuple of distinct token counts >= 1."""
-    values = tuple(sorted({check_tokens('length', v) for v in values}))
+    values = tuple(sorted({check_int('length', v, 1) for v in values}))
     if not values:
         raise ValueError('need at least one available length')
     return values
@@ -33,7 +33,7 @@ def exponential_inputs(available: Sequence[int], k: int):
     Snapping can merge two targets; the nearest unused lengths then fill up to k.
     """
     values = _available(available)
-    k = check_tokens('k', k)
+    k = check_int('k', k, 1)
     if k > len(values):
         raise ValueError(f'k={k} exceeds the {len(values)} available lengths')
     lo, hi = values[0], values[-1]
@@ -49,7 +49,7 @@ def output_lengths(available: Sequence[int], k: int, seed=0):
     """Return k answer lengths drawn from ``available`` with ``random.Random(seed)``."""
     values = _available(available)
     rng = random.Random(seed)
-    return tuple(rng.choice(values) for _ in range(check_tokens('k', k)))
+    return tuple(rng.choice(values) for _ in range(check_int('k', k, 1)))
 
 
 def halving_trace(available, ttft_s_of: Callable[[int], float], tau=SAT_THRESHOLD):
@@ -95,7 +95,7 @@ def fsp_inputs(available: Sequence[int], k: int, ttft_s_of: Callable[[int], floa
     length and its neighbours. ``trace`` lists the lengths whose TTFT the trace measured.
     """
     values = _available(available)
-    k = check_tokens('k', k, minimum=3)
+    k = check_int('k', k, minimum=3)
     trace, boundary = halving_trace(values, ttft_s_of, tau)
     if boundary is None:
         return _fill_symmetric(values, [trace[-1] if trace else values[-1]], k), trace

@@ -12,8 +12,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from timebill_ros.latency.probe import Probe, check_tokens
-from timebill_ros.timing_model import TimingCoefficients
+from timebill_ros.latency.probe import Probe
+from timebill_ros.timing_model import TimingCoefficients, check_int
 
 STEPS = 'steps'    # n_out - 1 decoding steps, step i at n_in + i - 1 cached (TimeBill Eq. 5-7)
 TOKENS = 'tokens'  # n_out tokens at step(n_in) each (SimFLi Eq. 2: coef_decode * n_out)
@@ -56,7 +56,7 @@ class LatencyModel:
         ``steps``: sum of step(n_in + i - 1) over i = 1 .. n_out - 1.
         ``tokens``: n_out * step(n_in).
         """
-        n_in, n_out = check_tokens('n_in', n_in), check_tokens('n_out', n_out)
+        n_in, n_out = check_int('n_in', n_in, 1), check_int('n_out', n_out, 1)
         if self.decode_count == TOKENS:
             return float(n_out * self.step_s(n_in))
         return float(np.sum(self.step_s(np.arange(n_in, n_in + n_out - 1))))

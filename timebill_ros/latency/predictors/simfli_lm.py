@@ -5,15 +5,26 @@ token; coef_decode = mean_i(decode_i / n_out_i) seconds per answer token;
 L = coef_prefill n_in + coef_decode n_out + C, with C the mean residual on the probes.
 """
 
+import dataclasses
+
 import numpy as np
 
 from timebill_ros.latency.predictors.base import (
     TOKENS, LatencyModel, LatencyPredictor, check_probes, probe_arrays)
 
 
-def mean_residual(model, probes):
-    """Return SimFLi's constant C: mean of measured minus predicted end-to-end seconds."""
-    return float(np.mean([p.e2e_s - model.e2e_s(p.n_in, p.n_out) for p in probes]))
+def simfli_model(prefill, probes):
+    """Return SimFLi's L with this ``prefill`` (n_in -> seconds), fitted to ``probes``.
+
+    Decoding costs coef_decode = mean_i(decode_i / n_out_i) seconds per answer token (Eq. 1);
+    C is the mean of measured minus predicted end-to-end seconds on the probes.
+    """
+    _, n_out, _, decode, _ = probe_arrays(probes)
+    coef_decode = float(np.mean(decode / n_out))
+    model = LatencyModel(prefill=prefill, step=lambda n: coef_decode + 0.0 * n,
+                         decode_count=TOKENS)
+    constant_s = float(np.mean([p.e2e_s - model.e2e_s(p.n_in, p.n_out) for p in probes]))
+    return dataclasses.replace(model, constant_s=constant_s)
 
 
 class SimFLiLinear(LatencyPredictor):
@@ -23,11 +34,8 @@ class SimFLiLinear(LatencyPredictor):
     min_probes = 1
 
     def fit(self, probes):
-        """Average the probes' inverse throughputs; C from the residuals."""
+        """Average the probes' inverse prefill throughputs; decode and C by simfli_model."""
         probes = check_probes(probes, self.min_probes)
-        n_in, n_out, ttft, decode, _ = probe_arrays(probes)
+        n_in, _, ttft, _, _ = probe_arrays(probes)
         coef_prefill = float(np.mean(ttft / n_in))
-        coef_decode = float(np.mean(decode / n_out))
-        model = LatencyModel(prefill=lambda n: coef_prefill * n,
-                             step=lambda n: coef_decode + 0.0 * n, decode_count=TOKENS)
-        return LatencyModel(model.prefill, model.step, mean_residual(model, probes), TOKENS)
+        return simfli_model(lambda n: coef_prefill * n, probes)

@@ -10,9 +10,8 @@ attention's quadratic cost takes over on long prompts.
 import numpy as np
 import scipy.optimize
 
-from timebill_ros.latency.predictors.base import (
-    TOKENS, LatencyModel, LatencyPredictor, check_probes, probe_arrays)
-from timebill_ros.latency.predictors.simfli_lm import mean_residual
+from timebill_ros.latency.predictors.base import LatencyPredictor, check_probes, probe_arrays
+from timebill_ros.latency.predictors.simfli_lm import simfli_model
 
 
 def fit_saturating_tps(n_in, tps):
@@ -32,11 +31,8 @@ class SimFLiSaturating(LatencyPredictor):
     min_probes = 2
 
     def fit(self, probes):
-        """Fit the saturating prefill TPS and the decode TPS; C from the residuals."""
+        """Fit the saturating prefill TPS; decode TPS and C by simfli_model."""
         probes = check_probes(probes, self.min_probes)
-        n_in, n_out, ttft, decode, _ = probe_arrays(probes)
+        n_in, _, ttft, _, _ = probe_arrays(probes)
         a, b = fit_saturating_tps(n_in, n_in / ttft)
-        coef_decode = float(np.mean(decode / n_out))
-        model = LatencyModel(prefill=lambda n: (b + n) / a,
-                             step=lambda n: coef_decode + 0.0 * n, decode_count=TOKENS)
-        return LatencyModel(model.prefill, model.step, mean_residual(model, probes), TOKENS)
+        return simfli_model(lambda n: (b + n) / a, probes)
