@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from timebill_ros import budget
+from timebill_ros.timing import budget
 
 
 class Coeffs:

@@ -5,8 +5,10 @@ import math
 
 import pytest
 
-from timebill_ros import config, goals, params, status
-from timebill_ros.goals import GoalRejected, GoalRequest
+from timebill_ros import config, params
+
+from timebill_ros.server import goals, status
+from timebill_ros.server.goals import GoalRejected, GoalRequest
 
 
 @pytest.mark.parametrize('budget_s, match', [

@@ -29,7 +29,7 @@ from timebill_ros.latency.predictors.timebill_ls import TimeBillLeastSquares
 from timebill_ros.latency.probe import Probe
 from timebill_ros.latency.wcet import GoalTiming, exceed_table
 from timebill_ros.stopping import StepTimer, StopCriteria
-from timebill_ros.timing_model import COEFFICIENT_NAMES, Calibration, TimingCoefficients
+from timebill_ros.timing.model import COEFFICIENT_NAMES, Calibration, TimingCoefficients
 
 # Roughly this CPU: quadratic prefill, decoding step growing with the cache.
 EQ4 = TimingCoefficients(a=3e-7, b=1.7e-3, c=0.06, p=5e-6, q=0.065)

@@ -1,4 +1,4 @@
-"""Tests of timebill_ros.profiler with a fake engine whose times follow Eq. 4 plus noise.
+"""Tests of timebill_ros.timing.profiler with a fake engine whose times follow Eq. 4 plus noise.
 
 The fake engine is a stand-in for the timing source only (its times come from a known formula
 with seeded noise), so the grid, fitting, hold-out, time limit and caching logic are tested
@@ -10,11 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from timebill_ros import model_source, profiler
-from timebill_ros import timing_model as tm
+from timebill_ros import model_source
+
+from timebill_ros.timing import profiler
+from timebill_ros.timing import model as tm
 from timebill_ros.config import EngineConfig, TimingConfig
 from timebill_ros.latency.probe import Probe
-from timebill_ros.profiler import ProfileGrid
+from timebill_ros.timing.profiler import ProfileGrid
 
 TRUE = tm.TimingCoefficients(a=2e-8, b=2e-4, c=5e-3, p=2e-6, q=0.02)
 

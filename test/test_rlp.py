@@ -217,12 +217,12 @@ def test_make_predictor_falls_back_with_reason(tmp_path, exported):
 
 
 def test_service_runs_the_rlp_alongside_prefill(exported, tiny_model, smollm2_tokenizer):
-    from timebill_ros import status
+    from timebill_ros.server import status
     from timebill_ros.config import EngineConfig, ServerConfig
     from timebill_ros.engine import LlmEngine
-    from timebill_ros.goals import GoalRequest
-    from timebill_ros.service import TimeBillService
-    from timebill_ros.timing_model import TimingCoefficients
+    from timebill_ros.server.goals import GoalRequest
+    from timebill_ros.server.service import TimeBillService
+    from timebill_ros.timing.model import TimingCoefficients
     coeffs = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
     engine_cfg = EngineConfig(max_new_tokens=48, prefill_chunk_tokens=64)
     config = ServerConfig(engine=engine_cfg)

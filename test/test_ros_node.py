@@ -15,14 +15,14 @@ from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
 
-from timebill_ros import status
+from timebill_ros.server import status
 from timebill_ros.action import Instruct
 from timebill_ros.engine import LlmEngine
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.node import TimeBillNode
-from timebill_ros.service import TimeBillService
-from timebill_ros.timing_model import TimingCoefficients
+from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.model import TimingCoefficients
 
 COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 

@@ -10,13 +10,13 @@ import threading
 
 import pytest
 
-from timebill_ros import status
+from timebill_ros.server import status
 from timebill_ros.config import EngineConfig, QueueConfig, ServerConfig
 from timebill_ros.engine import LlmEngine
-from timebill_ros.goals import GoalRequest
+from timebill_ros.server.goals import GoalRequest
 from timebill_ros.predictors import FallbackPredictor, LengthPredictor
-from timebill_ros.service import TimeBillService
-from timebill_ros.timing_model import TimingCoefficients
+from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.model import TimingCoefficients
 
 COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 LONG = 100_000  # seconds: a budget that never runs out in a test

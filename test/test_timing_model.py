@@ -1,4 +1,4 @@
-"""Tests of timebill_ros.timing_model: Eq. 4-8 math, fitting, MAPE, calibration files."""
+"""Tests of timebill_ros.timing.model: Eq. 4-8 math, fitting, MAPE, calibration files."""
 
 import math
 import os
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import yaml
 
-from timebill_ros import timing_model as tm
-from timebill_ros.timing_model import Calibration, TimingCoefficients
+from timebill_ros.timing import model as tm
+from timebill_ros.timing.model import Calibration, TimingCoefficients
 
 COEFFS = TimingCoefficients(a=1e-6, b=1e-3, c=0.05, p=2e-5, q=0.01)
 

@@ -216,7 +216,7 @@ def _prompt_set(args):
 def run_bench(args):
     """Run the benchmark; write bench.md, bench.png and bench_raw.json under args.out."""
     from timebill_ros.engine import LlmEngine
-    from timebill_ros.profiler import format_report, profile, startup_grid
+    from timebill_ros.timing.profiler import format_report, profile, startup_grid
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     n_max = args.n_max

@@ -41,8 +41,8 @@ def cmd_profile(args, ros_args):
     """Profile prefill and decode-step times, fit Eq. 4, print the report, save the YAML."""
     from timebill_ros.engine import LlmEngine
     from timebill_ros.latency.few_shot import few_shot_profile
-    from timebill_ros.profiler import ProfileGrid, format_report, profile
-    from timebill_ros.timing_model import calibration_key, default_calibration_path
+    from timebill_ros.timing.profiler import ProfileGrid, format_report, profile
+    from timebill_ros.timing.model import calibration_key, default_calibration_path
     config = _load_config(args.params, args.set)
     engine = LlmEngine.load(config.engine, config.eviction)
     limit = args.time_limit or None

@@ -13,7 +13,7 @@ import sys
 import time
 
 from timebill_ros import prompts
-from timebill_ros.status import STATUS_NAMES
+from timebill_ros.server.status import STATUS_NAMES
 
 KILL, SKIP_NEXT = 1, 2
 

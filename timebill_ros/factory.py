@@ -1,7 +1,7 @@
 """Build the server's parts from a ServerConfig: engine, calibration, predictor, service."""
 
 from timebill_ros.predictors import make_predictor
-from timebill_ros.service import TimeBillService
+from timebill_ros.server.service import TimeBillService
 
 
 def build_service(config, log=print):
@@ -11,7 +11,7 @@ def build_service(config, log=print):
     (bounded by timing.max_calibration_s) and caches the result.
     """
     from timebill_ros.engine import LlmEngine
-    from timebill_ros.profiler import format_report, load_or_calibrate
+    from timebill_ros.timing.profiler import format_report, load_or_calibrate
 
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction)

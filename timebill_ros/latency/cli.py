@@ -17,8 +17,8 @@ def cmd_measure(args, ros_args):
     """Measure the latency grid on the server's engine; write grid.json and grid.csv."""
     from timebill_ros.latency.design import GridDesign
     from timebill_ros.latency.harness import measure_grid
-    from timebill_ros.profiler import key_fields
-    from timebill_ros.timing_model import now_iso
+    from timebill_ros.timing.profiler import key_fields
+    from timebill_ros.timing.model import now_iso
     config, engine = _engine(args)
     design = GridDesign()
     model_key, device, dtype, threads = key_fields(config.engine)
@@ -53,7 +53,7 @@ def add_parser(sub):
 
 def _calibrations(items):
     """Return {name: Calibration} from NAME=PATH items."""
-    from timebill_ros.timing_model import Calibration
+    from timebill_ros.timing.model import Calibration
     out = {}
     for item in items:
         name, sep, path = item.partition('=')

@@ -8,7 +8,7 @@ test extrapolation, as SimFLi's Table 4 does with its second token range.
 import dataclasses
 from typing import Tuple
 
-from timebill_ros.timing_model import check_int
+from timebill_ros.timing.model import check_int
 
 
 def _lengths(name, values):

@@ -16,7 +16,7 @@ from timebill_ros.latency.design import GridDesign
 from timebill_ros.latency.harness import timed_probe
 from timebill_ros.latency.predictors.timebill_ls import TimeBillLeastSquares, decode_points
 from timebill_ros.latency.selection import exponential_inputs, output_lengths
-from timebill_ros.timing_model import Calibration, check_int, now_iso
+from timebill_ros.timing.model import Calibration, check_int, now_iso
 
 PROBES = 5
 MAX_TOKENS = 2048
@@ -91,9 +91,9 @@ def few_shot_profile(engine, *, engine_config=None, k=PROBES, max_tokens=MAX_TOK
     engine: offers ``measure_probe(n_in, n_out)`` and ``context_tokens``. time_limit_s:
     seconds; a probe expected to overrun it is skipped (RuntimeError if fewer than 3 prompt
     lengths remain). The MAPEs in the file are those of a fit on 3 of the 5 probes, scored on
-    the other 2 (indices 1 and 4), as :func:`timebill_ros.profiler.profile` holds out.
+    the other 2 (indices 1 and 4), as :func:`timebill_ros.timing.profiler.profile` holds out.
     """
-    from timebill_ros.profiler import engine_config_of, held_out_mape, key_fields
+    from timebill_ros.timing.profiler import engine_config_of, held_out_mape, key_fields
     if time_limit_s is not None and (not math.isfinite(time_limit_s) or time_limit_s <= 0):
         raise ValueError(f'time_limit_s must be finite and > 0, got {time_limit_s!r}')
     say = progress or (lambda _msg: None)

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from timebill_ros.latency.probe import Probe
-from timebill_ros.timing_model import check_int
+from timebill_ros.timing.model import check_int
 
 FORMAT_VERSION = 1
 

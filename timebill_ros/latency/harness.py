@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 
 from timebill_ros.latency.grid import GridRun, LatencyGrid
 from timebill_ros.latency.probe import Probe
-from timebill_ros.timing_model import check_int, check_nonneg_real
+from timebill_ros.timing.model import check_int, check_nonneg_real
 
 WARM_UP_TOKENS = 8
 

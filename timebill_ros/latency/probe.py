@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Tuple
 
-from timebill_ros.timing_model import check_int, check_nonneg_real
+from timebill_ros.timing.model import check_int, check_nonneg_real
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ import math
 import random
 from typing import Callable, Sequence
 
-from timebill_ros.timing_model import check_int
+from timebill_ros.timing.model import check_int
 
 SAT_THRESHOLD = 0.10  # tau: a TPS drop of 10 % between halvings marks the boundary
 

@@ -18,7 +18,7 @@ import numpy as np
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.export import INPUT_NAME, OUTPUT_NAME, read_metadata
-from timebill_ros.timing_model import fit_prefill
+from timebill_ros.timing.model import fit_prefill
 
 TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens
 TIMING_REPEATS = 3

@@ -145,7 +145,7 @@ def cmd_overlap(args, ros_args):
     """Measure t_Predict against t_prefill when both run concurrently, as in the server."""
     from timebill_ros.factory import build_predictor
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
-    from timebill_ros.profiler import load_or_calibrate
+    from timebill_ros.timing.profiler import load_or_calibrate
     from timebill_ros.rlp.overlap import format_overlap, measure_overlap
     config, engine = _engine(args)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=print)

@@ -12,7 +12,7 @@ from typing import Dict, Sequence
 import numpy as np
 import torch
 
-from timebill_ros import timing_model
+from timebill_ros.timing import model as timing_model
 
 INPUT_NAME = 'input_ids'
 OUTPUT_NAME = 'output'

@@ -3,7 +3,7 @@
 from builtin_interfaces.msg import Duration, Time
 
 from timebill_ros.action import Instruct
-from timebill_ros.goals import GoalRequest
+from timebill_ros.server.goals import GoalRequest
 from timebill_ros.msg import GoalEvent
 
 NS_PER_S = 1_000_000_000

@@ -14,12 +14,12 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 from std_msgs.msg import Header
 
-from timebill_ros import status
+from timebill_ros.server import status
 from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.ros import conversions
 from timebill_ros.ros.parameters import declare_and_read
-from timebill_ros.stats import diagnostic_level
+from timebill_ros.server.stats import diagnostic_level
 
 LEVELS = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR)
 

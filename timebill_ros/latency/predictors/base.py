@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from timebill_ros.latency.probe import Probe
-from timebill_ros.timing_model import TimingCoefficients, check_int
+from timebill_ros.timing.model import TimingCoefficients, check_int
 
 STEPS = 'steps'    # n_out - 1 decoding steps, step i at n_in + i - 1 cached (TimeBill Eq. 5-7)
 TOKENS = 'tokens'  # n_out tokens at step(n_in) each (SimFLi Eq. 2: coef_decode * n_out)

@@ -10,7 +10,7 @@ reference; fitted on five probes it is the few-shot calibration ``timebill profi
 
 from timebill_ros.latency.predictors.base import (
     LatencyPredictor, check_probes, model_from_coefficients)
-from timebill_ros.timing_model import TimingCoefficients, fit_decode, fit_prefill
+from timebill_ros.timing.model import TimingCoefficients, fit_decode, fit_prefill
 
 
 def decode_points(probes):

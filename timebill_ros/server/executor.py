@@ -9,9 +9,13 @@ import concurrent.futures
 import threading
 import time
 
-from timebill_ros import budget, status, stopping
+from timebill_ros import stopping
+
+from timebill_ros.server import status
+
+from timebill_ros.timing import budget
 from timebill_ros.engine import GenerationStopped
-from timebill_ros.goals import Feedback, JobResult
+from timebill_ros.server.goals import Feedback, JobResult
 
 
 def _timed_predict(predictor, prompt, input_ids, n_max, clock):

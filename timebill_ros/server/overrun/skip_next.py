@@ -4,7 +4,7 @@ The skipping itself is done by the job queue, which ends queued goals whose dead
 while the running goal overruns under this policy with status SKIPPED.
 """
 
-from timebill_ros.overrun.base import OverrunPolicy
+from timebill_ros.server.overrun.base import OverrunPolicy
 
 
 class SkipNextPolicy(OverrunPolicy):

@@ -1,7 +1,7 @@
 """Profiling-based fitting of the execution-time model (TimeBill Sec. 4.2).
 
 :func:`profile` measures prefill and decoding-step times on a grid of prompt / KV-cache
-lengths and fits Eq. 4 to them (:mod:`timebill_ros.timing_model`). :func:`load_or_calibrate`
+lengths and fits Eq. 4 to them (:mod:`timebill_ros.timing.model`). :func:`load_or_calibrate`
 is what the server calls at start-up: an explicit calibration file, else the per-user cache
 entry, else a short, time-bounded start-up profiling run that is then cached.
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, TimingConfig
-from timebill_ros.timing_model import (
+from timebill_ros.timing.model import (
     METHODS, Calibration, TimingCoefficients, calibration_key, check_int,
     default_calibration_path, fit_decode, fit_prefill, mape, now_iso)
 

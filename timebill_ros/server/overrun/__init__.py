@@ -1,8 +1,8 @@
 """Overrun policies: what happens when a goal would miss its deadline."""
 
-from timebill_ros.overrun.base import OverrunPolicy
-from timebill_ros.overrun.kill import KillPolicy
-from timebill_ros.overrun.skip_next import SkipNextPolicy
+from timebill_ros.server.overrun.base import OverrunPolicy
+from timebill_ros.server.overrun.kill import KillPolicy
+from timebill_ros.server.overrun.skip_next import SkipNextPolicy
 
 POLICIES = {'kill': KillPolicy(), 'skip_next': SkipNextPolicy()}
 

@@ -1,6 +1,6 @@
 """Kill: the goal stops at its deadline and its response is discarded (status KILLED)."""
 
-from timebill_ros.overrun.base import OverrunPolicy
+from timebill_ros.server.overrun.base import OverrunPolicy
 from timebill_ros.stopping import DeadlineStop
 
 

@@ -1,6 +1,6 @@
 """First in, first out."""
 
-from timebill_ros.scheduler.base import SchedulerPolicy
+from timebill_ros.server.scheduler.base import SchedulerPolicy
 
 
 class FifoPolicy(SchedulerPolicy):

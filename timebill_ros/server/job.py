@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from timebill_ros.goals import Feedback, GoalRequest, JobResult
+from timebill_ros.server.goals import Feedback, GoalRequest, JobResult
 
 
 @dataclasses.dataclass(eq=False)

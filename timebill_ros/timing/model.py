@@ -7,7 +7,7 @@ fraction alpha of the prompt's KV cache is evicted, decoding step i (i = 1 .. N-
 end-to-end time (Eq. 8; Eq. 9 is the same with N = N^_W) have closed forms.
 
 The coefficients are fitted by bounded least squares (:func:`fit_prefill`,
-:func:`fit_decode`) to times measured by :mod:`timebill_ros.profiler`, and stored together
+:func:`fit_decode`) to times measured by :mod:`timebill_ros.timing.profiler`, and stored together
 with the raw measurements and a fit report in a :class:`Calibration` YAML file, one per
 model / device / dtype / threads (:func:`calibration_key`). This module never imports rclpy.
 """

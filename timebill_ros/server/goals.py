@@ -8,7 +8,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from timebill_ros import status
+from timebill_ros.server import status
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,12 +8,12 @@ import threading
 import time
 import uuid
 
-from timebill_ros import goals, overrun, status
-from timebill_ros.executor import Executor, JobRunner
-from timebill_ros.goals import GoalRejected, JobResult
-from timebill_ros.job import Job
-from timebill_ros.scheduler import FifoPolicy, JobQueue, QueueFull
-from timebill_ros.stats import ServerStats
+from timebill_ros.server import goals, overrun, status
+from timebill_ros.server.executor import Executor, JobRunner
+from timebill_ros.server.goals import GoalRejected, JobResult
+from timebill_ros.server.job import Job
+from timebill_ros.server.scheduler import FifoPolicy, JobQueue, QueueFull
+from timebill_ros.server.stats import ServerStats
 
 
 class TimeBillService:

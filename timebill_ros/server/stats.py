@@ -4,7 +4,7 @@ import collections
 import dataclasses
 import threading
 
-from timebill_ros import status
+from timebill_ros.server import status
 
 OK, WARN, ERROR = 0, 1, 2
 
