@@ -7,7 +7,7 @@ import torch
 
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
-from timebill_ros.engine import GenerationStopped, LlmEngine, chunk_bounds
+from timebill_ros.engine import GenerationStopped, LlmEngine, fixed_chunks
 from timebill_ros.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, CancelStop,
                                    DeadlineStop, EosStop, MaxTokensStop, StopCriteria,
                                    StopCriterion)
@@ -21,7 +21,7 @@ class _SetAfter(StopCriterion):
     def __init__(self, event, n_calls):
         self.event, self.n_calls, self.calls = event, n_calls, 0
 
-    def should_stop(self, n_generated, last_token_id):
+    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
         self.calls += 1
         if self.calls >= self.n_calls:
             self.event.set()
@@ -39,17 +39,98 @@ class _FakeClock:
         return self.now
 
 
-@pytest.mark.parametrize('n, chunk, min_last, expected', [
-    (40, 16, 9, [(0, 16), (16, 31), (31, 40)]),
-    (33, 16, 9, [(0, 16), (16, 24), (24, 33)]),
-    (20, 16, 9, [(0, 11), (11, 20)]),
-    (10, 16, 9, [(0, 10)]),
-    (32, 16, 9, [(0, 16), (16, 32)]),
-    (20, 4, 9, [(0, 4), (4, 8), (8, 11), (11, 20)]),
-])
-def test_chunk_bounds(n, chunk, min_last, expected):
-    """Chunks cover the prompt; the last one holds at least min_last tokens."""
-    assert chunk_bounds(n, chunk, min_last) == expected
+class _Recorder(StopCriterion):
+    """Records every check's arguments; stops with ``reason`` on check number ``at``."""
+
+    def __init__(self, at=None, reason=CANCELED):
+        self.calls, self.at, self.reason = [], at, reason
+
+    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+        self.calls.append((n_generated, last_token_id, n_prefilled))
+        return self.reason if len(self.calls) == self.at else None
+
+
+@pytest.mark.parametrize('sizes', [(16,), (5,), (1, 50), (7, 3, 40)])
+def test_any_chunking_gives_the_same_cache_scores_and_answer(make_tiny_engine, sizes):
+    """Chunk plans change only where the prefill pauses: cache, window, eviction, answer."""
+    engine = make_tiny_engine(prefill_chunk_tokens=64)
+    ids = engine.encode(PROMPT)
+    reference = engine.prefill(ids, StopCriteria())
+    seen = []
+
+    def plan(begin, n_tokens):
+        seen.append(begin)
+        return sizes[min(len(seen) - 1, len(sizes) - 1)]
+
+    state = engine.prefill(ids, StopCriteria(), chunk_plan=plan)
+    assert len(seen) > 1 and seen[0] == 0
+    for idx, inputs in reference.scorer_inputs.items():
+        other = state.scorer_inputs[idx]
+        assert torch.allclose(inputs.hidden_states, other.hidden_states, atol=1e-5)
+        for a, b in zip(inputs.kwargs['position_embeddings'],
+                        other.kwargs['position_embeddings']):
+            assert torch.allclose(a, b, atol=1e-6)
+    for layer_a, layer_b in zip(reference.cache.layers, state.cache.layers):
+        assert torch.allclose(layer_a.keys, layer_b.keys, atol=1e-4)
+    assert engine.evict(reference, 0.5) == engine.evict(state, 0.5)
+    answers = [engine.decode(s, 8, StopCriteria()).token_ids for s in (reference, state)]
+    assert answers[0] == answers[1]
+
+
+def test_prefill_checks_pass_the_prefilled_position(make_tiny_engine):
+    """stop.check gets n_prefilled = tokens done before each chunk."""
+    engine = make_tiny_engine()
+    ids = engine.encode(PROMPT)
+    recorder = _Recorder()
+    engine.prefill(ids, StopCriteria([recorder]), chunk_plan=fixed_chunks(10))
+    assert [c[2] for c in recorder.calls] == list(range(0, len(ids), 10))
+    assert all(c[:2] == (0, None) for c in recorder.calls)
+
+
+@pytest.mark.parametrize('bad', [0, -3, 2.5, None])
+def test_a_bad_chunk_plan_is_refused(make_tiny_engine, bad):
+    engine = make_tiny_engine()
+    with pytest.raises(ValueError, match='chunk plan'):
+        engine.prefill(engine.encode('Hi'), StopCriteria(), chunk_plan=lambda b, n: bad)
+
+
+def test_interrupt_is_checked_before_every_layer_of_a_chunk(make_tiny_engine):
+    """A stop inside a chunk lands before the next decoder layer, not at the chunk's end."""
+    engine = make_tiny_engine()
+    ids = engine.encode(PROMPT)
+    n_layers = engine.n_layers
+    # One chunk for the whole prompt: only the layer hooks can stop it mid-way.
+    # Check 1: the chunk edge; then one before each layer: fire before the last layer.
+    interrupt = _Recorder(at=n_layers + 1)
+    with pytest.raises(GenerationStopped) as caught:
+        engine.prefill(ids, StopCriteria([interrupt]), chunk_plan=fixed_chunks(len(ids)),
+                       interrupt=StopCriteria([interrupt]))
+    assert caught.value.reason == CANCELED
+    assert len(interrupt.calls) == n_layers + 1
+    assert interrupt.calls[-1] == (0, None, 0)
+    assert all(not layer._forward_pre_hooks for layer in engine.model.model.layers)
+
+
+def test_interrupt_in_decode_abandons_the_step_in_flight(make_tiny_engine):
+    """A layer-level stop during a decoding step returns the tokens made before it."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    n_layers = engine.n_layers
+    # Only the layer hooks check it (it is not in ``stop``): fire at layer 2 of step 3.
+    interrupt = _Recorder(at=2 * n_layers + 2, reason=DEADLINE)
+    result = engine.decode(state, 50, StopCriteria(), interrupt=StopCriteria([interrupt]))
+    assert result.stop_reason == DEADLINE
+    assert len(result.token_ids) == 3  # token 1 from the prefill, steps 1 and 2 done
+    assert all(not layer._forward_pre_hooks for layer in engine.model.model.layers)
+
+
+def test_interrupt_during_eviction(make_tiny_engine):
+    """Eviction checks the interrupt criteria between layers."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    with pytest.raises(GenerationStopped) as caught:
+        engine.evict(state, 0.5, interrupt=StopCriteria([_Recorder(at=2)]))
+    assert caught.value.reason == CANCELED
 
 
 def test_encode_applies_chat_template(make_tiny_engine, smollm2_tokenizer):

@@ -83,3 +83,13 @@ def test_node_section_matching(tmp_path):
                     '/robot/timebill:\n  ros__parameters:\n    queue.max_depth: 3\n'
                     'other:\n  ros__parameters:\n    queue.max_depth: 9\n')
     assert params.load_yaml(path) == {'engine.threads': 1, 'queue.max_depth': 3}
+
+
+def test_every_parameter_is_shipped_and_documented():
+    """config/llm.yaml sets every parameter; the README has a table row for each."""
+    import pathlib
+    shipped = params.load_yaml('config/llm.yaml')
+    readme = pathlib.Path('README.md').read_text(encoding='utf-8')
+    for name in params.defaults():
+        assert name in shipped, f'{name} missing from config/llm.yaml'
+        assert f'| `{name}` |' in readme, f'{name} has no README table row'

@@ -111,6 +111,7 @@ def test_interface_constants_match_the_core():
     assert Instruct.Result.FAILED == status.FAILED
     assert Instruct.Goal.POLICY_KILL == status.POLICY_KILL
     assert Instruct.Goal.POLICY_SKIP_NEXT == status.POLICY_SKIP_NEXT
+    assert Instruct.Goal.POLICY_PARTIAL == status.POLICY_PARTIAL
     assert Instruct.Feedback.PHASE_DECODE == status.PHASE_DECODE
 
 
@@ -128,6 +129,16 @@ def test_goal_succeeds_with_feedback_events_stats_and_diagnostics(ros_graph):
     assert seen['stats'] and seen['stats'][-1].total_goals >= 1
     statuses = [s for d in seen['diag'] for s in d.status if 'deadlines' in s.name]
     assert statuses and any(kv.key == 'completion_rate' for kv in statuses[-1].values)
+    keys = {kv.key: kv.value for kv in statuses[-1].values}
+    for key in ('active_goals', 'queue_depth', 'misses_total', 'consecutive_misses',
+                'kill_latency_max_ms', 'wcet_coverage', 'speed_factor', 'firm_met'):
+        assert key in keys, key
+    assert float(keys['speed_factor']) > 0 and statuses[-1].hardware_id.endswith('/cpu')
+    stats = seen['stats'][-1]
+    assert stats.speed_factor_decode > 0 and stats.wcet_margin_decode >= 1.0
+    assert stats.firm_window >= 1 and 0.0 <= stats.wcet_coverage <= 1.0
+    assert result.queue_time.sec >= 0 and not result.truncated and not result.infeasible
+    assert result.min_time.sec > 0 or result.min_time.nanosec > 0
 
 
 @pytest.mark.parametrize('fields, cause', [
@@ -168,6 +179,30 @@ def test_kill_under_a_tight_budget(ros_graph):
     goal_status, result = _run(ros_graph, goal)
     assert goal_status == GoalStatus.STATUS_ABORTED
     assert result.status == Instruct.Result.KILLED and result.response == ''
+
+
+def test_infeasible_goal_is_rejected_with_its_least_time(ros_graph):
+    goal = _goal(budget_s=0, max_new_tokens=8)
+    goal.time_budget = Duration(sec=0, nanosec=100_000)  # 0.1 ms: less than any prefill
+    goal_status, result = _run(ros_graph, goal)
+    assert goal_status == GoalStatus.STATUS_ABORTED
+    assert result.status == Instruct.Result.REJECTED and result.infeasible
+    assert 'infeasible: needs at least' in result.message
+    assert result.min_time.nanosec > 100_000 or result.min_time.sec > 0
+    assert result.prompt_tokens > 0 and result.response == ''
+    time.sleep(0.5)
+    events = [e for e in ros_graph['seen']['events'] if e.infeasible]
+    assert events and events[-1].status == Instruct.Result.REJECTED
+
+
+def test_partial_goal_returns_truncated_text(ros_graph):
+    goal = _goal(prompt='Tell a very long story.', budget_s=0, max_new_tokens=2000,
+                 overrun_policy=Instruct.Goal.POLICY_PARTIAL)
+    goal.time_budget = Duration(sec=0, nanosec=300_000_000)
+    goal_status, result = _run(ros_graph, goal)
+    assert goal_status == GoalStatus.STATUS_SUCCEEDED
+    assert result.status == Instruct.Result.COMPLETED and result.truncated
+    assert result.response and 0 < result.response_tokens < 2000
 
 
 def test_cancel_during_decode(ros_graph):

@@ -67,7 +67,7 @@ def cmd_send(args, ros_args):
     """Send one goal and print feedback and the result."""
     from timebill_ros.ros.client import make_goal
     from timebill_ros.ros.session import client_session
-    policy = {'default': 0, 'kill': 1, 'skip_next': 2}[args.policy]
+    policy = {'default': 0, 'kill': 1, 'skip_next': 2, 'partial': 3}[args.policy]
     goal = make_goal(args.prompt, budget_s=args.budget, max_new_tokens=args.max_new_tokens,
                      policy=policy, system_prompt=args.system)
     with client_session(args.action) as client:
@@ -78,7 +78,7 @@ def cmd_send(args, ros_args):
     print()
     for field in ('status', 'message', 'response', 'prompt_tokens', 'response_tokens',
                   'predicted_tokens', 'pessimistic_tokens', 'eviction_ratio', 'deadline_met',
-                  'predictor'):
+                  'truncated', 'infeasible', 'predictor'):
         print(f'{field}: {getattr(result, field)}')
     return 0
 
@@ -136,7 +136,8 @@ def build_parser():
     send.add_argument('prompt')
     send.add_argument('--budget', type=float, default=5.0, help='time budget, seconds')
     send.add_argument('--max-new-tokens', type=int, default=0)
-    send.add_argument('--policy', choices=('default', 'kill', 'skip_next'), default='default')
+    send.add_argument('--policy', choices=('default', 'kill', 'skip_next', 'partial'),
+                      default='default')
     send.add_argument('--system', default='')
     send.add_argument('--action', default='/timebill/instruct')
     send.add_argument('--wait', type=float, default=30.0, help='seconds to wait for the server')

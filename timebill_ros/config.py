@@ -8,7 +8,8 @@ Validation lives in ``__post_init__`` and raises ``ValueError`` naming the bad v
 import dataclasses
 import math
 
-POLICY_NAMES = ('kill', 'skip_next')
+POLICY_NAMES = ('kill', 'skip_next', 'partial')
+ADMISSION_POLICIES = ('feasibility', 'none')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
 BUDGET_MODES = ('timebill', 'fixed')
 PREDICTOR_KINDS = ('rlp', 'fallback')
@@ -23,6 +24,13 @@ def _check_positive(name, value):
         raise TypeError(f'{name} must be a number, got {value!r}')
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f'{name} must be finite and > 0, got {value!r}')
+
+
+def _check_nonneg(name, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f'{name} must be a number, got {value!r}')
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f'{name} must be finite and >= 0, got {value!r}')
 
 
 def _check_choice(name, value, choices):
@@ -41,9 +49,13 @@ class EngineConfig:
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens.
     max_model_new_tokens: N_model, the most tokens a goal may ask for, tokens.
-    prefill_chunk_tokens: prefill runs in chunks of this many tokens so that cancel and Kill
-        are checked between chunks.
+    prefill_chunk_tokens: the largest prefill chunk, tokens; the server makes a goal's chunks
+        smaller where the time model says one layer of a chunk would outlast stop_bound_s.
     feedback_every_tokens: publish feedback every this many generated tokens.
+    stop_bound_s: the longest cancel and Kill may wait for the model, seconds: they are
+        checked before every decoder layer, and prefill chunks are sized so that one layer of
+        a chunk takes at most this (WORST bound of the time model); 0 = one decoding step at
+        the goal's prompt length.
     """
 
     model_path: str = ''
@@ -55,9 +67,11 @@ class EngineConfig:
     max_model_new_tokens: int = 2048
     prefill_chunk_tokens: int = 512
     feedback_every_tokens: int = 4
+    stop_bound_s: float = 0.0
 
     def __post_init__(self):
         _check_choice('engine.dtype', self.dtype, ('float32', 'float16', 'bfloat16'))
+        _check_nonneg('engine.stop_bound_s', self.stop_bound_s)
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ValueError(f'engine.threads must be an int >= 0, got {self.threads!r}')
         for name in ('max_new_tokens', 'max_model_new_tokens', 'prefill_chunk_tokens',
@@ -165,26 +179,74 @@ class TimingConfig:
     startup_method: how the start-up calibration measures: ``few_shot`` (five probes, Eq. 4
         fitted to them, ``timebill profile --few-shot``) or ``grid`` (the start-up grid,
         ``timebill profile --quick``).
+    online: correct the time model online from every goal (speed factors and a residual
+        margin, timing/online.py); false = the calibration as measured, no margin.
+    speed_gain: weight of the newest goal in a phase's speed factor, in (0, 1].
+    residual_window: goals whose residuals (measured / corrected estimate) are kept per phase.
+    wcet_quantile: upper quantile of the residuals that t^_WCET and alpha* use; admission
+        and early Kill use 1 - it.
+    min_residuals: below this many residuals a phase also uses prior_margin.
+    prior_margin: margin (>= 1) of a phase with too few residuals; least times use 1 / it.
+    warm_up: at start-up run one synthetic goal (prefill, predictor, eviction, a few steps)
+        to measure the machine's speed of the moment before serving.
+    state_file: where the online state is saved and restored; empty = next to the cached
+        calibration (``<cache>/calibration/<key>.online.yaml``).
+    persist_period_s: save the online state at most this often (and at shutdown), seconds.
     """
 
     calibration_file: str = ''
     calibrate_on_start: bool = True
     max_calibration_s: float = 60.0
     startup_method: str = 'few_shot'
+    online: bool = True
+    speed_gain: float = 0.3
+    residual_window: int = 64
+    wcet_quantile: float = 0.99
+    min_residuals: int = 8
+    prior_margin: float = 1.3
+    warm_up: bool = True
+    state_file: str = ''
+    persist_period_s: float = 30.0
 
     def __post_init__(self):
         _check_positive('timing.max_calibration_s', self.max_calibration_s)
         _check_choice('timing.startup_method', self.startup_method, STARTUP_METHODS)
+        _check_positive('timing.persist_period_s', self.persist_period_s)
+        self.online_settings()  # validates the online fields
+
+    def online_settings(self):
+        """Return the OnlineSettings of these parameters."""
+        from timebill_ros.timing.online import OnlineSettings
+        return OnlineSettings(
+            enabled=self.online, speed_gain=self.speed_gain,
+            residual_window=self.residual_window, wcet_quantile=self.wcet_quantile,
+            min_residuals=self.min_residuals, prior_margin=self.prior_margin)
 
 
 @dataclasses.dataclass(frozen=True)
 class OverrunConfig:
-    """Overrun policy (group ``overrun``): ``kill`` or ``skip_next`` for POLICY_DEFAULT goals."""
+    """Overrun policy (group ``overrun``) of POLICY_DEFAULT goals: kill, skip_next, partial."""
 
     default_policy: str = 'kill'
 
     def __post_init__(self):
         _check_choice('overrun.default_policy', self.default_policy, POLICY_NAMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionConfig:
+    """Admission control (group ``admission``).
+
+    policy: ``feasibility`` (a goal whose least possible time - prefill, predictor overhang,
+        one decoding step, from the time model - exceeds the time left is REJECTED under
+        Kill and Partial, at receipt and while queued; Skip-Next goals run, marked
+        infeasible) or ``none`` (admit every valid goal).
+    """
+
+    policy: str = 'feasibility'
+
+    def __post_init__(self):
+        _check_choice('admission.policy', self.policy, ADMISSION_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,12 +267,16 @@ class StatsConfig:
     window: terminal goals in the sliding window.
     period_s: publishing period of ~/stats and /diagnostics, seconds.
     miss_rate_warn / miss_rate_error: diagnostics level thresholds on the window's miss rate.
+    firm_m / firm_k: (m,k)-firm deadlines: diagnostics WARN when fewer than firm_m of the
+        last firm_k due goals met their deadline.
     """
 
     window: int = 50
     period_s: float = 1.0
     miss_rate_warn: float = 0.2
     miss_rate_error: float = 0.5
+    firm_m: int = 8
+    firm_k: int = 10
 
     def __post_init__(self):
         if not isinstance(self.window, int) or self.window < 1:
@@ -220,6 +286,13 @@ class StatsConfig:
             raise ValueError(
                 'stats.miss_rate_warn <= stats.miss_rate_error in [0, 1] required, got '
                 f'{self.miss_rate_warn!r} and {self.miss_rate_error!r}')
+        for name in ('firm_m', 'firm_k'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f'stats.{name} must be an int >= 1, got {value!r}')
+        if self.firm_m > self.firm_k:
+            raise ValueError(
+                f'stats.firm_m ({self.firm_m}) must be <= stats.firm_k ({self.firm_k})')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +325,7 @@ class ServerConfig:
     predictor: PredictorConfig = dataclasses.field(default_factory=PredictorConfig)
     timing: TimingConfig = dataclasses.field(default_factory=TimingConfig)
     overrun: OverrunConfig = dataclasses.field(default_factory=OverrunConfig)
+    admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
     queue: QueueConfig = dataclasses.field(default_factory=QueueConfig)
     stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
     ros: RosConfig = dataclasses.field(default_factory=RosConfig)

@@ -15,7 +15,7 @@ import time
 from timebill_ros import prompts
 from timebill_ros.server.status import STATUS_NAMES
 
-KILL, SKIP_NEXT = 1, 2
+KILL, SKIP_NEXT, PARTIAL = 1, 2, 3
 
 
 def demo_goals():
@@ -26,11 +26,12 @@ def demo_goals():
         ('yes/no, generous', s[1][1], 10.0, 32, KILL),
         ('explain, tight', s[2][1], 2.0, 64, KILL),
         ('grasp steps, tight', s[3][1], 2.5, 96, KILL),
+        ('grasp steps, tight, partial', s[3][1], 2.5, 96, PARTIAL),
         ('safety, generous', s[4][1], 10.0, 48, KILL),
         ('log summary 60 lines, generous', prompts.long_prompt(60, 1), 30.0, 64, KILL),
         ('log summary 60 lines, tight', prompts.long_prompt(60, 2), 4.0, 64, KILL),
         ('log summary 150 lines, tight', prompts.long_prompt(150, 3), 6.0, 64, KILL),
-        ('impossible budget', prompts.long_prompt(150, 4), 0.05, 64, KILL),
+        ('impossible budget (infeasible)', prompts.long_prompt(150, 4), 0.05, 64, KILL),
         ('empty prompt (bad input)', '   ', 5.0, 32, KILL),
     ]
 

@@ -10,6 +10,14 @@ Decoding feeds the true positions (``position_ids`` = N_x, N_x + 1, ...) althoug
 cache is shorter, so RoPE stays right; ``cache_position`` is left to transformers (the index
 in the shortened cache).
 
+Stopping: ``stop`` criteria are checked before every prefill chunk and decoding step; the
+``interrupt`` criteria (cancel, the Kill deadline) are also checked by a forward pre-hook
+before every decoder layer and between the layers of an eviction, so a stop lands within one
+layer of work (tens of ms here) even inside a long prefill chunk. An interrupted forward pass
+leaves the cache half-written: the goal it belongs to is over, its state is discarded.
+The chunk sizes of a prefill come from a per-call ``chunk_plan`` (the server sizes them from
+the time model); the observation window is captured across chunk edges, so any chunking works.
+
 Not thread-safe: one caller at a time. Never imports rclpy.
 """
 
@@ -36,11 +44,19 @@ ATTN_IMPLEMENTATION = 'sdpa'
 
 
 class GenerationStopped(Exception):
-    """The prefill was stopped by a stop criterion; ``reason`` is a stopping.py constant."""
+    """A prefill or eviction was stopped by a stop criterion (a stopping.py reason)."""
 
     def __init__(self, reason: str):
         """Keep ``reason`` (e.g. ``'canceled'``, ``'deadline'``)."""
-        super().__init__(f'generation stopped during prefill: {reason}')
+        super().__init__(f'generation stopped: {reason}')
+        self.reason = reason
+
+
+class _Interrupted(Exception):
+    """Raised by a layer hook to abandon a forward pass; ``reason`` as in stopping.py."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
         self.reason = reason
 
 
@@ -95,20 +111,52 @@ class DecodeResult:
     n_kv_final: int
 
 
-def chunk_bounds(n_tokens: int, chunk_tokens: int, min_last: int) -> list:
-    """Return ``[(begin, end)]`` prefill chunks of ``chunk_tokens`` tokens covering n_tokens.
+def fixed_chunks(chunk_tokens: int) -> Callable[[int, int], int]:
+    """Return a chunk plan giving ``chunk_tokens`` tokens per prefill chunk."""
+    if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
+        raise ValueError(f'chunk_tokens must be an int >= 1, got {chunk_tokens!r}')
+    return lambda begin, n_tokens: chunk_tokens
 
-    The last chunk is made at least ``min_last`` tokens long (when n_tokens allows) by moving
-    the last boundary back, or merging it, so that it holds the whole observation window.
+
+def _chunk_size(plan, begin: int, n_tokens: int) -> int:
+    """Ask ``plan(begin, n_tokens)`` for the next chunk, tokens, clamped to what is left."""
+    size = plan(begin, n_tokens)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f'chunk plan gave {size!r} tokens at position {begin}; need an int >= 1')
+    return min(size, n_tokens - begin)
+
+
+class _LayerChecks:
+    """Context manager: check ``interrupt`` before every decoder layer (forward pre-hooks).
+
+    ``n_generated`` / ``n_prefilled`` are set by the engine before each forward pass and
+    handed to the criteria. With no interrupt criteria no hook is registered.
     """
-    edges = list(range(0, n_tokens, chunk_tokens)) + [n_tokens]
-    while len(edges) > 2 and edges[-1] - edges[-2] < min_last:
-        moved = edges[-1] - min_last
-        if moved > edges[-3]:
-            edges[-2] = moved
-        else:
-            del edges[-2]
-    return list(zip(edges[:-1], edges[1:]))
+
+    def __init__(self, layers, interrupt: Optional[StopCriteria]):
+        """Prepare hooks on ``layers`` (decoder layers) checking ``interrupt``."""
+        self.layers = layers
+        self.interrupt = interrupt
+        self.n_generated = 0
+        self.n_prefilled = None
+        self._handles = []
+
+    def __enter__(self):
+        """Register the hooks (none when there is nothing to check)."""
+        if self.interrupt is not None and self.interrupt.criteria:
+            self._handles = [layer.register_forward_pre_hook(self._hook) for layer in self.layers]
+        return self
+
+    def __exit__(self, *exc):
+        """Remove the hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, module, args):
+        reason = self.interrupt.check(self.n_generated, None, self.n_prefilled)
+        if reason is not None:
+            raise _Interrupted(reason)
 
 
 class _Capture:
@@ -135,9 +183,15 @@ class _Capture:
         self._handles.clear()
 
     def _hook(self, module, args, kwargs):
-        """Keep the tail of this chunk's inputs; the last chunk's tail is the one used."""
+        """Keep the last ``n_positions`` inputs seen so far, across chunk edges."""
         hidden = kwargs['hidden_states'] if 'hidden_states' in kwargs else args[0]
         cos, sin = kwargs['position_embeddings']
+        previous = self.inputs.get(module.layer_idx)
+        if previous is not None and hidden.shape[1] < self.n_positions:
+            # A chunk shorter than the window: prepend the tail of the chunks before it.
+            old_cos, old_sin = previous.kwargs['position_embeddings']
+            hidden = torch.cat([previous.hidden_states, hidden], dim=1)
+            cos, sin = torch.cat([old_cos, cos], dim=1), torch.cat([old_sin, sin], dim=1)
         tail = -self.n_positions
         # clone(): a slice would keep the whole chunk's tensors alive.
         self.inputs[module.layer_idx] = ScorerInputs(
@@ -185,8 +239,11 @@ class LlmEngine:
     """A causal LM with prefill / evict / decode steps for time-budgeted generation."""
 
     def __init__(self, engine_config: EngineConfig, eviction_config: EvictionConfig,
-                 model=None, tokenizer=None):
-        """Use ``model`` and ``tokenizer``, loading from ``engine_config`` those left None."""
+                 model=None, tokenizer=None, clock: Callable[[], float] = time.perf_counter):
+        """Use ``model`` and ``tokenizer``, loading from ``engine_config`` those left None.
+
+        clock: seconds (monotonic) for the prefill_s / decode_s this engine reports.
+        """
         if not isinstance(engine_config, EngineConfig):
             raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
         if not isinstance(eviction_config, EvictionConfig):
@@ -203,6 +260,7 @@ class LlmEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.scorer = make_scorer(eviction_config)
+        self.clock = clock
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
 
     @classmethod
@@ -232,6 +290,11 @@ class LlmEngine:
         return model_source.model_key(self.engine_config)
 
     @property
+    def n_layers(self) -> int:
+        """Decoder layers of the model (the granularity of interrupts)."""
+        return len(self.model.model.layers)
+
+    @property
     def device(self) -> torch.device:
         """The model's torch device."""
         return self.model.device
@@ -254,34 +317,47 @@ class LlmEngine:
         # The template text already holds its special tokens: add none.
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
-    def prefill(self, input_ids: list, stop: StopCriteria) -> PrefillState:
+    def prefill(self, input_ids: list, stop: StopCriteria,
+                chunk_plan: Optional[Callable[[int, int], int]] = None,
+                interrupt: Optional[StopCriteria] = None) -> PrefillState:
         """Run the prompt through the model in chunks; evict nothing.
 
-        ``stop.check(0, None)`` runs before each chunk of ``prefill_chunk_tokens`` tokens;
-        a stop reason raises :class:`GenerationStopped`. The last chunk holds at least
-        ``window_size + 1`` tokens so the observation window is captured whole.
+        chunk_plan(n_prefilled, n_x) -> tokens of the next chunk (default: fixed chunks of
+        ``prefill_chunk_tokens``). ``stop.check(0, None, n_prefilled)`` runs before each chunk;
+        ``interrupt`` (include it in ``stop`` too) is checked before every decoder layer.
+        A stop reason raises :class:`GenerationStopped`.
         """
         ids = self._check_ids(input_ids)
+        plan = chunk_plan or fixed_chunks(self.engine_config.prefill_chunk_tokens)
         window = self.eviction_config.window_size
-        start = time.perf_counter()
+        start = self.clock()
         cache = DynamicCache(config=self.model.config)
-        bounds = chunk_bounds(len(ids), self.engine_config.prefill_chunk_tokens, window + 1)
-        with torch.inference_mode(), _Capture(self._attention_modules(), window + 1) as capture:
-            for begin, end in bounds:
-                reason = stop.check(0, None)
+        begin = 0
+        with torch.inference_mode(), _Capture(self._attention_modules(), window + 1) as capture, \
+                _LayerChecks(self.model.model.layers, interrupt) as checks:
+            while begin < len(ids):
+                reason = stop.check(0, None, begin)
                 if reason is not None:
                     raise GenerationStopped(reason)
-                logits = self._forward(ids[begin:end], begin, cache)
+                end = begin + _chunk_size(plan, begin, len(ids))
+                checks.n_prefilled = begin
+                try:
+                    logits = self._forward(ids[begin:end], begin, cache)
+                except _Interrupted as exc:
+                    raise GenerationStopped(exc.reason) from None
+                begin = end
         first = int(logits.argmax())
-        return PrefillState(cache, len(ids), first, capture.inputs, time.perf_counter() - start)
+        return PrefillState(cache, len(ids), first, capture.inputs, self.clock() - start)
 
-    def evict(self, state: PrefillState, alpha: float) -> int:
+    def evict(self, state: PrefillState, alpha: float,
+              interrupt: Optional[StopCriteria] = None) -> int:
         """Evict round(alpha N_x) prompt tokens per layer and KV head; return tokens kept.
 
         At least ``window_size`` tokens (the observation window, always kept) and at most N_x
         are kept, in their original order. alpha == 0 (or a short prompt) evicts nothing.
         Must run after :meth:`prefill` and before :meth:`decode`. Releases the captured
-        scorer inputs.
+        scorer inputs. ``interrupt`` is checked before each layer; a stop reason raises
+        :class:`GenerationStopped` and leaves the cache partly evicted (discard it).
         """
         n_keep = n_keep_for(state.n_x, alpha, self.eviction_config.window_size)
         inputs, state.scorer_inputs = state.scorer_inputs, None
@@ -291,31 +367,37 @@ class LlmEngine:
             raise RuntimeError('evict() runs once, after prefill() and before decode()')
         with torch.inference_mode():
             for layer_idx, layer in enumerate(state.cache.layers):
+                reason = None if interrupt is None else interrupt.check(0, None)
+                if reason is not None:
+                    raise GenerationStopped(reason)
                 self._evict_layer(layer, inputs[layer_idx], n_keep)
         return state.n_kv
 
     def decode(self, state: PrefillState, n_max: int, stop: StopCriteria,
                on_tokens: Optional[Callable[[int, str], None]] = None,
-               feedback_every: int = 4) -> DecodeResult:
+               feedback_every: int = 4,
+               interrupt: Optional[StopCriteria] = None) -> DecodeResult:
         """Generate greedily after the prompt; return the answer.
 
         Token 1 is ``state.first_token``. ``stop.check(n_generated, last_token_id)`` runs
         before each step; ``n_max`` tokens (and the model's context) also stop generation,
-        with MAX_TOKENS. ``on_tokens(n_generated, new_text)`` gets the text produced since its
-        previous call every ``feedback_every`` tokens, and once more at the end if text is
-        left.
+        with MAX_TOKENS. ``interrupt`` (include it in ``stop`` too) is checked before every
+        decoder layer: a stop there abandons the step in flight and returns the tokens so
+        far. ``on_tokens(n_generated, new_text)`` gets the text produced since its previous
+        call every ``feedback_every`` tokens, and once more at the end if text is left.
         """
         for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f'{name} must be an int >= 1, got {value!r}')
-        start = time.perf_counter()
+        start = self.clock()
         state.scorer_inputs = None
         # The last token is never fed: its position may be context_tokens at most.
         limit = min(n_max, self.context_tokens - state.n_x + 1)
         stream = _TextStream(self.tokenizer, on_tokens, feedback_every)
         tokens = [state.first_token]
         stream.after_token(tokens)
-        with torch.inference_mode():
+        with torch.inference_mode(), \
+                _LayerChecks(self.model.model.layers, interrupt) as checks:
             while True:
                 reason = stop.check(len(tokens), tokens[-1])
                 if reason is None and len(tokens) >= limit:
@@ -323,12 +405,18 @@ class LlmEngine:
                 if reason is not None:
                     break
                 position = state.n_x + len(tokens) - 1
-                tokens.append(int(self._forward(tokens[-1:], position, state.cache).argmax()))
+                checks.n_generated = len(tokens)
+                try:
+                    logits = self._forward(tokens[-1:], position, state.cache)
+                except _Interrupted as exc:
+                    reason = exc.reason
+                    break
+                tokens.append(int(logits.argmax()))
                 stream.after_token(tokens)
         if reason == EOS:  # EosStop fired on the last token: not part of the answer
             tokens.pop()
         text = stream.finish(tokens)
-        return DecodeResult(tokens, text, reason, time.perf_counter() - start, state.n_kv)
+        return DecodeResult(tokens, text, reason, self.clock() - start, state.n_kv)
 
     def measure_prefill_s(self, n_x: int, repeats: int = 1) -> float:
         """Return the median seconds to prefill ``n_x`` random non-special tokens."""

@@ -15,3 +15,14 @@ class LengthPredictor(abc.ABC):
     @abc.abstractmethod
     def predict(self, prompt: str, input_ids: Sequence[int], n_max: int) -> int:
         """Return N^ in tokens, 0 <= N^ <= n_max (Eq. 2 post-processing included)."""
+
+    def expected_time_s(self, n_x: int) -> float:
+        """Return the calibrated t^_Predict for a prompt of ``n_x`` tokens, seconds."""
+        return 0.0
+
+    def abort(self) -> None:
+        """Ask a :meth:`predict` call in flight (another thread) to give up soon.
+
+        The server calls it when the goal the prediction is for has ended; the call may then
+        raise. Predictors that cannot be interrupted ignore it.
+        """

@@ -93,6 +93,7 @@ class OnnxRlpPredictor(LengthPredictor):
         self.max_input_tokens = max_input_tokens
         self.timing = timing or self.fit_timing()
         self.last_input_tokens = 0
+        self._run_options = None
 
     @classmethod
     def load(cls, path, threads: int = 1, provider: str = 'auto', **kwargs):
@@ -111,8 +112,21 @@ class OnnxRlpPredictor(LengthPredictor):
 
     def run(self, input_ids: Sequence[int]) -> np.ndarray:
         """Return the raw output (C,) for ids (already compressed)."""
+        import onnxruntime
         ids = np.asarray([list(input_ids)], dtype=np.int64)
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: ids})[0][0]
+        # One RunOptions per call, so that abort() ends this call and no later one.
+        options = self._run_options = onnxruntime.RunOptions()
+        return self.session.run([OUTPUT_NAME], {INPUT_NAME: ids}, options)[0][0]
+
+    def abort(self):
+        """Terminate the onnxruntime run in flight (it raises in its own thread)."""
+        options = self._run_options
+        if options is not None:
+            options.terminate = True
+
+    def expected_time_s(self, n_x):
+        """Return t^_Predict(N_p) for the N_p this predictor reads of an n_x-token prompt."""
+        return self.timing.predict_s(min(n_x, self.input_cap(n_x)))
 
     def fit_timing(self, lengths=TIMING_LENGTHS, repeats=TIMING_REPEATS) -> PredictorTiming:
         """Time the session at several N_p and fit t^_Predict (Sec. 5.2); return the fit."""

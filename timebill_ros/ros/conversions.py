@@ -52,7 +52,9 @@ def result_to_msg(result) -> Instruct.Result:
         prefill_time=s_to_duration(result.prefill_time_s),
         decode_time=s_to_duration(result.decode_time_s),
         total_time=s_to_duration(result.total_time_s),
-        deadline_met=bool(result.deadline_met), predictor=result.predictor)
+        deadline_met=bool(result.deadline_met), predictor=result.predictor,
+        truncated=bool(result.truncated), infeasible=bool(result.infeasible),
+        min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s))
 
 
 def feedback_to_msg(feedback) -> Instruct.Feedback:
@@ -65,11 +67,15 @@ def feedback_to_msg(feedback) -> Instruct.Feedback:
 
 def event_msg(result, stamp: Time) -> GoalEvent:
     """Return the ~/events message for a terminal JobResult."""
-    policy = {'kill': Instruct.Goal.POLICY_KILL, 'skip_next': Instruct.Goal.POLICY_SKIP_NEXT}
+    policy = {'kill': Instruct.Goal.POLICY_KILL, 'skip_next': Instruct.Goal.POLICY_SKIP_NEXT,
+              'partial': Instruct.Goal.POLICY_PARTIAL}
     return GoalEvent(
         stamp=stamp, goal_id=result.goal_id, status=result.status, message=result.message,
         overrun_policy=policy.get(result.overrun_policy, 0), budget_s=float(result.budget_s),
         total_time_s=float(result.total_time_s),
         predicted_wcet_s=float(result.predicted_wcet_s),
         eviction_ratio=float(result.eviction_ratio), prompt_tokens=result.prompt_tokens,
-        response_tokens=result.response_tokens, deadline_met=bool(result.deadline_met))
+        response_tokens=result.response_tokens, deadline_met=bool(result.deadline_met),
+        truncated=bool(result.truncated), infeasible=bool(result.infeasible),
+        queue_time_s=float(result.queue_time_s),
+        kill_latency_s=float(result.kill_latency_s or 0.0))

@@ -5,6 +5,7 @@ its result on a threading.Event, so the MultiThreadedExecutor gets ``queue.max_d
 threads: goal, cancel and timer callbacks always find a free one.
 """
 
+import platform
 import threading
 import time
 
@@ -19,7 +20,7 @@ from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.ros import conversions
 from timebill_ros.ros.parameters import declare_and_read
-from timebill_ros.server.stats import diagnostic_level
+from timebill_ros.server.stats import diagnostic_level, firm_ok
 
 LEVELS = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR)
 
@@ -41,6 +42,7 @@ class TimeBillNode(Node):
             self, Instruct, self.config.ros.action_name, execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=self._on_cancel, callback_group=group,
             result_timeout=self.config.ros.result_timeout_s)
+        self._hardware_id = f'{platform.node() or "localhost"}/{self.config.engine.device}'
         self.create_timer(self.config.stats.period_s, self._publish_stats, callback_group=group)
         self.get_logger().info(f'serving {self._action_name()}')
 
@@ -115,27 +117,54 @@ class TimeBillNode(Node):
     # --- stats and diagnostics -------------------------------------------------------------
     def _publish_stats(self):
         snap = self.service.stats.snapshot()
+        serving = self.service.status()
         stamp = self.get_clock().now().to_msg()
         self._stats_pub.publish(ServerStats(
-            stamp=stamp, queue_depth=self.service.queue_depth, busy=self.service.busy,
+            stamp=stamp, queue_depth=serving.queue_depth, busy=serving.busy,
             window_size=snap.window_size, completion_rate=float(snap.completion_rate),
             deadline_misses=snap.deadline_misses, miss_rate=float(snap.miss_rate),
             total_goals=snap.total_goals, last_kill_latency_s=snap.last_kill_latency_s,
             last_total_time_s=snap.last_total_time_s,
-            last_predicted_wcet_s=snap.last_predicted_wcet_s))
+            last_predicted_wcet_s=snap.last_predicted_wcet_s,
+            active_goals=serving.active_goals, misses_total=snap.misses_total,
+            consecutive_misses=snap.consecutive_misses, firm_met=snap.firm_met,
+            firm_window=snap.firm_window, firm_ok=firm_ok(snap, self.config.stats),
+            kill_latency_max_s=float(snap.kill_latency_max_s),
+            wcet_coverage=float(snap.wcet_coverage), wcet_samples=snap.wcet_samples,
+            speed_factor_decode=float(serving.speed_factor_decode),
+            speed_factor_prefill=float(serving.speed_factor_prefill),
+            wcet_margin_decode=float(serving.wcet_margin_decode),
+            wcet_margin_prefill=float(serving.wcet_margin_prefill)))
         level, message = diagnostic_level(snap, self.config.stats)
-        values = {
-            'queue_depth': self.service.queue_depth, 'busy': self.service.busy,
-            'window_size': snap.window_size, 'completion_rate': f'{snap.completion_rate:.3f}',
-            'deadline_misses': snap.deadline_misses, 'total_goals': snap.total_goals,
-            'last_kill_latency_s': f'{snap.last_kill_latency_s:.4f}',
-        }
-        values.update({f'count_{name.lower()}': n for name, n in snap.by_status.items()})
-        diag = DiagnosticStatus(
-            level=LEVELS[level], name=f'{self.get_name()}: deadlines', message=message,
-            hardware_id=self.config.engine.device,
-            values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
-        self._diag_pub.publish(DiagnosticArray(header=Header(stamp=stamp), status=[diag]))
+        self._diag_pub.publish(DiagnosticArray(header=Header(stamp=stamp), status=[
+            DiagnosticStatus(level=LEVELS[level], name=f'{self.get_name()}: deadlines',
+                             message=message, hardware_id=self._hardware_id,
+                             values=[KeyValue(key=k, value=str(v))
+                                     for k, v in diagnostic_values(snap, serving,
+                                                                   self.config.stats).items()])]))
+
+
+def diagnostic_values(snap, serving, stats_config):
+    """Return the /diagnostics key/values (strings or numbers) for one period."""
+    values = {
+        'active_goals': serving.active_goals, 'queue_depth': serving.queue_depth,
+        'busy': serving.busy, 'window_size': snap.window_size,
+        'completion_rate': f'{snap.completion_rate:.3f}',
+        'deadline_misses': snap.deadline_misses, 'misses_total': snap.misses_total,
+        'consecutive_misses': snap.consecutive_misses,
+        'firm_m_of_k': f'{stats_config.firm_m}/{stats_config.firm_k}',
+        'firm_met': f'{snap.firm_met}/{snap.firm_window}',
+        'total_goals': snap.total_goals,
+        'last_kill_latency_s': f'{snap.last_kill_latency_s:.4f}',
+        'kill_latency_max_ms': f'{snap.kill_latency_max_s * 1e3:.1f}',
+        'wcet_coverage': f'{snap.wcet_coverage:.3f}', 'wcet_samples': snap.wcet_samples,
+        'speed_factor': f'{serving.speed_factor_decode:.3f}',
+        'speed_factor_prefill': f'{serving.speed_factor_prefill:.3f}',
+        'wcet_margin': f'{serving.wcet_margin_decode:.3f}',
+        'wcet_margin_prefill': f'{serving.wcet_margin_prefill:.3f}',
+    }
+    values.update({f'count_{name.lower()}': n for name, n in snap.by_status.items()})
+    return values
 
 
 def _accepted_at_s(goal_handle, default_s):

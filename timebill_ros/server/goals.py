@@ -43,7 +43,13 @@ class Feedback:
 
 @dataclasses.dataclass
 class JobResult:
-    """Terminal result of a goal; field meanings as in ``Instruct.action``'s result."""
+    """Terminal result of a goal; field meanings as in ``Instruct.action``'s result.
+
+    Seconds throughout. kill_latency_s: for KILLED goals, stop time - deadline (negative when
+    the goal was stopped early because it could no longer finish). stop_phase: where the
+    goal ended ('queue', 'prefill', 'predictor', 'eviction', 'decode'); execution_time_s:
+    start of its run to its end (queueing excluded), what t^_WCET bounds.
+    """
 
     status: int
     message: str
@@ -64,6 +70,12 @@ class JobResult:
     overrun_policy: str = ''
     budget_s: float = 0.0
     kill_latency_s: Optional[float] = None
+    truncated: bool = False
+    infeasible: bool = False
+    min_time_s: float = 0.0
+    queue_time_s: float = 0.0
+    execution_time_s: float = 0.0
+    stop_phase: str = ''
 
     @property
     def status_name(self) -> str:
@@ -108,13 +120,14 @@ def resolve_deadline(request: GoalRequest, received_s: float) -> float:
 
 
 def resolve_policy(request: GoalRequest, default_policy: str) -> str:
-    """Return the overrun policy name of a goal ('kill' or 'skip_next')."""
+    """Return the overrun policy name of a goal ('kill', 'skip_next' or 'partial')."""
     code = request.overrun_policy
     if code == status.POLICY_DEFAULT:
         return default_policy
     if code not in status.POLICY_BY_CODE:
         raise GoalRejected(
-            f'unknown overrun_policy {code!r}; expected 0 (default), 1 (kill) or 2 (skip-next)')
+            f'unknown overrun_policy {code!r}; expected 0 (default), 1 (kill), 2 (skip-next) '
+            'or 3 (partial)')
     return status.POLICY_BY_CODE[code]
 
 

@@ -14,6 +14,11 @@ class Job:
 
     received_s / deadline_s / started_s: service-clock seconds. n_max: N_max, tokens.
     input_ids: the chat-templated prompt, N_x = len(input_ids) tokens.
+    min_time_s: the least time the goal can take (admission's estimate at receipt), seconds.
+    infeasible: admission found it could not fit its budget (Skip-Next goals still run);
+    admission_note says so with the numbers.
+    expires_s: when a queued job is re-checked by the reaper (service-clock seconds): the
+    last moment it can start and still finish (Kill, Partial), or its deadline.
     """
 
     request: GoalRequest
@@ -27,6 +32,10 @@ class Job:
     on_done: Callable[[JobResult], None]
     cancel_event: threading.Event = dataclasses.field(default_factory=threading.Event)
     started_s: Optional[float] = None
+    min_time_s: float = 0.0
+    infeasible: bool = False
+    admission_note: str = ''
+    expires_s: Optional[float] = None
     cancel_reason: str = ''
     clock: Callable[[], float] = time.monotonic
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -36,6 +45,11 @@ class Job:
     def budget_s(self) -> float:
         """Return T, seconds from receipt to deadline."""
         return self.deadline_s - self.received_s
+
+    @property
+    def n_x(self) -> int:
+        """Return N_x, prompt tokens."""
+        return len(self.input_ids)
 
     @property
     def done(self) -> bool:
@@ -57,6 +71,8 @@ class Job:
             result.overrun_policy = self.policy.name
             result.budget_s = self.budget_s
             result.prompt_tokens = result.prompt_tokens or len(self.input_ids)
+            result.min_time_s = result.min_time_s or self.min_time_s
+            result.infeasible = result.infeasible or self.infeasible
             if not result.total_time_s:
                 result.total_time_s = self.clock() - self.received_s
             self._result = result

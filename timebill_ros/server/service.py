@@ -1,37 +1,81 @@
-"""The core server: admission, the goal queue, executors, deadline expiry, stats, shutdown.
+"""The core server: admission, the goal queue, executors, queue expiry, stats, shutdown.
 
 No ROS here: the ROS adapter (``timebill_ros.ros``) turns action goals into
 :class:`GoalRequest` and results back into messages.
 """
 
+import dataclasses
 import threading
 import time
 import uuid
 
 from timebill_ros.server import goals, overrun, status
-from timebill_ros.server.executor import Executor, JobRunner
+from timebill_ros.server.admission import make_admission
+from timebill_ros.server.executor import Executor
 from timebill_ros.server.goals import GoalRejected, JobResult
 from timebill_ros.server.job import Job
+from timebill_ros.server.runner import JobRunner
 from timebill_ros.server.scheduler import FifoPolicy, JobQueue, QueueFull
 from timebill_ros.server.stats import ServerStats
+from timebill_ros.timing.model import TimingCoefficients
+from timebill_ros.timing.online import DECODE, PREFILL, TimeModel
+
+
+class GoalInfeasible(GoalRejected):
+    """Admission found that a goal cannot fit its budget; min_time_s: its least time, s."""
+
+    def __init__(self, message, min_time_s, n_x):
+        super().__init__(message)
+        self.min_time_s = min_time_s
+        self.n_x = n_x
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceStatus:
+    """What the stats topic and /diagnostics show besides the goal window (see stats.py).
+
+    active_goals: queued + running. speed factors and WCET margins: the time model's
+    decode and prefill phases (timing/online.py).
+    """
+
+    queue_depth: int
+    active_goals: int
+    busy: bool
+    speed_factor_decode: float
+    speed_factor_prefill: float
+    wcet_margin_decode: float
+    wcet_margin_prefill: float
 
 
 class TimeBillService:
     """Accepts goals, runs them on executors and reports exactly one result per goal.
 
     engine: an LlmEngine (or same interface). predictor: a LengthPredictor.
-    coefficients: TimingCoefficients (Eq. 4). clock: monotonic seconds.
+    timing: a timing.online.TimeModel, or the calibration's TimingCoefficients (wrapped in a
+    TimeModel with the ``timing`` parameters). clock: monotonic seconds.
+    state_path: where the time model's online state is saved (None: not saved).
+    log: one line of text per event.
     """
 
-    def __init__(self, config, engine, predictor, coefficients, clock=time.monotonic,
-                 scheduler_policy=None):
+    def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
+                 scheduler_policy=None, state_path=None, log=lambda line: None):
         self.config = config
         self.engine = engine
         self.clock = clock
-        self.stats = ServerStats(config.stats.window)
+        self.log = log
+        if isinstance(timing, TimingCoefficients):
+            timing = TimeModel(timing, config.timing.online_settings(),
+                               predict_s=predictor.expected_time_s)
+        self.time_model = timing
+        self.admission = make_admission(config.admission.policy, timing)
+        self.stats = ServerStats(config.stats.window, config.stats.firm_k)
         self.queue = JobQueue(config.queue.max_depth, scheduler_policy or FifoPolicy(), clock)
-        runner = JobRunner(engine, predictor, coefficients, config, clock)
-        self.executors = [Executor('primary', self.queue, runner)]
+        self.runner = JobRunner(engine, predictor, timing, config, clock)
+        self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
+                                   self._after_job, log)]
+        self.state_path = state_path
+        self._last_save_s = clock()
+        self._save_lock = threading.Lock()
         self._closed = False
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name='timebill-reaper',
@@ -39,17 +83,24 @@ class TimeBillService:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self):
-        """Start the executors and the deadline reaper."""
+        """Start the executors and the queue reaper."""
         for executor in self.executors:
             executor.start()
         self._reaper.start()
 
+    def warm_up(self):
+        """Run the start-up warm-up goal (see JobRunner.warm_up); call before start()."""
+        self.runner.warm_up()
+        decode, prefill = (self.time_model.status(p) for p in (DECODE, PREFILL))
+        self.log(f'time model warm-up: prefill runs at {prefill.speed_factor:.2f}x and '
+                 f'decoding at {decode.speed_factor:.2f}x the calibrated times')
+
     def shutdown(self, timeout_s=30.0):
-        """End every queued or running goal with FAILED and stop all threads."""
+        """End every queued or running goal with FAILED, stop all threads, save the state."""
         self._closed = True
         for job in self.queue.close():
             job.cancel('shutdown')
-            job.finish(JobResult(status=status.FAILED,
+            job.finish(JobResult(status=status.FAILED, stop_phase='queue',
                                  message='server shutting down; goal was still queued'))
         for executor in self.executors:
             if executor.current is not None:
@@ -61,6 +112,18 @@ class TimeBillService:
             self.queue.cond.notify_all()
         if self._reaper.is_alive():
             self._reaper.join(timeout_s)
+        self.save_state()
+
+    def save_state(self):
+        """Save the time model's online state to ``state_path`` (if any); log failures."""
+        if self.state_path is None:
+            return
+        with self._save_lock:
+            try:
+                self.time_model.save(self.state_path)
+            except OSError as exc:
+                self.log(f'warning: could not save the time-model state: {exc}')
+            self._last_save_s = self.clock()
 
     # --- goals -----------------------------------------------------------------------------
     @property
@@ -72,6 +135,16 @@ class TimeBillService:
     def busy(self):
         """Return True while some executor runs a goal."""
         return any(executor.current is not None for executor in self.executors)
+
+    def status(self) -> ServiceStatus:
+        """Return the queue and time-model figures for stats and diagnostics."""
+        depth = self.queue_depth
+        running = sum(executor.current is not None for executor in self.executors)
+        decode, prefill = (self.time_model.status(p) for p in (DECODE, PREFILL))
+        return ServiceStatus(
+            queue_depth=depth, active_goals=depth + running, busy=running > 0,
+            speed_factor_decode=decode.speed_factor, speed_factor_prefill=prefill.speed_factor,
+            wcet_margin_decode=decode.upper_margin, wcet_margin_prefill=prefill.upper_margin)
 
     def submit(self, request, on_feedback, on_done, received_s=None):
         """Admit a goal; return its Job, or None when it was rejected (on_done already called).
@@ -91,7 +164,10 @@ class TimeBillService:
         except GoalRejected as exc:
             done(JobResult(status=status.REJECTED, message=str(exc), goal_id=goal_id,
                            total_time_s=self.clock() - received_s,
-                           budget_s=request.budget_s or 0.0))
+                           budget_s=request.budget_s or 0.0, stop_phase='admission',
+                           infeasible=isinstance(exc, GoalInfeasible),
+                           min_time_s=getattr(exc, 'min_time_s', 0.0),
+                           prompt_tokens=getattr(exc, 'n_x', 0)))
             return None
         return job
 
@@ -99,7 +175,8 @@ class TimeBillService:
         """Cancel a goal: at once when queued, at the engine's next check when running."""
         job.cancel('client')
         if self.queue.remove(job):
-            job.finish(JobResult(status=status.CANCELED, message='canceled while queued'))
+            job.finish(JobResult(status=status.CANCELED, message='canceled while queued',
+                                 stop_phase='queue'))
 
     def _admit(self, request, goal_id, received_s, on_feedback, on_done):
         if self._closed:
@@ -116,6 +193,10 @@ class TimeBillService:
         job = Job(request=request, goal_id=goal_id, received_s=received_s,
                   deadline_s=deadline_s, policy=policy, n_max=n_max, input_ids=input_ids,
                   on_feedback=on_feedback, on_done=on_done, clock=self.clock)
+        verdict = self.admission.check(job, self.clock())
+        if not verdict.admit:
+            raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
+        self._apply(job, verdict)
         try:
             self.queue.push(job)
         except (QueueFull, RuntimeError) as exc:
@@ -123,6 +204,15 @@ class TimeBillService:
         on_feedback(goals.Feedback(phase=status.PHASE_QUEUED,
                                    elapsed_s=self.clock() - received_s))
         return job
+
+    def _apply(self, job, verdict):
+        """Record an admitting verdict on the job: least time, note, queue expiry."""
+        job.min_time_s = verdict.min_time_s
+        if verdict.infeasible and not job.infeasible:  # the first finding says the most
+            job.infeasible = True
+            job.admission_note = verdict.message
+        stops_early = job.policy.stops_early and self.admission.name != 'none'
+        job.expires_s = job.deadline_s - (verdict.min_time_s if stops_early else 0.0)
 
     def _encode(self, request):
         try:
@@ -135,27 +225,58 @@ class TimeBillService:
                 f'prompt is {len(input_ids)} tokens; the model context is {limit} tokens')
         return input_ids
 
-    # --- deadline expiry of queued goals ------------------------------------------------------
+    # --- leaving the queue ---------------------------------------------------------------
+    def _on_dequeue(self, job):
+        """Admission again when a goal leaves the queue; a REJECTED result if it cannot fit."""
+        verdict = self.admission.check(job, self.clock(), queued=True)
+        if verdict.admit:
+            self._apply(job, verdict)
+            return None
+        return self._infeasible_result(verdict)
+
+    @staticmethod
+    def _infeasible_result(verdict):
+        return JobResult(status=status.REJECTED, message=verdict.message, infeasible=True,
+                         min_time_s=verdict.min_time_s, stop_phase='queue')
+
+    def _after_job(self, job):
+        if self.clock() - self._last_save_s >= self.config.timing.persist_period_s:
+            self.save_state()
+
     def _reap_loop(self):
+        """End queued goals that expired: can no longer fit (Kill, Partial) or came due."""
         while not self._reaper_stop.is_set():
             with self.queue.cond:
-                next_deadline = self.queue.next_deadline()
-                wait_s = 0.5 if next_deadline is None else next_deadline - self.clock()
+                expiry = self.queue.next_expiry()
+                wait_s = 0.5 if expiry is None else expiry - self.clock()
                 if wait_s > 0:
                     self.queue.cond.wait(min(wait_s, 0.5))
-            for job in self.queue.pop_expired(self.clock()):
-                job.finish(self._expired_result(job))
+            now = self.clock()
+            for job in self.queue.expired(now):
+                result = self._expired_result(job, now)
+                if result is not None and self.queue.remove(job):
+                    job.finish(result)
 
-    def _expired_result(self, job):
-        """SKIPPED when it came due while a skip-next goal overran, else KILLED."""
-        now = self.clock()
+    def _expired_result(self, job, now):
+        """Return the result of an expired queued goal, or None to keep it queued.
+
+        SKIPPED when it came due while a skip-next goal overran; REJECTED when it can no
+        longer fit before its deadline; KILLED when the deadline passed. None: the time
+        model got faster meanwhile and the goal fits again (its expiry moves).
+        """
         for executor in self.executors:
             running = executor.current
             if (running is not None and running.policy.name == 'skip_next'
                     and running.deadline_s < now):
                 return JobResult(
-                    status=status.SKIPPED, kill_latency_s=None,
+                    status=status.SKIPPED, kill_latency_s=None, stop_phase='queue',
                     message=f'skipped: came due while goal {running.goal_id} overran '
                             'under skip-next')
+        if now < job.deadline_s:
+            verdict = self.admission.check(job, now, queued=True)
+            if verdict.admit:
+                self._apply(job, verdict)
+                return None
+            return self._infeasible_result(verdict)
         return JobResult(status=status.KILLED, kill_latency_s=now - job.deadline_s,
-                         message='deadline passed while queued; not run')
+                         stop_phase='queue', message='deadline passed while queued; not run')

@@ -26,8 +26,9 @@ PHASE_DECODE = 2
 POLICY_DEFAULT = 0
 POLICY_KILL = 1
 POLICY_SKIP_NEXT = 2
+POLICY_PARTIAL = 3
 
-POLICY_CODES = {'kill': POLICY_KILL, 'skip_next': POLICY_SKIP_NEXT}
+POLICY_CODES = {'kill': POLICY_KILL, 'skip_next': POLICY_SKIP_NEXT, 'partial': POLICY_PARTIAL}
 POLICY_BY_CODE = {code: name for name, code in POLICY_CODES.items()}
 
 # How each status ends the action: 'succeed', 'abort' or 'canceled'.

@@ -79,3 +79,49 @@ def decide(coefficients, budget_s, n_x, n_hat, n_max, k, alpha_max, t_predict_s=
     wcet_s = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, alpha, n_w)
     return BudgetDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, wcet_s=wcet_s,
                           fits=t_predict_s + wcet_s <= budget_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemainingDecision:
+    """The budget decision taken after the prefill (tokens, ratio, seconds from now).
+
+    remaining_s: eviction (when alpha > 0) plus the decoding phase of N^_W tokens at alpha,
+    at the time model's bound. fits: remaining_s <= the time left.
+    """
+
+    n_hat: int
+    n_w: int
+    alpha: float
+    remaining_s: float
+    fits: bool
+
+
+def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
+                     fixed_alpha=None, bound='worst'):
+    """Pick alpha for the time actually left after the prefill and the predictor.
+
+    Eq. 11 with T - t^_prefill - t_Predict replaced by what they are once both have run:
+    ``time_left_s`` = deadline - now, seconds. The decoding coefficients p, q and the
+    eviction time come from ``time_model`` (timing.online.TimeModel) at ``bound`` (WORST:
+    corrected speed x learned margin). Keeping the whole cache is preferred whenever it fits,
+    since eviction itself costs time; otherwise alpha* is solved for the time left minus the
+    eviction. fixed_alpha: when not None, use it (the fixed-ratio baselines).
+    """
+    n_w = pessimistic_tokens(n_hat, k, n_max)
+    coefficients = time_model.decode_coefficients(bound)
+    evict_s = time_model.evict_s(n_x, bound)
+
+    def remaining(alpha):
+        return (evict_s if alpha > 0 else 0.0) + coefficients.decode_phase_s(n_x, alpha, n_w)
+
+    if fixed_alpha is not None:
+        alpha = float(fixed_alpha)
+    elif remaining(0.0) <= time_left_s:
+        alpha = 0.0
+    else:
+        alpha = alpha_star(time_left_s - evict_s, n_x, n_w, 0.0, 0.0, coefficients.p,
+                           coefficients.q, alpha_max)
+    need_s = remaining(alpha)
+    # alpha* solves need_s == time_left_s exactly: allow for the last bits of rounding.
+    fits = need_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
+    return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s, fits=fits)

@@ -449,6 +449,18 @@ def load_or_calibrate(engine, engine_config, timing_config, *, log=print):
         'is false; run `timebill profile` to create one, or set timing.calibration_file')
 
 
+def online_state_path(engine_config, timing_config):
+    """Return where the online time-model state lives.
+
+    ``timing.state_file``, else next to the cache entry of this engine's calibration
+    (``<cache>/calibration/<key>.online.yaml``).
+    """
+    if timing_config.state_file:
+        return os.path.expanduser(timing_config.state_file)
+    path = default_calibration_path(calibration_key(*key_fields(engine_config)))
+    return path[:-len('.yaml')] + '.online.yaml'
+
+
 def _format_mape(value):
     """Return a MAPE for the report: ``1.23 %`` or ``n/a``."""
     return 'n/a (nothing held out)' if value is None else f'{value:.2f} %'

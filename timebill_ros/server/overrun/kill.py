@@ -1,14 +1,15 @@
-"""Kill: the goal stops at its deadline and its response is discarded (status KILLED)."""
+"""Kill: the goal stops at its deadline, or earlier once it cannot finish; response discarded."""
 
 from timebill_ros.server.overrun.base import OverrunPolicy
 from timebill_ros.stopping import DeadlineStop
 
 
 class KillPolicy(OverrunPolicy):
-    """Stop generation at the deadline."""
+    """Stop generation at the deadline (status KILLED)."""
 
     name = 'kill'
     discards_late_result = True
+    stops_early = True
 
     def stop_criteria(self, deadline_s, clock):
         """Stop once the clock reaches the deadline."""

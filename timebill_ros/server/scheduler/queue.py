@@ -1,4 +1,4 @@
-"""A bounded, thread-safe queue of admitted jobs with deadline expiry."""
+"""A bounded, thread-safe queue of admitted jobs; jobs carry the time they expire."""
 
 import threading
 import time
@@ -56,17 +56,15 @@ class JobQueue:
                 return True
             return False
 
-    def pop_expired(self, now_s):
-        """Remove and return the jobs whose deadline is <= now_s."""
+    def expired(self, now_s):
+        """Return (without removing) the waiting jobs whose ``expires_s`` is <= now_s."""
         with self.cond:
-            expired = [job for job in self._jobs if job.deadline_s <= now_s]
-            self._jobs = [job for job in self._jobs if job.deadline_s > now_s]
-            return expired
+            return [job for job in self._jobs if job.expires_s <= now_s]
 
-    def next_deadline(self):
-        """Return the earliest deadline of the waiting jobs, or None."""
+    def next_expiry(self):
+        """Return the earliest ``expires_s`` of the waiting jobs, or None."""
         with self.cond:
-            return min((job.deadline_s for job in self._jobs), default=None)
+            return min((job.expires_s for job in self._jobs), default=None)
 
     def close(self):
         """Refuse new jobs, wake all waiters and return the jobs still waiting."""

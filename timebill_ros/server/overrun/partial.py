@@ -1,0 +1,24 @@
+"""Partial (anytime): at the deadline decoding stops and the text so far is the answer.
+
+A planner often prefers half a plan to none, as llama.cpp's time cap gives. The goal ends
+COMPLETED with ``truncated`` set and ``deadline_met`` true; a goal stopped before it produced
+any text (its prefill cannot end in time) ends KILLED, as under Kill. alpha* is chosen as for
+every goal (Eq. 11 with N^_W): eviction is never needed to meet the deadline here, it makes
+room for more of the answer before it.
+"""
+
+from timebill_ros.server.overrun.base import OverrunPolicy
+from timebill_ros.stopping import DeadlineStop
+
+
+class PartialPolicy(OverrunPolicy):
+    """Stop decoding at the deadline and keep the text."""
+
+    name = 'partial'
+    discards_late_result = False
+    stops_early = True
+    keeps_text_at_deadline = True
+
+    def stop_criteria(self, deadline_s, clock):
+        """Stop once the clock reaches the deadline."""
+        return [DeadlineStop(deadline_s, clock)]

@@ -1,0 +1,353 @@
+"""One goal through the TimeBill pipeline on one engine, under its deadline in every phase.
+
+prefill in chunks sized from the time model (the length predictor beside it on a CPU thread)
+-> wait for N^ -> alpha* for the time actually left (Eq. 11, corrected WORST model) -> evict
+-> decode. Cancel and the Kill / Partial deadline are checked before every decoder layer,
+between prefill chunks, while waiting for the predictor and between eviction layers; Kill
+and Partial goals also stop as soon as the time model says they can no longer finish, so
+their compute goes to the next goal. Every measured phase updates the online time model.
+"""
+
+import concurrent.futures
+import time
+
+from timebill_ros import stopping
+from timebill_ros.engine import GenerationStopped
+from timebill_ros.server import status
+from timebill_ros.server.goals import Feedback, JobResult
+from timebill_ros.timing.budget import decide_remaining
+from timebill_ros.timing.online import EXPECTED, LEAST, WORST
+
+POLL_S = 0.005          # the predictor wait re-checks cancel and the deadline this often
+MIN_CHUNK_TOKENS = 16   # chunks never shrink below this (per-call overhead would dominate)
+WARM_UP_TOKENS = 256    # the start-up warm-up goal: prompt tokens, decoding steps, alpha
+WARM_UP_STEPS = 8
+WARM_UP_ALPHA = 0.5
+
+
+def _timed_predict(predictor, prompt, input_ids, n_max, clock):
+    start = clock()
+    n_hat = predictor.predict(prompt, input_ids, n_max)
+    return int(n_hat), start, clock()
+
+
+class JobRunner:
+    """Runs jobs on an engine and returns their JobResult (never raises for job faults).
+
+    engine: LlmEngine. predictor: LengthPredictor. time_model: timing.online.TimeModel.
+    clock: monotonic seconds (the service's).
+    """
+
+    def __init__(self, engine, predictor, time_model, server_config, clock=time.monotonic):
+        self.engine = engine
+        self.predictor = predictor
+        self.time_model = time_model
+        self.config = server_config
+        self.clock = clock
+        self._predict_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix='timebill-predict')
+
+    def close(self):
+        """Stop the predictor thread."""
+        self.predictor.abort()
+        self._predict_pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit_prediction(self, prompt, input_ids, n_max):
+        """Start the length predictor on its thread; return the future."""
+        return self._predict_pool.submit(_timed_predict, self.predictor, prompt, input_ids,
+                                         n_max, self.clock)
+
+    def run(self, job) -> JobResult:
+        """Run ``job`` to a terminal JobResult."""
+        job.started_s = self.clock()
+        result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
+                           queue_time_s=job.started_s - job.received_s)
+        goal = _GoalRun(self, job, result)
+        try:
+            goal.execute()
+        except Exception as exc:  # a model or predictor fault ends this goal only
+            result.status = status.FAILED
+            result.message = f'engine error: {type(exc).__name__}: {exc}'
+            result.response = ''
+            result.stop_phase = goal.phase
+        end = self.clock()
+        result.execution_time_s = end - job.started_s
+        result.total_time_s = end - job.received_s
+        return result
+
+    def warm_up(self, n_x=WARM_UP_TOKENS, steps=WARM_UP_STEPS, alpha=WARM_UP_ALPHA):
+        """Run one synthetic goal as goals run and feed its times to the time model.
+
+        The prefill runs with the predictor beside it, then an eviction at ``alpha`` and
+        ``steps`` decoding steps: the speed factors then start from this moment's machine.
+        """
+        model, engine = self.time_model, self.engine
+        ids = engine.random_ids(n_x)
+        future = self.submit_prediction('', ids, steps + 1)
+        state = engine.prefill(ids, stopping.StopCriteria())
+        model.observe_prefill(n_x, state.prefill_s)
+        try:
+            _, start, end = future.result(timeout=60.0)
+            model.observe_predict(n_x, end - start)
+        except Exception:  # a broken predictor is reported by the goals that use it
+            pass
+        start = self.clock()
+        n_kv = engine.evict(state, alpha)
+        if n_kv < n_x:
+            model.observe_evict(n_x, self.clock() - start)
+        timer = stopping.StepTimer(self.clock)
+        engine.decode(state, steps + 1, stopping.StopCriteria([timer]))
+        durations = timer.step_durations_s()
+        model.observe_decode(n_kv, len(durations), sum(durations))
+
+
+class _GoalRun:
+    """The state of one goal while it runs (phase, criteria, timings)."""
+
+    def __init__(self, runner, job, result):
+        self.runner = runner
+        self.engine = runner.engine
+        self.model = runner.time_model
+        self.clock = runner.clock
+        self.job = job
+        self.result = result
+        self.phase = 'prefill'
+        self.interrupt = stopping.StopCriteria(
+            [stopping.CancelStop(job.cancel_event)]
+            + list(job.policy.stop_criteria(job.deadline_s, self.clock)))
+
+    # --- the pipeline ------------------------------------------------------------------
+    def execute(self):
+        job, model, result = self.job, self.model, self.result
+        # t^_WCET's head is predicted before anything runs, so the WCET is a true forecast.
+        self.wcet_head_s = model.prefill_s(job.n_x, WORST) + model.overhang_s(job.n_x, WORST)
+        self._feedback(status.PHASE_PREFILL)
+        prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
+                                                   job.n_max)
+        try:
+            state = self.engine.prefill(job.input_ids, self._prefill_stop(),
+                                        chunk_plan=self._chunk_plan(), interrupt=self.interrupt)
+        except GenerationStopped as stop:
+            self.runner.predictor.abort()
+            prediction.cancel()
+            self._stopped(stop.reason)
+            return
+        prefill_end = self.clock()
+        result.prefill_time_s = state.prefill_s
+        model.observe_prefill(job.n_x, state.prefill_s)
+        self.phase = 'predictor'
+        n_hat = self._await_prediction(prediction, prefill_end)
+        if n_hat is None:
+            return
+        decision = self._decide(n_hat)
+        self.phase = 'eviction'
+        if not self._evict(state, decision.alpha):
+            return
+        self.phase = 'decode'
+        self._decode(state, decision.alpha)
+
+    def _feedback(self, phase, tokens=0, text='', alpha=0.0):
+        self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
+                                      elapsed_s=self.clock() - self.job.received_s,
+                                      eviction_ratio=alpha))
+
+    def _prefill_stop(self):
+        """Interrupts, plus (Kill / Partial) stop once the rest of the prefill cannot fit."""
+        criteria = list(self.interrupt.criteria)
+        if self.job.policy.stops_early:
+            n_x, model = self.job.n_x, self.model
+
+            def least_rest_s(n_done):
+                return model.prefill_rest_s(n_done, n_x, LEAST) + model.step_s(n_x, LEAST)
+
+            criteria.append(stopping.PrefillCannotFinish(self.job.deadline_s, least_rest_s,
+                                                         self.clock))
+        return stopping.StopCriteria(criteria)
+
+    def _chunk_plan(self):
+        """Return a chunk plan: one decoder layer of a chunk takes at most the stop bound.
+
+        The bound is ``engine.stop_bound_s`` or, when 0, one decoding step at this prompt's
+        length; chunk times are the time model's WORST bound. The largest such chunk up to
+        ``engine.prefill_chunk_tokens`` is taken (binary search: the time grows with size).
+        """
+        cfg = self.runner.config.engine
+        model, n_layers = self.model, self.engine.n_layers
+        bound_s = cfg.stop_bound_s or model.step_s(self.job.n_x, EXPECTED)
+
+        def plan(begin, n_tokens):
+            allowed_s = bound_s * n_layers
+            low, high = MIN_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, cfg.prefill_chunk_tokens)
+            while low < high:
+                mid = (low + high + 1) // 2
+                if model.chunk_s(begin, mid, WORST) <= allowed_s:
+                    low = mid
+                else:
+                    high = mid - 1
+            return low
+
+        return plan
+
+    def _await_prediction(self, future, prefill_end):
+        """Return N^ (the fallback N_max when late or broken), or None when the goal stopped.
+
+        The wait re-checks cancel, the deadline and (Kill / Partial) whether one decoding
+        step still fits, every POLL_S seconds; it gives up after predictor.timeout_s.
+        """
+        job, result = self.job, self.result
+        limit = prefill_end + self.runner.config.predictor.timeout_s
+        predictor = self.runner.predictor
+        while True:
+            reason = self.interrupt.check(0, None) or self._cannot_decode(0.0)
+            if reason is not None:
+                predictor.abort()
+                future.cancel()
+                self._stopped(reason)
+                return None
+            if self.clock() >= limit and not future.done():
+                future.cancel()
+                result.predictor = 'fallback (predictor late)'
+                break
+            try:
+                n_hat, start, end = future.result(timeout=max(0.0, min(POLL_S,
+                                                                       limit - self.clock())))
+            except concurrent.futures.TimeoutError:
+                continue
+            except Exception as exc:
+                result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
+                break
+            if 0 <= n_hat <= job.n_max:
+                result.predictor = predictor.name
+                result.predict_time_s = end - start
+                self.model.observe_predict(job.n_x, end - start)
+                return n_hat
+            result.predictor = (f'fallback (predictor error: predicted {n_hat} tokens, '
+                                f'outside [0, {job.n_max}])')
+            break
+        result.predict_time_s = self.clock() - prefill_end
+        return job.n_max
+
+    def _cannot_decode(self, extra_s):
+        """Return CANNOT_FINISH when ``extra_s`` seconds plus one step no longer fit."""
+        job = self.job
+        if not job.policy.stops_early:
+            return None
+        need_s = extra_s + self.model.step_s(job.n_x, LEAST)
+        if self.clock() + need_s > job.deadline_s:
+            return stopping.CANNOT_FINISH
+        return None
+
+    def _decide(self, n_hat):
+        """Choose alpha* for the time left; fill the budget fields of the result."""
+        job, cfg = self.job, self.runner.config.budget
+        fixed = cfg.fixed_alpha if cfg.mode == 'fixed' else None
+        decision = decide_remaining(self.model, job.deadline_s - self.clock(), job.n_x, n_hat,
+                                    job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
+                                    fixed_alpha=fixed)
+        self.result.predicted_tokens = decision.n_hat
+        self.result.pessimistic_tokens = decision.n_w
+        self.result.eviction_ratio = decision.alpha
+        self.result.predicted_wcet_s = self.wcet_head_s + decision.remaining_s
+        return decision
+
+    def _evict(self, state, alpha):
+        """Evict ``alpha`` of the prompt KV under the interrupts; return False if stopped."""
+        if alpha <= 0:
+            return True
+        reason = self._cannot_decode(self.model.evict_s(self.job.n_x, LEAST))
+        start = self.clock()
+        try:
+            if reason is not None:
+                raise GenerationStopped(reason)
+            n_kv = self.engine.evict(state, alpha, interrupt=self.interrupt)
+        except GenerationStopped as stop:
+            self._stopped(stop.reason)
+            return False
+        if n_kv < state.n_x:
+            self.model.observe_evict(state.n_x, self.clock() - start)
+        return True
+
+    def _decode(self, state, alpha):
+        job, result, model = self.job, self.result, self.model
+        n_kv_first = state.n_kv
+        timer = stopping.StepTimer(self.clock)
+        criteria = [stopping.EosStop(self.engine.eos_token_ids),
+                    stopping.MaxTokensStop(job.n_max), timer] + list(self.interrupt.criteria)
+        if job.policy.stops_early:
+            # Kill stops only when the step surely cannot finish (LEAST); an anytime
+            # answer stops before a step that might not (WORST): it must arrive in time.
+            bound = WORST if job.policy.keeps_text_at_deadline else LEAST
+
+            def next_step_s(n_generated):
+                return model.step_s(n_kv_first + n_generated - 1, bound)
+
+            criteria.append(stopping.NextStepCannotFinish(job.deadline_s, next_step_s,
+                                                          self.clock))
+        self._feedback(status.PHASE_DECODE, alpha=alpha)
+
+        def on_tokens(n_generated, text):
+            self._feedback(status.PHASE_DECODE, n_generated, text, alpha)
+
+        out = self.engine.decode(state, job.n_max, stopping.StopCriteria(criteria), on_tokens,
+                                 self.runner.config.engine.feedback_every_tokens,
+                                 interrupt=self.interrupt)
+        steps = timer.step_durations_s()
+        model.observe_decode(n_kv_first, len(steps), sum(steps))
+        result.decode_time_s = out.decode_s
+        result.response_tokens = len(out.token_ids)
+        self._decoded(out)
+
+    # --- outcomes ----------------------------------------------------------------------
+    def _decoded(self, out):
+        job, result = self.job, self.result
+        stopped_for_time = out.stop_reason in (stopping.DEADLINE, stopping.CANNOT_FINISH)
+        if out.stop_reason == stopping.CANCELED or (
+                stopped_for_time and not job.policy.keeps_text_at_deadline):
+            self._stopped(out.stop_reason)
+            return
+        late_s = self.clock() - job.deadline_s
+        result.stop_phase = 'decode'
+        if late_s > 0 and job.policy.discards_late_result:
+            result.status = status.KILLED
+            result.kill_latency_s = late_s
+            result.message = f'finished {late_s:.3f} s after the deadline; response discarded'
+            return
+        result.status = status.COMPLETED
+        result.response = out.text
+        result.deadline_met = late_s <= 0
+        when = 'on time' if late_s <= 0 else f'{late_s:.3f} s late ({job.policy.name})'
+        if stopped_for_time:
+            result.truncated = True
+            why = ('at the deadline' if out.stop_reason == stopping.DEADLINE
+                   else 'the next token could not arrive before the deadline')
+            how = f'truncated after {len(out.token_ids)} tokens: {why}'
+        elif out.stop_reason == stopping.EOS:
+            how = 'end of answer'
+        else:
+            how = 'max_new_tokens reached'
+        result.message = f'completed ({how}), {when}'
+        if job.infeasible:
+            result.message += f'; {job.admission_note}'
+
+    def _stopped(self, reason):
+        """Fill the result of a goal stopped by ``reason`` during ``self.phase``."""
+        job, result, phase = self.job, self.result, self.phase
+        now = self.clock()
+        result.stop_phase = phase
+        if reason == stopping.CANCELED:
+            if job.cancel_reason == 'shutdown':
+                result.status = status.FAILED
+                result.message = f'server shut down during {phase}'
+            else:
+                result.status = status.CANCELED
+                result.message = f'canceled during {phase}'
+            return
+        result.status = status.KILLED
+        result.kill_latency_s = now - job.deadline_s
+        no_text = ' (no text yet to return)' if job.policy.keeps_text_at_deadline else ''
+        if reason == stopping.DEADLINE:
+            result.message = f'killed at the deadline during {phase}{no_text}'
+        else:
+            result.message = (f'killed during {phase}, {job.deadline_s - now:.3f} s before the '
+                              'deadline: the time model says it can no longer finish'
+                              f'{no_text}')

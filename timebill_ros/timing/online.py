@@ -1,0 +1,344 @@
+"""The self-correcting time model: Eq. 4 times a tracked speed factor, with a learned margin.
+
+Why speed factors and not recursive least squares on Eq. 4's coefficients: what drifts on a
+shared machine is the *speed* (other processes, clock frequency, the length predictor running
+beside the prefill on the same cores), which scales every cost of a phase by about the same
+factor. One factor per phase is identified by a single goal, whatever its length; RLS with
+forgetting on (a, b, c) or (p, q) needs goals spread over many prompt and cache lengths to
+stay well-conditioned, which a robot's stream of similar goals does not give, and a drifting
+quadratic term would bend long-prompt estimates the most. So the calibrated shape (Eq. 4a/4b)
+stays and each phase tracks
+
+* a **speed factor** s: an exponentially weighted mean of log(measured / calibrated) over
+  goals (``timing.speed_gain`` is the weight of the newest one), and
+* its **residuals** e = measured / (s x calibrated), each taken *before* that sample moved
+  s (so they are honest out-of-sample errors), over the last ``timing.residual_window``
+  goals.
+
+Every estimate comes in three bounds: ``EXPECTED`` = s x calibrated; ``WORST`` = that x the
+``timing.wcet_quantile`` upper quantile of the residuals (at least 1) - what t^_WCET and
+alpha* use; ``LEAST`` = that x the lower quantile (at most 1) - what admission and early Kill
+use, so a goal is never refused for a slowness the machine might not show. Until a phase has
+``timing.min_residuals`` residuals, ``timing.prior_margin`` (and its inverse) widen the bounds.
+
+Phases: ``prefill`` (Eq. 4a, measured as the server runs it: with the length predictor
+beside it), ``decode`` (Eq. 4b summed over a goal's steps), ``evict`` (SnapKV scoring and
+gather, a per-prompt-token cost) and ``predict`` (the RLP's own t^_Predict fit).
+The state is saved to YAML (``timing.state_file``) and restored at start-up when it belongs
+to the same calibration. Thread-safe. Never imports rclpy.
+"""
+
+import collections
+import dataclasses
+import math
+import os
+import tempfile
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+import yaml
+
+from timebill_ros.timing.model import TimingCoefficients, check_int, now_iso
+
+EXPECTED, WORST, LEAST = 'expected', 'worst', 'least'
+BOUNDS = (EXPECTED, WORST, LEAST)
+PREFILL, DECODE, EVICT, PREDICT = 'prefill', 'decode', 'evict', 'predict'
+PHASES = (PREFILL, DECODE, EVICT, PREDICT)
+# Calibrated eviction cost before any is measured: SnapKV scoring + gather measured at about
+# 40 ms for 803 prompt tokens on the development CPU (README); the speed factor corrects it.
+EVICT_PRIOR_S_PER_TOKEN = 5e-5
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineSettings:
+    """How the model corrects itself (the ``timing`` parameters of the same names).
+
+    enabled: False = the calibration as measured (no factor, no margin: the fixed model).
+    speed_gain: weight of the newest goal in a phase's speed factor, in (0, 1].
+    residual_window: residuals kept per phase (goals).
+    wcet_quantile: upper quantile of the residuals for WORST; 1 - it for LEAST.
+    min_residuals: below this many residuals the prior margin is used as well.
+    prior_margin: upper margin (>= 1) before enough residuals; LEAST uses its inverse.
+    """
+
+    enabled: bool = True
+    speed_gain: float = 0.3
+    residual_window: int = 64
+    wcet_quantile: float = 0.99
+    min_residuals: int = 8
+    prior_margin: float = 1.3
+
+    def __post_init__(self):
+        """Check every field, naming the bad one."""
+        if not 0 < self.speed_gain <= 1:
+            raise ValueError(f'timing.speed_gain must be in (0, 1], got {self.speed_gain!r}')
+        check_int('timing.residual_window', self.residual_window, 1)
+        check_int('timing.min_residuals', self.min_residuals, 0)
+        if not 0.5 <= self.wcet_quantile <= 1:
+            raise ValueError(
+                f'timing.wcet_quantile must be in [0.5, 1], got {self.wcet_quantile!r}')
+        if not math.isfinite(self.prior_margin) or self.prior_margin < 1:
+            raise ValueError(f'timing.prior_margin must be >= 1, got {self.prior_margin!r}')
+
+
+class PhaseTracker:
+    """Speed factor and residual window of one phase (not locked: TimeModel locks)."""
+
+    def __init__(self, settings: OnlineSettings):
+        self.settings = settings
+        self.log_factor = 0.0
+        self.n_samples = 0
+        self.residuals = collections.deque(maxlen=settings.residual_window)
+
+    @property
+    def factor(self) -> float:
+        """Return the speed factor s (measured / calibrated; 1 = as calibrated)."""
+        return math.exp(self.log_factor) if self.settings.enabled else 1.0
+
+    def observe(self, base_s: float, measured_s: float) -> None:
+        """Add one measurement of something the calibration predicts ``base_s`` seconds for."""
+        if not (base_s > 0 and measured_s > 0 and math.isfinite(measured_s)):
+            return
+        ratio = measured_s / base_s
+        if self.n_samples:
+            self.residuals.append(ratio / self.factor)
+            gain = self.settings.speed_gain
+            self.log_factor += gain * (math.log(ratio) - self.log_factor)
+        else:  # the first sample sets the factor; it says nothing about the residuals
+            self.log_factor = math.log(ratio)
+        self.n_samples += 1
+
+    def margin(self, bound: str) -> float:
+        """Return the residual multiplier of ``bound`` (1 for EXPECTED or when disabled)."""
+        if bound == EXPECTED or not self.settings.enabled:
+            return 1.0
+        s = self.settings
+        upper = bound == WORST
+        values = np.asarray(self.residuals, dtype=float)
+        if values.size:
+            q = s.wcet_quantile if upper else 1.0 - s.wcet_quantile
+            # 'higher' / 'lower': never interpolate towards the middle of a small window.
+            seen = float(np.quantile(values, q, method='higher' if upper else 'lower'))
+        else:
+            seen = 1.0
+        if values.size < s.min_residuals:
+            prior = s.prior_margin if upper else 1.0 / s.prior_margin
+            seen = max(seen, prior) if upper else min(seen, prior)
+        return max(1.0, seen) if upper else min(1.0, seen)
+
+    def state(self) -> dict:
+        """Return the persistable state."""
+        return {'log_factor': self.log_factor, 'n_samples': self.n_samples,
+                'residuals': [float(r) for r in self.residuals]}
+
+    def restore(self, state: dict) -> None:
+        """Restore :meth:`state` output (ValueError/TypeError when malformed)."""
+        log_factor = float(state['log_factor'])
+        if not math.isfinite(log_factor):
+            raise ValueError(f'log_factor must be finite, got {log_factor!r}')
+        residuals = [float(r) for r in state['residuals']]
+        if any(not (r > 0 and math.isfinite(r)) for r in residuals):
+            raise ValueError('residuals must be finite and > 0')
+        self.log_factor = log_factor
+        self.n_samples = check_int('n_samples', state['n_samples'])
+        self.residuals.clear()
+        self.residuals.extend(residuals)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseStatus:
+    """One phase for stats: speed factor, WORST / LEAST margins, samples seen."""
+
+    speed_factor: float
+    upper_margin: float
+    lower_margin: float
+    n_samples: int
+
+
+class TimeModel:
+    """Eq. 4 with online speed factors and residual margins; all times in seconds.
+
+    coefficients: the calibration's Eq. 4 (TimingCoefficients).
+    predict_s: N_x (tokens) -> calibrated t^_Predict of the length predictor, seconds, or
+        None when the predictor costs nothing (the fallback).
+    settings: OnlineSettings. calibration_created: the calibration's ``created`` stamp,
+        which the saved state must match to be restored.
+    """
+
+    def __init__(self, coefficients: TimingCoefficients, settings: OnlineSettings = None,
+                 predict_s: Optional[Callable[[int], float]] = None,
+                 calibration_created: str = ''):
+        if not isinstance(coefficients, TimingCoefficients):
+            raise TypeError(f'coefficients must be TimingCoefficients, got {coefficients!r}')
+        self.coefficients = coefficients
+        self.settings = settings or OnlineSettings()
+        self.predict_base_s = predict_s
+        self.calibration_created = calibration_created
+        self.phases = {name: PhaseTracker(self.settings) for name in PHASES}
+        self._lock = threading.Lock()
+
+    # --- estimates -----------------------------------------------------------------------
+    def _scale(self, phase: str, bound: str) -> float:
+        if bound not in BOUNDS:
+            raise ValueError(f'bound must be one of {BOUNDS}, got {bound!r}')
+        with self._lock:
+            tracker = self.phases[phase]
+            return tracker.factor * tracker.margin(bound)
+
+    def prefill_s(self, n_x: int, bound: str = EXPECTED) -> float:
+        """Return the prefill time of an ``n_x``-token prompt (Eq. 4a, corrected)."""
+        return self._scale(PREFILL, bound) * self.coefficients.prefill_s(n_x)
+
+    def prefill_rest_s(self, n_done: int, n_x: int, bound: str = EXPECTED) -> float:
+        """Return the time to prefill tokens ``n_done``..``n_x`` (Eq. 4a differences)."""
+        co = self.coefficients
+        if check_int('n_done', n_done) >= n_x:
+            return 0.0
+        # prefill_s(0) is c, so the difference drops the constant: every chunk pays it.
+        rest = co.prefill_s(n_x) - co.prefill_s(n_done) + co.c
+        return self._scale(PREFILL, bound) * max(0.0, rest)
+
+    def chunk_s(self, begin: int, n_tokens: int, bound: str = EXPECTED) -> float:
+        """Return the time of one prefill chunk of ``n_tokens`` tokens from ``begin``.
+
+        Eq. 4a's difference a((begin + n)^2 - begin^2) + b n, plus its constant c for every
+        chunk (each forward pass pays the per-call overhead).
+        """
+        co = self.coefficients
+        end = begin + n_tokens
+        base = co.a * (end * end - begin * begin) + co.b * n_tokens + co.c
+        return self._scale(PREFILL, bound) * base
+
+    def step_s(self, n_kv: int, bound: str = EXPECTED) -> float:
+        """Return the time of one decoding step with ``n_kv`` cached tokens (Eq. 4b)."""
+        return self._scale(DECODE, bound) * self.coefficients.decode_step_s(n_kv)
+
+    def decode_s(self, n_x: int, alpha: float, n_tokens: int, bound: str = EXPECTED) -> float:
+        """Return the decoding phase of an ``n_tokens`` answer at eviction ratio ``alpha``."""
+        return self._scale(DECODE, bound) * self.coefficients.decode_phase_s(
+            n_x, alpha, n_tokens)
+
+    def decode_coefficients(self, bound: str = WORST) -> TimingCoefficients:
+        """Return Eq. 4 with p, q scaled to ``bound`` (what Eq. 11 solves alpha* with)."""
+        scale = self._scale(DECODE, bound)
+        co = self.coefficients
+        return TimingCoefficients(co.a, co.b, co.c, co.p * scale, co.q * scale)
+
+    def evict_s(self, n_x: int, bound: str = EXPECTED) -> float:
+        """Return the time to score and evict the KV of an ``n_x``-token prompt."""
+        return self._scale(EVICT, bound) * EVICT_PRIOR_S_PER_TOKEN * check_int('n_x', n_x)
+
+    def predict_s(self, n_x: int, bound: str = EXPECTED) -> float:
+        """Return the length predictor's time for an ``n_x``-token prompt (0 if none)."""
+        if self.predict_base_s is None:
+            return 0.0
+        return self._scale(PREDICT, bound) * self.predict_base_s(n_x)
+
+    def overhang_s(self, n_x: int, bound: str = EXPECTED) -> float:
+        """Return the predictor time not hidden behind the prefill (it starts with it).
+
+        WORST pairs the slowest predictor with the fastest prefill, LEAST the reverse.
+        """
+        other = {WORST: LEAST, LEAST: WORST, EXPECTED: EXPECTED}[bound]
+        return max(0.0, self.predict_s(n_x, bound) - self.prefill_s(n_x, other))
+
+    def least_e2e_s(self, n_x: int) -> float:
+        """Return the least time a goal can take: prefill, overhang, one decoding step."""
+        return (self.prefill_s(n_x, LEAST) + self.overhang_s(n_x, LEAST)
+                + self.step_s(n_x, LEAST))
+
+    # --- online updates ----------------------------------------------------------------
+    def _observe(self, phase: str, base_s: float, measured_s: float) -> None:
+        with self._lock:
+            self.phases[phase].observe(base_s, measured_s)
+
+    def observe_prefill(self, n_x: int, measured_s: float) -> None:
+        """Add a goal's measured prefill of ``n_x`` tokens, seconds."""
+        self._observe(PREFILL, self.coefficients.prefill_s(n_x), measured_s)
+
+    def observe_decode(self, n_kv_first: int, n_steps: int, measured_s: float) -> None:
+        """Add ``n_steps`` decoding steps from ``n_kv_first`` cached tokens, ``measured_s`` s."""
+        if n_steps < 1:
+            return
+        co = self.coefficients
+        base = n_steps * (co.p * n_kv_first + co.q) + co.p * n_steps * (n_steps - 1) / 2.0
+        self._observe(DECODE, base, measured_s)
+
+    def observe_evict(self, n_x: int, measured_s: float) -> None:
+        """Add one eviction of an ``n_x``-token prompt's KV, seconds."""
+        self._observe(EVICT, EVICT_PRIOR_S_PER_TOKEN * n_x, measured_s)
+
+    def observe_predict(self, n_x: int, measured_s: float) -> None:
+        """Add one length prediction for an ``n_x``-token prompt, seconds."""
+        if self.predict_base_s is not None:
+            self._observe(PREDICT, self.predict_base_s(n_x), measured_s)
+
+    # --- status and persistence --------------------------------------------------------
+    def status(self, phase: str) -> PhaseStatus:
+        """Return the speed factor, margins and sample count of ``phase``."""
+        with self._lock:
+            tracker = self.phases[phase]
+            return PhaseStatus(tracker.factor, tracker.margin(WORST), tracker.margin(LEAST),
+                               tracker.n_samples)
+
+    def state(self) -> dict:
+        """Return the persistable state as plain data."""
+        with self._lock:
+            return {'version': STATE_VERSION, 'calibration_created': self.calibration_created,
+                    'updated': now_iso(),
+                    'phases': {name: t.state() for name, t in self.phases.items()}}
+
+    def restore(self, state: dict) -> None:
+        """Restore the output of :meth:`state`.
+
+        Raises ValueError when it is malformed or for another calibration (then nothing
+        changes).
+        """
+        if not isinstance(state, dict) or state.get('version') != STATE_VERSION:
+            raise ValueError(f'not a version-{STATE_VERSION} time-model state')
+        if state.get('calibration_created') != self.calibration_created:
+            raise ValueError(
+                f"state belongs to the calibration of {state.get('calibration_created')!r}, "
+                f'not {self.calibration_created!r}')
+        fresh = {name: PhaseTracker(self.settings) for name in PHASES}
+        try:
+            for name, tracker in fresh.items():
+                tracker.restore(state['phases'][name])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f'malformed time-model state: {exc!r}') from exc
+        with self._lock:
+            self.phases = fresh
+
+    def save(self, path: str) -> None:
+        """Write the state to ``path`` (YAML) atomically."""
+        path = os.path.expanduser(path)
+        folder = os.path.dirname(path) or '.'
+        os.makedirs(folder, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=folder, prefix='.online-', suffix='.yaml')
+        try:
+            with os.fdopen(handle, 'w', encoding='utf-8') as stream:
+                stream.write('# TimeBill online time-model state (speed factors, residuals).\n')
+                yaml.safe_dump(self.state(), stream, sort_keys=False)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def load(self, path: str) -> bool:
+        """Restore the state saved at ``path``; return False when there is none.
+
+        Raises ValueError when the file is unreadable, malformed or for another calibration.
+        """
+        path = os.path.expanduser(path)
+        if not os.path.isfile(path):
+            return False
+        try:
+            with open(path, encoding='utf-8') as stream:
+                state = yaml.safe_load(stream)
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f'{path}: {exc}') from exc
+        self.restore(state)
+        return True
