@@ -9,7 +9,8 @@ started as its own process (``timebill serve``) with ``budget.mode`` / ``budget.
 The time model is calibrated afresh (start-up grid) at the start of the run and shared by all
 servers, so budgets and alpha* use the machine's speed of the moment.
 Score: ROUGE-L F1 of each response against the full-cache answer (Vanilla, no deadline);
-jobs that do not complete score 0, as in the paper.
+jobs that do not complete score 0, as in the paper. Every method runs under Kill, Skip-Next
+and Partial (the anytime policy: a truncated answer delivered on time is scored as it is).
 ``timebill`` uses the trained RLP (predictor.kind=rlp), ``timebill-fallback`` the same
 pipeline with N^ = N_max; the fixed-ratio methods run no predictor (as in the paper).
 ``--prompt-set rlp-test`` takes held-out prompts of the RLP corpus (test split) instead of the
@@ -31,7 +32,7 @@ METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 
            ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
            ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'),
            ('timebill-fallback', 'timebill', 0.0, 'fallback'))
-POLICIES = (('kill', 1), ('skip_next', 2))
+POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
 N_MAX = 48
 COMPLETED = 1
 RLP_TEST_PROMPTS = 8
@@ -91,7 +92,8 @@ def _run_method(client, name, items_by_fraction, n_max):
                              'predictor': res.predictor,
                              'decided': res.predicted_wcet.sec > 0
                              or res.predicted_wcet.nanosec > 0,
-                             'deadline_met': res.deadline_met})
+                             'deadline_met': res.deadline_met,
+                             'truncated': bool(res.truncated)})
                 print(f'  {name:10s} {policy:9s} T={fraction:.2f}x {pname:8s} '
                       f'N_x={res.prompt_tokens:5d} status={res.status} '
                       f'alpha={res.eviction_ratio:.2f}', flush=True)
@@ -159,7 +161,7 @@ def _plot(table, path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    fig, axes = plt.subplots(2, len(POLICIES), figsize=(5 * len(POLICIES), 7), sharex=True)
     for col, (policy, _) in enumerate(POLICIES):
         for name, *_ in METHODS:
             pts = sorted((r['fraction'], r['completion_rate'], r['rouge_l']) for r in table
