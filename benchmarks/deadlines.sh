@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Issue 9's measurements, one after another on an otherwise idle machine (about 100 min on the
-# 2-core development VM): README section "Deadlines you can rely on" shows the results.
-#   bash benchmarks/deadlines.sh          # everything below
-#   bash benchmarks/deadlines.sh report   # only re-make the kill/cancel tables from the raw JSON
-# 1. the tree before issue 9 (BEFORE_REV), checked out and built beside this one (same venv);
-# 2. a fresh few-shot calibration: results/deadlines/calibration.yaml, also put in the cache,
-#    so both kill-latency runs and the drift run use it;
-# 3. the cost of the per-layer stop checks, then kill / cancel latency: the same 340 goals
-#    through the core of both trees (~35 min);
-# 4. the WCET drift run and admission through the node (starts >= 20 min after step 2);
-# 5. `timebill bench --methods timebill` (vanilla runs too) with each tree's own client/server.
+# Issue 9's measurements, one after another on an otherwise idle machine (2 h or more on the
+# 2-core development VM); README section "Deadlines you can rely on" shows the results.
+#   bash benchmarks/deadlines.sh [STAGE ...]     stages, in this order by default:
+#     setup   the tree before issue 9 (BEFORE_REV) checked out and built beside this one (same
+#             venv); a fresh few-shot calibration: results/deadlines/calibration.yaml, also put
+#             in the cache so every stage below uses it
+#     cost    what the per-layer stop checks cost a decoding step
+#     kill    kill / cancel latency: the same 340 goals through the core of both trees
+#     after   only the current tree's kill / cancel run (the "before" run stays as it is)
+#     drift   the WCET drift run and admission through the node (waits until the calibration
+#             is >= 20 min old); --goal-set second: goals the estimator was not chosen on
+#     bench   `timebill bench --methods timebill` (vanilla runs too), each tree's own
+#             client and server, one after the other
+#     report  re-make the kill / cancel tables from the raw JSON
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
@@ -18,36 +21,55 @@ BEFORE_REV="${BEFORE_REV:-f0219d6}"
 BEFORE="${BEFORE_TREE:-/tmp/timebill_before}"
 # shellcheck disable=SC1091
 source scripts/env.sh
-if [[ "${1:-}" == report ]]; then
-  python benchmarks/kill_latency.py report --out "$OUT"
-  exit 0
-fi
 mkdir -p "$OUT" log
-scripts/build.sh > log/deadlines_build.log
-if [[ ! -d "$BEFORE" ]]; then
-  git worktree add -f "$BEFORE" "$BEFORE_REV"
-fi
-ln -sfn "$ROOT/.venv" "$BEFORE/.venv"
-(cd "$BEFORE" && env -u PYTHONPATH -u AMENT_PREFIX_PATH -u CMAKE_PREFIX_PATH \
-  bash -c 'scripts/build.sh' > "$ROOT/log/deadlines_build_before.log")
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(setup cost kill drift bench)
 
-timebill profile --few-shot --out "$OUT/calibration.yaml"
-cache="$(python -c 'from timebill_ros.config import EngineConfig
+before_tree() {
+  if [[ ! -d "$BEFORE" ]]; then
+    git worktree add -f "$BEFORE" "$BEFORE_REV"
+  fi
+  ln -sfn "$ROOT/.venv" "$BEFORE/.venv"
+  (cd "$BEFORE" && env -u PYTHONPATH -u AMENT_PREFIX_PATH -u CMAKE_PREFIX_PATH \
+    bash -c 'scripts/build.sh' > "$ROOT/log/deadlines_build_before.log")
+}
+
+for stage in "${stages[@]}"; do
+  echo "== stage $stage"
+  case "$stage" in
+    setup)
+      scripts/build.sh > log/deadlines_build.log
+      before_tree
+      timebill profile --few-shot --out "$OUT/calibration.yaml"
+      cache="$(python -c 'from timebill_ros.config import EngineConfig
 from timebill_ros.timing.profiler import key_fields
 from timebill_ros.timing.model import calibration_key, default_calibration_path
 print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
-mkdir -p "$(dirname "$cache")"
-cp "$OUT/calibration.yaml" "$cache"
-
-python benchmarks/stop_check_cost.py | tee "$OUT/stop_check_cost.txt"
-python benchmarks/kill_latency.py plan --out "$OUT"
-env PYTHONPATH="$BEFORE" python benchmarks/kill_latency.py run --out "$OUT" --label before
-python benchmarks/kill_latency.py run --out "$OUT" --label after
-python benchmarks/kill_latency.py report --out "$OUT"
-
-python benchmarks/wcet_drift.py --calibration "$OUT/calibration.yaml" --out "$OUT"
-
-env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin bash -c \
-  "source '$BEFORE/scripts/env.sh' && cd '$BEFORE' && \
-   timebill bench --methods timebill --out '$ROOT/$OUT/bench_before'"
-timebill bench --methods timebill --out "$OUT/bench_after"
+      mkdir -p "$(dirname "$cache")"
+      cp "$OUT/calibration.yaml" "$cache" ;;
+    cost)
+      python benchmarks/stop_check_cost.py | tee "$OUT/stop_check_cost.txt" ;;
+    kill)
+      python benchmarks/kill_latency.py plan --out "$OUT"
+      env PYTHONPATH="$BEFORE" python benchmarks/kill_latency.py run --out "$OUT" --label before
+      python benchmarks/kill_latency.py run --out "$OUT" --label after
+      python benchmarks/kill_latency.py report --out "$OUT" ;;
+    after)
+      python benchmarks/kill_latency.py run --out "$OUT" --label after
+      python benchmarks/kill_latency.py report --out "$OUT" ;;
+    drift)
+      python benchmarks/wcet_drift.py --calibration "$OUT/calibration.yaml" --out "$OUT" \
+        --goal-set second --tag wcet_drift ;;
+    bench)
+      before_tree
+      env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin bash -c \
+        "source '$BEFORE/scripts/env.sh' && cd '$BEFORE' && \
+         timebill bench --methods timebill --out '$ROOT/$OUT/bench_before'"
+      timebill bench --methods timebill --out "$OUT/bench_after" ;;
+    report)
+      python benchmarks/kill_latency.py report --out "$OUT" ;;
+    *)
+      echo "unknown stage $stage" >&2
+      exit 2 ;;
+  esac
+done

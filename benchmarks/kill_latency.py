@@ -317,6 +317,29 @@ def _outcomes(runs):
     return lines
 
 
+def _paired(runs):
+    """Compare the same kill goals across runs: on time before, refused or stopped after."""
+    if set(runs) != {'before', 'after'}:
+        return []
+    before = {r['index']: r for r in runs['before']['rows'] if r['kind'] == KILL}
+    after = {r['index']: r for r in runs['after']['rows'] if r['kind'] == KILL}
+    both = sorted(set(before) & set(after))
+
+    def on_time(row):
+        return row['status'] == 'COMPLETED' and row['end_s'] <= row['deadline_s']
+
+    lost = [i for i in both if on_time(before[i]) and not on_time(after[i])]
+    won = [i for i in both if on_time(after[i]) and not on_time(before[i])]
+    lines = ['', f'**Same kill goals, paired** ({len(both)}): completed on time before but '
+             f'not after: {len(lost)}; after but not before: {len(won)}.']
+    for i in lost:
+        took_s = before[i]['end_s'] - before[i]['submitted_s']
+        lines.append(f"- goal {i} (N_x {after[i]['n_x']}, budget {after[i]['budget_s']:.2f} s): "
+                     f"before {before[i]['status']} in {took_s:.2f} s; "
+                     f"after {after[i]['status']}: {after[i]['message']}")
+    return lines
+
+
 def report(out):
     """Write kill_latency.md / .json / .png from DIR/before.json and DIR/after.json."""
     folder = pathlib.Path(out)
@@ -335,7 +358,7 @@ def report(out):
     lines += text + ['']
     text, cancel_phase = _table('Cancel, by the phase the goal was in when canceled', cancel,
                                 phase_of)
-    lines += text + _admission_lines(runs) + _outcomes(runs)
+    lines += text + _admission_lines(runs) + _outcomes(runs) + _paired(runs)
     steps = {label: data['steps'] for label, data in runs.items()}
     lines += ['', 'Measured decoding step (ms) at N_kv: ' + '; '.join(
         f'{label}: ' + ', '.join(f'{t * 1e3:.1f} @{n}' for n, t in s)

@@ -13,8 +13,9 @@ online state, waits until the calibration is at least ``--min-age-s`` old, then:
    the self-correcting one the server reports, and the fixed model's (the calibration's Eq. 9
    at the goal's N_x, alpha* and N^_W, as the server computed it before issue 9).
 
-Writes DIR/wcet_drift.md, .json and .png (server log and online state: log/). Run it from
-the repository root.
+Writes DIR/<tag>.md, .json and .png (server log and online state: log/). Run it from the
+repository root. ``--goal-set first`` is the run the estimator was chosen on (README),
+``second`` (default) the goals it never saw.
 """
 
 import argparse
@@ -26,16 +27,29 @@ import time
 
 N_TEST_PROMPTS = 70
 LOG_LINES = (60, 80, 100, 120, 140, 160, 180, 200, 90, 150)
+SECOND_LOG_LINES = tuple(range(45, 201, 5))[:30]
 INFEASIBLE = 20
 N_MAX = 256
 
 
-def _goals():
-    """Return [(name, prompt)]: RLP test-split prompts, then long robot logs."""
+def _goals(goal_set):
+    """Return [(name, prompt)]: RLP test-split prompts and long robot logs.
+
+    ``first``: the first 70 test prompts (one category after another) and 10 logs;
+    ``second``: the other test prompts and 30 logs of other lengths and seeds - goals the
+    first run (used to choose the estimator) never saw.
+    """
     from timebill_ros import prompts
     from timebill_ros.bench import rlp_test_prompts
-    goals = rlp_test_prompts(N_TEST_PROMPTS)
-    goals += [(f'log{n}', prompts.long_prompt(n, seed=5000 + n)) for n in LOG_LINES]
+    if goal_set == 'first':
+        goals = rlp_test_prompts(N_TEST_PROMPTS)
+        return goals + [(f'log{n}', prompts.long_prompt(n, seed=5000 + n)) for n in LOG_LINES]
+    goals = rlp_test_prompts(10_000)[N_TEST_PROMPTS:]
+    logs = [(f'log{n}b', prompts.long_prompt(n, seed=7000 + n)) for n in SECOND_LOG_LINES]
+    # Interleave, so that long logs are spread over the run.
+    step = max(1, len(goals) // len(logs))
+    for i, log in enumerate(logs):
+        goals.insert(min(len(goals), i * (step + 1)), log)
     return goals
 
 
@@ -113,7 +127,15 @@ def summarize(rows):
     return out
 
 
-def _report(folder, age_s, admission, rows, started):
+def _warm_up_line(log_path):
+    """Return the server's warm-up log line (what the speed factors started from)."""
+    for line in pathlib.Path(log_path).read_text(errors='replace').splitlines():
+        if 'time model warm-up' in line:
+            return line.split(']: ', 1)[-1]
+    return 'no warm-up line in the server log'
+
+
+def _report(folder, tag, age_s, admission, rows, started, warm_up):
     summary = summarize(rows)
     waits = sorted(r['ms'] for r in admission)
     lines = [
@@ -132,13 +154,13 @@ def _report(folder, age_s, admission, rows, started):
               f'goals REJECTED; send -> result p50 {waits[len(waits) // 2]:.1f} ms, max '
               f'{waits[-1]:.1f} ms; prefill time of every refused goal: '
               f"{max(r['prefill_s'] for r in admission):.3f} s (the model never ran).",
-              f"Example: {admission[-1]['message']}"]
+              f"Example: {admission[-1]['message']}", f'Server: {warm_up}.']
     text = '\n'.join(lines) + '\n'
-    (folder / 'wcet_drift.md').write_text(text)
-    (folder / 'wcet_drift.json').write_text(json.dumps(
-        {'age_s': age_s, 'summary': summary, 'admission': admission, 'goals': rows},
-        indent=1))
-    _plot(rows, folder / 'wcet_drift.png')
+    (folder / f'{tag}.md').write_text(text)
+    (folder / f'{tag}.json').write_text(json.dumps(
+        {'age_s': age_s, 'summary': summary, 'warm_up': warm_up, 'admission': admission,
+         'goals': rows}, indent=1))
+    _plot(rows, folder / f'{tag}.png')
     print(text)
 
 
@@ -167,6 +189,8 @@ def main(argv=None):
     parser.add_argument('--out', default='benchmarks/results/deadlines')
     parser.add_argument('--min-age-s', type=float, default=1200.0)
     parser.add_argument('--goals', type=int, default=0, help='run only the first N goals')
+    parser.add_argument('--goal-set', choices=('first', 'second'), default='second')
+    parser.add_argument('--tag', default='wcet_drift', help='output file names')
     args = parser.parse_args(argv)
     from timebill_ros.demo import served
     from timebill_ros.timing.model import Calibration
@@ -176,19 +200,19 @@ def main(argv=None):
     pathlib.Path('log').mkdir(exist_ok=True)
     state_file = pathlib.Path('log') / 'wcet_drift.online.yaml'
     state_file.unlink(missing_ok=True)
-    goals = _goals()[:args.goals or None]
+    goals = _goals(args.goal_set)[:args.goals or None]
     wait_s = args.min_age_s - _age_s(calibration)
     if wait_s > 0:
         print(f'calibration is {_age_s(calibration) / 60:.1f} min old; waiting '
               f'{wait_s / 60:.1f} min', flush=True)
         time.sleep(wait_s)
-    with served(_params(args.calibration, state_file),
-                pathlib.Path('log') / 'wcet_drift_server.log') as client:
+    server_log = pathlib.Path('log') / f'{args.tag}_server.log'
+    with served(_params(args.calibration, state_file), server_log) as client:
         admission = _admission(client)
         started = time.time()
         age_s = _age_s(calibration)
         rows = _drift(client, calibration.coefficients, goals)
-    _report(folder, age_s, admission, rows, started)
+    _report(folder, args.tag, age_s, admission, rows, started, _warm_up_line(server_log))
     return 0
 
 

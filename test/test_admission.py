@@ -141,7 +141,7 @@ def test_alpha_star_for_the_time_left_minus_eviction():
 
 def test_alpha_star_uses_the_worst_decode_coefficients():
     model = TimeModel(ROUND)  # default prior margin 1.3
-    model.observe_decode(100, 1, 0.22)  # decode twice as slow as calibrated
+    model.observe_decode(100, 8, 2 * ROUND.decode_phase_s(100, 0.0, 9))  # twice as slow
     model.observe_evict(100, 0.01)  # eviction twice the prior
     coefficients = model.decode_coefficients('worst')
     assert coefficients.p == pytest.approx(2.6e-3, rel=1e-12)

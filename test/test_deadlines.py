@@ -484,7 +484,7 @@ def test_state_is_saved_at_shutdown_and_restored_by_the_factory(make_service, cl
     service = make_service(coefficients=model, state_path=path, chunk=512,
                            stop_bound_s=BIG_BOUND)
     for _ in range(3):
-        Goal(service, clock, GoalRequest(PROMPT, budget_s=LONG, max_new_tokens=8)).wait()
+        Goal(service, clock, GoalRequest(PROMPT, budget_s=LONG, max_new_tokens=16)).wait()
     learned = model.status(DECODE)
     service.shutdown()
     restored = build_time_model(config, calibration, FallbackPredictor(), path, log.append)
@@ -510,3 +510,15 @@ def test_service_accepts_a_time_model(tiny_model, smollm2_tokenizer, clock):
                        tokenizer=smollm2_tokenizer, clock=clock)
     service = TimeBillService(config, engine, FallbackPredictor(), model, clock=clock)
     assert service.time_model is model and service.admission.time_model is model
+
+
+def test_every_decoding_step_feeds_the_time_model(make_service, clock):
+    """The step timer sees the boundary after the last step (EOS / N_max fire there)."""
+    service = make_service(chunk=512, stop_bound_s=BIG_BOUND)
+    seen = []
+    observe = service.time_model.observe_decode
+    service.time_model.observe_decode = lambda n_kv, steps, s: (seen.append((steps, s)),
+                                                                observe(n_kv, steps, s))
+    result = Goal(service, clock, GoalRequest(PROMPT, budget_s=LONG, max_new_tokens=16)).wait()
+    assert result.response_tokens == 16
+    assert seen[0][0] == 15 and seen[0][1] == pytest.approx(15 * STEP_S)

@@ -181,7 +181,8 @@ class TimingConfig:
         ``timebill profile --quick``).
     online: correct the time model online from every goal (speed factors and a residual
         margin, timing/online.py); false = the calibration as measured, no margin.
-    speed_gain: weight of the newest goal in a phase's speed factor, in (0, 1].
+    speed_gain: weight of a goal that ran faster than assumed in a phase's speed factor, in
+        (0, 1]; a slower goal sets the factor at once (a peak follower, timing/online.py).
     residual_window: goals whose residuals (measured / corrected estimate) are kept per phase.
     wcet_quantile: upper quantile of the residuals that t^_WCET and alpha* use; admission
         and early Kill use 1 - it.

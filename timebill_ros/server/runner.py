@@ -21,7 +21,7 @@ from timebill_ros.timing.online import EXPECTED, LEAST, WORST
 POLL_S = 0.005          # the predictor wait re-checks cancel and the deadline this often
 MIN_CHUNK_TOKENS = 16   # chunks never shrink below this (per-call overhead would dominate)
 WARM_UP_TOKENS = 256    # the start-up warm-up goal: prompt tokens, decoding steps, alpha
-WARM_UP_STEPS = 8
+WARM_UP_STEPS = 16
 WARM_UP_ALPHA = 0.5
 
 
@@ -79,7 +79,8 @@ class JobRunner:
         """Run one synthetic goal as goals run and feed its times to the time model.
 
         The prefill runs with the predictor beside it, then an eviction at ``alpha`` and
-        ``steps`` decoding steps: the speed factors then start from this moment's machine.
+        ``steps`` decoding steps with the text streamed as for goals: the speed factors then
+        start from this moment's machine (a slow-down at once, a speed-up only in part).
         """
         model, engine = self.time_model, self.engine
         ids = engine.random_ids(n_x)
@@ -96,7 +97,10 @@ class JobRunner:
         if n_kv < n_x:
             model.observe_evict(n_x, self.clock() - start)
         timer = stopping.StepTimer(self.clock)
-        engine.decode(state, steps + 1, stopping.StopCriteria([timer]))
+        # Decoded as goals are: the text streamed at the feedback cadence.
+        engine.decode(state, steps + 1, stopping.StopCriteria([timer]),
+                      on_tokens=lambda n_generated, text: None,
+                      feedback_every=self.config.engine.feedback_every_tokens)
         durations = timer.step_durations_s()
         model.observe_decode(n_kv, len(durations), sum(durations))
 
@@ -271,8 +275,10 @@ class _GoalRun:
         job, result, model = self.job, self.result, self.model
         n_kv_first = state.n_kv
         timer = stopping.StepTimer(self.clock)
-        criteria = [stopping.EosStop(self.engine.eos_token_ids),
-                    stopping.MaxTokensStop(job.n_max), timer] + list(self.interrupt.criteria)
+        # The timer first: check() returns at the first criterion that fires, and the
+        # boundary after the last step must still be recorded.
+        criteria = [timer, stopping.EosStop(self.engine.eos_token_ids),
+                    stopping.MaxTokensStop(job.n_max)] + list(self.interrupt.criteria)
         if job.policy.stops_early:
             # Kill stops only when the step surely cannot finish (LEAST); an anytime
             # answer stops before a step that might not (WORST): it must arrive in time.

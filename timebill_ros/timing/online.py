@@ -9,11 +9,15 @@ stay well-conditioned, which a robot's stream of similar goals does not give, an
 quadratic term would bend long-prompt estimates the most. So the calibrated shape (Eq. 4a/4b)
 stays and each phase tracks
 
-* a **speed factor** s: an exponentially weighted mean of log(measured / calibrated) over
-  goals (``timing.speed_gain`` is the weight of the newest one), and
+* a **speed factor** s, a peak follower of measured / calibrated: a goal that ran slower
+  than s sets s to its ratio at once; a faster one moves log s towards its ratio with weight
+  ``timing.speed_gain``. The calibration (s = 1) is the starting point. A worst case must
+  not be lowered by one fast moment - on the development VM decoding swings between 60 and
+  95 ms a step within minutes, and a start-up warm-up that caught a fast moment made the
+  next goal overrun its t^_WCET - while a slow-down must count at once; and
 * its **residuals** e = measured / (s x calibrated), each taken *before* that sample moved
   s (so they are honest out-of-sample errors), over the last ``timing.residual_window``
-  goals.
+  goals (not for the first sample, which measures the calibration's age, not the model).
 
 Every estimate comes in three bounds: ``EXPECTED`` = s x calibrated; ``WORST`` = that x the
 ``timing.wcet_quantile`` upper quantile of the residuals (at least 1) - what t^_WCET and
@@ -48,6 +52,9 @@ PHASES = (PREFILL, DECODE, EVICT, PREDICT)
 # Calibrated eviction cost before any is measured: SnapKV scoring + gather measured at about
 # 40 ms for 803 prompt tokens on the development CPU (README); the speed factor corrects it.
 EVICT_PRIOR_S_PER_TOKEN = 5e-5
+# A decode sample needs this many steps: fewer are one step's jitter, while the margin it
+# feeds is applied to sums of up to hundreds of steps.
+MIN_DECODE_STEPS = 8
 STATE_VERSION = 1
 
 
@@ -56,7 +63,8 @@ class OnlineSettings:
     """How the model corrects itself (the ``timing`` parameters of the same names).
 
     enabled: False = the calibration as measured (no factor, no margin: the fixed model).
-    speed_gain: weight of the newest goal in a phase's speed factor, in (0, 1].
+    speed_gain: weight of a goal that ran faster than assumed in a phase's speed factor, in
+        (0, 1] (a slower goal sets it at once).
     residual_window: residuals kept per phase (goals).
     wcet_quantile: upper quantile of the residuals for WORST; 1 - it for LEAST.
     min_residuals: below this many residuals the prior margin is used as well.
@@ -102,12 +110,13 @@ class PhaseTracker:
         if not (base_s > 0 and measured_s > 0 and math.isfinite(measured_s)):
             return
         ratio = measured_s / base_s
-        if self.n_samples:
+        if self.n_samples:  # the first sample measures the calibration, not the model
             self.residuals.append(ratio / self.factor)
-            gain = self.settings.speed_gain
-            self.log_factor += gain * (math.log(ratio) - self.log_factor)
-        else:  # the first sample sets the factor; it says nothing about the residuals
-            self.log_factor = math.log(ratio)
+        log_ratio = math.log(ratio)
+        if log_ratio > self.log_factor:  # slower than assumed: adopted at once
+            self.log_factor = log_ratio
+        else:  # faster: believed only gradually
+            self.log_factor += self.settings.speed_gain * (log_ratio - self.log_factor)
         self.n_samples += 1
 
     def margin(self, bound: str) -> float:
@@ -259,8 +268,11 @@ class TimeModel:
         self._observe(PREFILL, self.coefficients.prefill_s(n_x), measured_s)
 
     def observe_decode(self, n_kv_first: int, n_steps: int, measured_s: float) -> None:
-        """Add ``n_steps`` decoding steps from ``n_kv_first`` cached tokens, ``measured_s`` s."""
-        if n_steps < 1:
+        """Add ``n_steps`` decoding steps from ``n_kv_first`` cached tokens, ``measured_s`` s.
+
+        Ignored below MIN_DECODE_STEPS steps.
+        """
+        if n_steps < MIN_DECODE_STEPS:
             return
         co = self.coefficients
         base = n_steps * (co.p * n_kv_first + co.q) + co.p * n_steps * (n_steps - 1) / 2.0
