@@ -80,3 +80,17 @@ def test_predictor_breakdown_splits_by_predicted_length():
     assert out['short']['jobs'] == 1 and out['short']['rouge_l'][0] == 1.0
     assert out['short']['rouge_l'][1] < 1.0 and out['short']['alpha'] == (0.0, 0.9)
     assert out['n_max']['done'] == (0.0, 1.0)
+
+
+def test_the_fixed_method_decides_as_before_issue_9(tmp_path):
+    from timebill_ros import params
+    configs = {}
+    for method in bench.METHODS:
+        path = bench._server_params(*method, tmp_path, str(tmp_path / 'cal.yaml'), 48)
+        configs[method[0]] = params.config_from_flat(params.load_yaml(path))
+    fixed, online = configs['timebill-fixed'], configs['timebill']
+    assert fixed.timing.online is False and fixed.admission.policy == 'none'
+    assert online.timing.online is True and online.admission.policy == 'feasibility'
+    assert fixed.predictor.kind == online.predictor.kind == 'rlp'
+    # No two servers share an online state file: methods must not learn from each other.
+    assert len({c.timing.state_file for c in configs.values()}) == len(configs)

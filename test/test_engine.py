@@ -64,6 +64,7 @@ def test_any_chunking_gives_the_same_cache_scores_and_answer(make_tiny_engine, s
 
     state = engine.prefill(ids, StopCriteria(), chunk_plan=plan)
     assert len(seen) > 1 and seen[0] == 0
+    assert state.n_chunks == len(seen) and reference.n_chunks == -(-len(ids) // 64)
     for idx, inputs in reference.scorer_inputs.items():
         other = state.scorer_inputs[idx]
         assert torch.allclose(inputs.hidden_states, other.hidden_states, atol=1e-5)

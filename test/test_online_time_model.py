@@ -428,3 +428,20 @@ def test_concurrent_observations_and_reads():
     assert status.n_samples == 2000
     assert len(model.phases[DECODE].residuals) == 64
     assert 1.0 <= status.speed_factor <= 1.06 + 1e-12
+
+
+def test_extra_prefill_chunks_cost_c_each_and_do_not_read_as_a_slow_machine():
+    model = TimeModel(CO, OnlineSettings(), calibration_chunk_tokens=512)
+    n_x = 1024  # the calibration prefilled it in 2 chunks
+    assert model.prefill_s(n_x, n_chunks=2) == pytest.approx(CO.prefill_s(n_x))
+    assert model.prefill_s(n_x, n_chunks=8) == pytest.approx(CO.prefill_s(n_x) + 6 * CO.c)
+    assert model.prefill_s(n_x, n_chunks=1) == pytest.approx(CO.prefill_s(n_x))
+    # Goals prefilled in 8 chunks, each at exactly the calibrated speed.
+    for _ in range(10):
+        model.observe_prefill(n_x, CO.prefill_s(n_x) + 6 * CO.c, n_chunks=8)
+    assert model.status(PREFILL).speed_factor == pytest.approx(1.0)
+    assert model.status(PREFILL).upper_margin == pytest.approx(1.0)
+    # Counted as calibrated chunks, the same times would read as a 1.14x slower machine.
+    naive = TimeModel(CO, OnlineSettings())
+    naive.observe_prefill(n_x, CO.prefill_s(n_x) + 6 * CO.c)
+    assert naive.status(PREFILL).speed_factor == pytest.approx(1 + 6 * CO.c / CO.prefill_s(n_x))

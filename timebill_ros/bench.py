@@ -4,8 +4,10 @@ Protocol (after TimeBill Sec. 6.4, adapted to one CPU): a prompt set of varied l
 released as a periodic job stream. Each job's budget T is a fraction (``BUDGET_FRACTIONS``) of
 that prompt's Vanilla estimate t^_e2e(N_x, alpha=0, N_max) from the calibrated time model;
 the next job is released at the previous job's deadline, so an overrun under Skip-Next makes
-the next jobs come due while it runs (they end SKIPPED). For each method the server is
-started as its own process (``timebill serve``) with ``budget.mode`` / ``budget.fixed_alpha``.
+the next jobs come due while it runs (they end SKIPPED). Each method has its own server
+process (``timebill serve``, ``budget.mode`` / ``budget.fixed_alpha`` and its
+``METHOD_PARAMS``); all run at once and each job stream runs on every method in turn, so a
+drift of the machine's speed hits all methods alike.
 The time model is calibrated afresh (start-up grid) at the start of the run and shared by all
 servers, so budgets and alpha* use the machine's speed of the moment.
 Score: ROUGE-L F1 of each response against the full-cache answer (Vanilla, no deadline);
@@ -17,21 +19,26 @@ pipeline with N^ = N_max; the fixed-ratio methods run no predictor (as in the pa
 robot prompt set, so the RLP is scored on prompts it never trained on.
 """
 
+import contextlib
 import json
 import pathlib
 import tempfile
 import time
 
 from timebill_ros import params, prompts
-from timebill_ros.config import (BudgetConfig, EngineConfig, PredictorConfig, ServerConfig,
-                                 TimingConfig)
+from timebill_ros.config import EngineConfig, ServerConfig
 
 BUDGET_FRACTIONS = (0.9, 1.0, 1.1, 1.25)
 # (name, budget.mode, budget.fixed_alpha, predictor.kind)
 METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 'fallback'),
            ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
            ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'),
-           ('timebill-fallback', 'timebill', 0.0, 'fallback'))
+           ('timebill-fallback', 'timebill', 0.0, 'fallback'),
+           ('timebill-fixed', 'timebill', 0.0, 'rlp'))
+# Server parameters of a method beyond its budget mode and predictor. ``timebill-fixed``
+# decides as the server did before issue 9: the calibration as it is (no speed factor, no
+# learned margin) and no admission control; it shows what the self-correcting model changes.
+METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none'}}
 POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
 N_MAX = 48
 COMPLETED = 1
@@ -39,10 +46,13 @@ RLP_TEST_PROMPTS = 8
 
 
 def _server_params(name, mode, fixed_alpha, kind, folder, calibration_file, n_max):
-    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max),
-                          budget=BudgetConfig(mode=mode, fixed_alpha=fixed_alpha),
-                          predictor=PredictorConfig(kind=kind),
-                          timing=TimingConfig(calibration_file=calibration_file))
+    flat = {'engine.max_new_tokens': n_max, 'budget.mode': mode,
+            'budget.fixed_alpha': fixed_alpha, 'predictor.kind': kind,
+            'timing.calibration_file': calibration_file,
+            # Each server keeps its own online state: methods must not learn from each other.
+            'timing.state_file': str(pathlib.Path(folder) / f'{name}.online.yaml')}
+    flat.update(METHOD_PARAMS.get(name, {}))
+    config = params.config_from_flat(flat)
     path = pathlib.Path(folder) / f'{name}.yaml'
     path.write_text(params.to_yaml(config))
     return str(path)
@@ -68,35 +78,50 @@ def _stream(client, items, policy_code, n_max):
     return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
 
 
-def _server(method, tmp, n_max):
+def _server(index, method, tmp, n_max):
     """Start ``timebill serve`` for one method; a context yielding a connected client."""
     from timebill_ros.demo import served
     name = method[0]
     params_file = _server_params(*method, tmp, str(pathlib.Path(tmp) / 'calibration.yaml'),
                                  n_max)
-    return served(params_file, pathlib.Path(tmp) / f'{name}.log')
+    return served(params_file, pathlib.Path(tmp) / f'{name}.log',
+                  node_name=f'timebill_bench_{index}')
 
 
-def _run_method(client, name, items_by_fraction, n_max):
-    """Run every budget fraction under both policies; return one row per job."""
-    rows = []
+def _row(name, policy, fraction, pname, budget_s, res):
+    from timebill_ros.ros.conversions import duration_to_s
+    return {'method': name, 'policy': policy, 'fraction': fraction, 'prompt': pname,
+            'budget_s': budget_s, 'status': res.status, 'response': res.response,
+            'alpha': res.eviction_ratio, 'prompt_tokens': res.prompt_tokens,
+            'predicted_tokens': res.predicted_tokens,
+            'response_tokens': res.response_tokens, 'predictor': res.predictor,
+            'decided': res.predicted_wcet.sec > 0 or res.predicted_wcet.nanosec > 0,
+            'deadline_met': res.deadline_met, 'truncated': bool(res.truncated),
+            'message': res.message, 'prefill_s': duration_to_s(res.prefill_time),
+            'decode_s': duration_to_s(res.decode_time),
+            'total_s': duration_to_s(res.total_time)}
+
+
+def _run_interleaved(clients, items_by_fraction, n_max):
+    """Run every budget fraction under every policy, the methods' streams interleaved.
+
+    clients: [(method name, client)]. Each (fraction, policy) stream runs on every method's
+    server one after the other, the order rotated from stream to stream, so that the
+    machine's drift (10-30 % within minutes on a shared machine) hits every method alike.
+    Returns one row per job.
+    """
+    rows, turn = [], 0
     for fraction, items in items_by_fraction.items():
         for policy, code in POLICIES:
-            for (pname, _, budget_s), res in zip(items, _stream(client, items, code, n_max)):
-                rows.append({'method': name, 'policy': policy, 'fraction': fraction,
-                             'prompt': pname, 'budget_s': budget_s, 'status': res.status,
-                             'response': res.response, 'alpha': res.eviction_ratio,
-                             'prompt_tokens': res.prompt_tokens,
-                             'predicted_tokens': res.predicted_tokens,
-                             'response_tokens': res.response_tokens,
-                             'predictor': res.predictor,
-                             'decided': res.predicted_wcet.sec > 0
-                             or res.predicted_wcet.nanosec > 0,
-                             'deadline_met': res.deadline_met,
-                             'truncated': bool(res.truncated)})
-                print(f'  {name:10s} {policy:9s} T={fraction:.2f}x {pname:8s} '
-                      f'N_x={res.prompt_tokens:5d} status={res.status} '
-                      f'alpha={res.eviction_ratio:.2f}', flush=True)
+            order = clients[turn % len(clients):] + clients[:turn % len(clients)]
+            turn += 1
+            for name, client in order:
+                for (pname, _, budget_s), res in zip(items,
+                                                     _stream(client, items, code, n_max)):
+                    rows.append(_row(name, policy, fraction, pname, budget_s, res))
+                    print(f'  {name:15s} {policy:9s} T={fraction:.2f}x {pname:8s} '
+                          f'N_x={res.prompt_tokens:5d} status={res.status} '
+                          f'alpha={res.eviction_ratio:.2f}', flush=True)
     return rows
 
 
@@ -232,16 +257,17 @@ def run_bench(args):
         else BUDGET_FRACTIONS
     items = _budgets(prompt_set, calibration.coefficients, engine, n_max, fractions)
     del engine
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         calibration.save(pathlib.Path(tmp) / 'calibration.yaml')
-        for method in _selected_methods(args.methods):
-            name = method[0]
-            print(f'method {name}', flush=True)
-            with _server(method, tmp, n_max) as client:
-                if name == 'vanilla':
-                    refs = _references(client, prompt_set, n_max)
-                rows += _run_method(client, name, items, n_max)
+        # Every method's server runs at once (an idle server takes no compute), so that
+        # the streams of all methods can be interleaved.
+        clients = []
+        for index, method in enumerate(_selected_methods(args.methods)):
+            print(f'starting the server of method {method[0]}', flush=True)
+            clients.append((method[0], servers.enter_context(_server(index, method, tmp,
+                                                                     n_max))))
+        refs = _references(dict(clients)['vanilla'], prompt_set, n_max)
+        rows = _run_interleaved(clients, items, n_max)
     table = summarize(rows, refs)
     (out_dir / 'bench_raw.json').write_text(json.dumps({'rows': rows, 'refs': refs}, indent=1))
     print(write_report(table, out_dir, format_report(calibration)))

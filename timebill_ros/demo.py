@@ -46,8 +46,8 @@ def burst_goals():
     ]
 
 
-def _start_server(params_file, log_path):
-    cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve']
+def _start_server(params_file, log_path, node_name='timebill'):
+    cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--node-name', node_name]
     if params_file:
         cmd += ['--params', params_file]
     log = open(log_path, 'w', encoding='utf-8')
@@ -66,16 +66,18 @@ def _stop_server(proc):
 
 
 @contextlib.contextmanager
-def served(params_file, log_path, wait_s=600.0):
+def served(params_file, log_path, wait_s=600.0, node_name='timebill'):
     """Run ``timebill serve`` as its own process; yield a client connected to it.
 
-    Raises RuntimeError when the server exits or does not come up within wait_s seconds.
-    On exit the server gets SIGINT (clean shutdown) and its exit code is printed.
+    ``node_name``: the server node's name (its action is ``/<node_name>/instruct``), so that
+    several servers can run side by side. Raises RuntimeError when the server exits or does
+    not come up within wait_s seconds. On exit the server gets SIGINT (clean shutdown) and
+    its exit code is printed.
     """
     from timebill_ros.ros.session import client_session
-    proc = _start_server(params_file, log_path)
+    proc = _start_server(params_file, log_path, node_name)
     try:
-        with client_session() as client:
+        with client_session(f'/{node_name}/instruct', f'{node_name}_client') as client:
             start = time.monotonic()
             while not client.wait_for_server(5.0):
                 if proc.poll() is not None or time.monotonic() - start > wait_s:

@@ -81,6 +81,7 @@ class PrefillState:
     cache: the KV cache, N_x tokens per layer until evicted. n_x: prompt tokens.
     first_token: greedy token after the prompt (generated token 1).
     scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
+    n_chunks: forward passes the prefill took (each pays a per-call overhead).
     """
 
     cache: DynamicCache
@@ -88,6 +89,7 @@ class PrefillState:
     first_token: int
     scorer_inputs: Optional[dict]
     prefill_s: float
+    n_chunks: int = 1
 
     @property
     def n_kv(self) -> int:
@@ -332,7 +334,7 @@ class LlmEngine:
         window = self.eviction_config.window_size
         start = self.clock()
         cache = DynamicCache(config=self.model.config)
-        begin = 0
+        begin, n_chunks = 0, 0
         with torch.inference_mode(), _Capture(self._attention_modules(), window + 1) as capture, \
                 _LayerChecks(self.model.model.layers, interrupt) as checks:
             while begin < len(ids):
@@ -345,9 +347,10 @@ class LlmEngine:
                     logits = self._forward(ids[begin:end], begin, cache)
                 except _Interrupted as exc:
                     raise GenerationStopped(exc.reason) from None
-                begin = end
+                begin, n_chunks = end, n_chunks + 1
         first = int(logits.argmax())
-        return PrefillState(cache, len(ids), first, capture.inputs, self.clock() - start)
+        return PrefillState(cache, len(ids), first, capture.inputs, self.clock() - start,
+                            n_chunks)
 
     def evict(self, state: PrefillState, alpha: float,
               interrupt: Optional[StopCriteria] = None) -> int:

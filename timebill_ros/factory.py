@@ -36,7 +36,8 @@ def build_time_model(config, calibration, predictor, state_path, log=print):
     from timebill_ros.timing.online import TimeModel
     model = TimeModel(calibration.coefficients, config.timing.online_settings(),
                       predict_s=predictor.expected_time_s,
-                      calibration_created=calibration.created)
+                      calibration_created=calibration.created,
+                      calibration_chunk_tokens=config.engine.prefill_chunk_tokens)
     if not config.timing.online:
         log('time model: fixed (timing.online is false): no speed factor, no margin')
         return model

@@ -5,8 +5,11 @@ import threading
 
 
 @contextlib.contextmanager
-def client_session(action_name='/timebill/instruct'):
-    """Yield a spinning InstructClient; shut the executor down and join it on exit."""
+def client_session(action_name='/timebill/instruct', node_name='timebill_client'):
+    """Yield a spinning InstructClient; shut the executor down and join it on exit.
+
+    Sessions may nest (one per server): they share the rclpy context of the outermost.
+    """
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
@@ -15,7 +18,7 @@ def client_session(action_name='/timebill/instruct'):
     own_context = not rclpy.ok()
     if own_context:
         rclpy.init()
-    client = InstructClient(action_name)
+    client = InstructClient(action_name, node_name)
     executor = MultiThreadedExecutor(num_threads=4)
     executor.add_node(client)
     spinner = threading.Thread(target=executor.spin, daemon=True)

@@ -9,6 +9,7 @@ their compute goes to the next goal. Every measured phase updates the online tim
 """
 
 import concurrent.futures
+import itertools
 import time
 
 from timebill_ros import stopping
@@ -23,6 +24,12 @@ MIN_CHUNK_TOKENS = 16   # chunks never shrink below this (per-call overhead woul
 WARM_UP_TOKENS = 256    # the start-up warm-up goal: prompt tokens, decoding steps, alpha
 WARM_UP_STEPS = 16
 WARM_UP_ALPHA = 0.5
+
+
+def _planned(sizes):
+    """Return a chunk plan (engine.prefill's ``chunk_plan``) following ``sizes``, tokens."""
+    by_begin = dict(zip(itertools.accumulate([0] + sizes[:-1]), sizes))
+    return lambda begin, n_tokens: by_begin.get(begin, MIN_CHUNK_TOKENS)
 
 
 def _timed_predict(predictor, prompt, input_ids, n_max, clock):
@@ -86,7 +93,7 @@ class JobRunner:
         ids = engine.random_ids(n_x)
         future = self.submit_prediction('', ids, steps + 1)
         state = engine.prefill(ids, stopping.StopCriteria())
-        model.observe_prefill(n_x, state.prefill_s)
+        model.observe_prefill(n_x, state.prefill_s, state.n_chunks)
         try:
             _, start, end = future.result(timeout=60.0)
             model.observe_predict(n_x, end - start)
@@ -123,14 +130,16 @@ class _GoalRun:
     # --- the pipeline ------------------------------------------------------------------
     def execute(self):
         job, model, result = self.job, self.model, self.result
+        chunks = self._chunk_sizes()
         # t^_WCET's head is predicted before anything runs, so the WCET is a true forecast.
-        self.wcet_head_s = model.prefill_s(job.n_x, WORST) + model.overhang_s(job.n_x, WORST)
+        self.wcet_head_s = (model.prefill_s(job.n_x, WORST, len(chunks))
+                            + model.overhang_s(job.n_x, WORST))
         self._feedback(status.PHASE_PREFILL)
         prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
                                                    job.n_max)
         try:
             state = self.engine.prefill(job.input_ids, self._prefill_stop(),
-                                        chunk_plan=self._chunk_plan(), interrupt=self.interrupt)
+                                        chunk_plan=_planned(chunks), interrupt=self.interrupt)
         except GenerationStopped as stop:
             self.runner.predictor.abort()
             prediction.cancel()
@@ -138,7 +147,7 @@ class _GoalRun:
             return
         prefill_end = self.clock()
         result.prefill_time_s = state.prefill_s
-        model.observe_prefill(job.n_x, state.prefill_s)
+        model.observe_prefill(job.n_x, state.prefill_s, state.n_chunks)
         self.phase = 'predictor'
         n_hat = self._await_prediction(prediction, prefill_end)
         if n_hat is None:
@@ -168,29 +177,32 @@ class _GoalRun:
                                                          self.clock))
         return stopping.StopCriteria(criteria)
 
-    def _chunk_plan(self):
-        """Return a chunk plan: one decoder layer of a chunk takes at most the stop bound.
+    def _chunk_sizes(self):
+        """Return the prefill's chunk sizes, tokens: one decoder layer takes at most the bound.
 
         The bound is ``engine.stop_bound_s`` or, when 0, one decoding step at this prompt's
-        length; chunk times are the time model's WORST bound. The largest such chunk up to
-        ``engine.prefill_chunk_tokens`` is taken (binary search: the time grows with size).
+        length; a cancel or deadline then lands within about one step (checks run before
+        every layer). Chunk and step times are the time model's EXPECTED ones: both scale
+        with the machine's speed, and a pessimistic chunk estimate would only shrink the
+        chunks, which costs (each forward pass pays an overhead; see TimeModel.prefill_s).
+        The largest such chunk up to ``engine.prefill_chunk_tokens`` is taken (binary
+        search: the time grows with size).
         """
         cfg = self.runner.config.engine
-        model, n_layers = self.model, self.engine.n_layers
-        bound_s = cfg.stop_bound_s or model.step_s(self.job.n_x, EXPECTED)
-
-        def plan(begin, n_tokens):
-            allowed_s = bound_s * n_layers
+        model, n_x = self.model, self.job.n_x
+        allowed_s = (cfg.stop_bound_s or model.step_s(n_x, EXPECTED)) * self.engine.n_layers
+        sizes, begin = [], 0
+        while begin < n_x:
             low, high = MIN_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, cfg.prefill_chunk_tokens)
             while low < high:
                 mid = (low + high + 1) // 2
-                if model.chunk_s(begin, mid, WORST) <= allowed_s:
+                if model.chunk_s(begin, mid, EXPECTED) <= allowed_s:
                     low = mid
                 else:
                     high = mid - 1
-            return low
-
-        return plan
+            sizes.append(min(low, n_x - begin))
+            begin += sizes[-1]
+        return sizes
 
     def _await_prediction(self, future, prefill_end):
         """Return N^ (the fallback N_max when late or broken), or None when the goal stopped.

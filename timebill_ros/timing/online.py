@@ -178,10 +178,12 @@ class TimeModel:
 
     def __init__(self, coefficients: TimingCoefficients, settings: OnlineSettings = None,
                  predict_s: Optional[Callable[[int], float]] = None,
-                 calibration_created: str = ''):
+                 calibration_created: str = '', calibration_chunk_tokens: int = 512):
         if not isinstance(coefficients, TimingCoefficients):
             raise TypeError(f'coefficients must be TimingCoefficients, got {coefficients!r}')
         self.coefficients = coefficients
+        self.calibration_chunk_tokens = check_int('calibration_chunk_tokens',
+                                                  calibration_chunk_tokens, 1)
         self.settings = settings or OnlineSettings()
         self.predict_base_s = predict_s
         self.calibration_created = calibration_created
@@ -196,9 +198,27 @@ class TimeModel:
             tracker = self.phases[phase]
             return tracker.factor * tracker.margin(bound)
 
-    def prefill_s(self, n_x: int, bound: str = EXPECTED) -> float:
-        """Return the prefill time of an ``n_x``-token prompt (Eq. 4a, corrected)."""
-        return self._scale(PREFILL, bound) * self.coefficients.prefill_s(n_x)
+    def _prefill_base_s(self, n_x: int, n_chunks: Optional[int]) -> float:
+        """Eq. 4a, plus the per-call overhead c of each chunk beyond the calibration's.
+
+        Eq. 4a was fitted on prefills in chunks of ``calibration_chunk_tokens``; a prefill in
+        more (smaller) chunks pays c (one forward pass's overhead) once more per extra chunk
+        (measured on the 2-core VM: 2,750 tokens in 128-token chunks took 1.29x the time in
+        512-token chunks, 0.17 s per extra chunk; c was 0.11 s). Without this, a goal
+        prefilled in small chunks would read as a slower machine.
+        """
+        base = self.coefficients.prefill_s(n_x)
+        if n_chunks is None:
+            return base
+        calibrated = -(-check_int('n_x', n_x) // self.calibration_chunk_tokens)
+        return base + self.coefficients.c * max(0, n_chunks - calibrated)
+
+    def prefill_s(self, n_x: int, bound: str = EXPECTED, n_chunks: Optional[int] = None) -> float:
+        """Return the prefill time of an ``n_x``-token prompt (Eq. 4a, corrected).
+
+        n_chunks: the forward passes it will take (None: as in the calibration).
+        """
+        return self._scale(PREFILL, bound) * self._prefill_base_s(n_x, n_chunks)
 
     def prefill_rest_s(self, n_done: int, n_x: int, bound: str = EXPECTED) -> float:
         """Return the time to prefill tokens ``n_done``..``n_x`` (Eq. 4a differences)."""
@@ -263,9 +283,9 @@ class TimeModel:
         with self._lock:
             self.phases[phase].observe(base_s, measured_s)
 
-    def observe_prefill(self, n_x: int, measured_s: float) -> None:
-        """Add a goal's measured prefill of ``n_x`` tokens, seconds."""
-        self._observe(PREFILL, self.coefficients.prefill_s(n_x), measured_s)
+    def observe_prefill(self, n_x: int, measured_s: float, n_chunks: Optional[int] = None) -> None:
+        """Add a goal's measured prefill of ``n_x`` tokens in ``n_chunks`` chunks, seconds."""
+        self._observe(PREFILL, self._prefill_base_s(n_x, n_chunks), measured_s)
 
     def observe_decode(self, n_kv_first: int, n_steps: int, measured_s: float) -> None:
         """Add ``n_steps`` decoding steps from ``n_kv_first`` cached tokens, ``measured_s`` s.
