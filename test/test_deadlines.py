@@ -273,6 +273,24 @@ def test_default_stop_bound_is_one_decoding_step(make_service, clock):
     assert all(_chunk_layer_s(size) <= STEP_S for size in _chunks(clock))
 
 
+def test_chunks_ignore_the_wcet_margin_and_extra_chunks_are_not_a_slow_machine(
+        make_service, clock):
+    """Chunks come from EXPECTED times; a prefill in more chunks is charged c per chunk.
+
+    Regression: chunks sized from WORST shrank with the margin, and the prefill of many small
+    chunks then read as a slower machine, which shrank them further.
+    """
+    bound_s = 6e-3
+    # Online, no residuals yet: WORST = prior_margin (1.3) x EXPECTED.
+    service = make_service(chunk=512, stop_bound_s=bound_s, online=True)
+    n_x = _n_x(service)
+    Goal(service, clock, GoalRequest(PROMPT, budget_s=LONG, max_new_tokens=2)).wait()
+    assert max(_chunks(clock)) == _largest_chunk(bound_s * N_LAYERS)
+    assert len(_chunks(clock)) > 1 and n_x < 512  # the calibration would take one chunk
+    # Each chunk paid its c exactly as Eq. 4a + c per extra chunk says: speed factor 1.
+    assert service.time_model.status(PREFILL).speed_factor == pytest.approx(1.0)
+
+
 def test_early_kill_in_prefill_frees_the_executor_before_the_deadline(make_service, clock):
     service = make_service(chunk=16)
     n_x = _n_x(service)
