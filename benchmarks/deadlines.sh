@@ -10,8 +10,13 @@
 #     after   only the current tree's kill / cancel run (the "before" run stays as it is)
 #     drift   the WCET drift run and admission through the node (waits until the calibration
 #             is >= 20 min old); --goal-set second: goals the estimator was not chosen on
-#     bench   `timebill bench --methods timebill` (vanilla runs too), each tree's own
-#             client and server, one after the other
+#     bench   `timebill bench` with vanilla, timebill (self-correcting model, admission) and
+#             timebill-fixed (the calibration as is, no admission: decisions as before this
+#             issue), all servers up at once and the job streams interleaved
+#     bench-before  the same benchmark of the tree before this issue and of this one, one
+#             after the other (sequential: confounded by the machine's drift; kept for record)
+#     ab      same goals through the core of both trees, alternating processes (ab_speed.py)
+#     admission  infeasible goals through ROS (admission_latency.py)
 #     report  re-make the kill / cancel tables from the raw JSON
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,7 +28,7 @@ BEFORE="${BEFORE_TREE:-/tmp/timebill_before}"
 source scripts/env.sh
 mkdir -p "$OUT" log
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(setup cost kill drift bench)
+[[ ${#stages[@]} -gt 0 ]] || stages=(setup cost kill drift ab admission bench)
 
 before_tree() {
   if [[ ! -d "$BEFORE" ]]; then
@@ -61,11 +66,19 @@ print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
       python benchmarks/wcet_drift.py --calibration "$OUT/calibration.yaml" --out "$OUT" \
         --goal-set second --tag wcet_drift ;;
     bench)
+      timebill bench --methods timebill,timebill-fixed --fractions 0.9,1.0,1.1 \
+        --out "$OUT/bench_interleaved" ;;
+    ab)
+      before_tree
+      python benchmarks/ab_speed.py --tree before="$BEFORE" --tree after=. --rounds 2 ;;
+    admission)
+      python benchmarks/admission_latency.py --out "$OUT" ;;
+    bench-before)
       before_tree
       env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin bash -c \
         "source '$BEFORE/scripts/env.sh' && cd '$BEFORE' && \
-         timebill bench --methods timebill --out '$ROOT/$OUT/bench_before'"
-      timebill bench --methods timebill --out "$OUT/bench_after" ;;
+         timebill bench --methods timebill --out '$ROOT/$OUT/bench_seq_before'"
+      timebill bench --methods timebill --out "$OUT/bench_seq_after" ;;
     report)
       python benchmarks/kill_latency.py report --out "$OUT" ;;
     *)
