@@ -85,9 +85,8 @@ class TimeBillService:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self):
         """Start the executors and the queue reaper."""
-        # The first chat-template call compiles the template (jinja), part of why the first
-        # goal through ROS took 212 ms to its REJECTED against a 14 ms median
-        # (benchmarks/results/deadlines/admission.md): pay it before goals arrive.
+        # The first chat-template call compiles the template (jinja): pay that before goals
+        # arrive, not in the first goal's admission.
         self.engine.encode('ready', 'ready')
         for executor in self.executors:
             executor.start()

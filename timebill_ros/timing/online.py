@@ -43,6 +43,7 @@ from typing import Callable, Optional
 import numpy as np
 import yaml
 
+from timebill_ros.config import TimingConfig
 from timebill_ros.timing.model import TimingCoefficients, check_int, now_iso
 
 EXPECTED, WORST, LEAST = 'expected', 'worst', 'least'
@@ -71,12 +72,13 @@ class OnlineSettings:
     prior_margin: upper margin (>= 1) before enough residuals; LEAST uses its inverse.
     """
 
-    enabled: bool = True
-    speed_gain: float = 0.3
-    residual_window: int = 64
-    wcet_quantile: float = 0.99
-    min_residuals: int = 8
-    prior_margin: float = 1.3
+    # Defaults: the ``timing`` parameters' (one home for them).
+    enabled: bool = TimingConfig.online
+    speed_gain: float = TimingConfig.speed_gain
+    residual_window: int = TimingConfig.residual_window
+    wcet_quantile: float = TimingConfig.wcet_quantile
+    min_residuals: int = TimingConfig.min_residuals
+    prior_margin: float = TimingConfig.prior_margin
 
     def __post_init__(self):
         """Check every field, naming the bad one."""
@@ -203,9 +205,9 @@ class TimeModel:
 
         Eq. 4a was fitted on prefills in chunks of ``calibration_chunk_tokens``; a prefill in
         more (smaller) chunks pays c (one forward pass's overhead) once more per extra chunk
-        (measured on the 2-core VM: 2,750 tokens in 128-token chunks took 1.29x the time in
-        512-token chunks, 0.17 s per extra chunk; c was 0.11 s). Without this, a goal
-        prefilled in small chunks would read as a slower machine.
+        (benchmarks/chunk_cost.py on the 2-core VM: 2,750 tokens in 128-token chunks took
+        1.29-1.42x the time in 512-token chunks, 0.17-0.23 s per extra chunk; c was 0.11-0.16
+        s). Without this, a goal prefilled in small chunks would read as a slower machine.
         """
         base = self.coefficients.prefill_s(n_x)
         if n_chunks is None:
