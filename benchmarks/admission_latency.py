@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 
+from kill_latency import percentile  # a sibling script: one percentile for both
+
 
 def gc_child():
     """Build the server core; print JSON with full-collection times before/after a freeze."""
@@ -101,11 +103,6 @@ def _through_ros(client, n_goals):
     return rows
 
 
-def _pct(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def _report(gc_pause, rows):
     lines = ['# Admission through ROS', '',
              'Command: `python benchmarks/admission_latency.py`', '',
@@ -126,7 +123,7 @@ def _report(gc_pause, rows):
         lines.append(
             f"| {label} | {len(part)} | "
             f"{sum(r['status'] == 4 and r['infeasible'] for r in part)} | "
-            f"{_pct(ms, 0.5):.1f} | {_pct(ms, 0.99):.1f} | {max(ms):.1f} | "
+            f"{percentile(ms, 0.5):.1f} | {percentile(ms, 0.99):.1f} | {max(ms):.1f} | "
             f"{sum(m > 50.0 for m in ms)} | "
             f"{sum(r['prefill_s'] > 0 or r['tokens'] > 0 for r in part)} |")
     lines += ['', f"Example: {rows[-1]['message']}"]
@@ -137,10 +134,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--goals', type=int, default=200)
     parser.add_argument('--out', default='benchmarks/results/deadlines')
+    parser.add_argument('--report', metavar='JSON', help='only re-make the table from a '
+                        'raw admission JSON (written next to it, .md)')
     parser.add_argument('--gc-child', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.gc_child:
         gc_child()
+        return 0
+    if args.report:
+        raw = json.loads(pathlib.Path(args.report).read_text())
+        text = _report(raw['gc'], raw['goals'])
+        pathlib.Path(args.report).with_suffix('.md').write_text(text)
+        print(text)
         return 0
     from timebill_ros import params
     from timebill_ros.config import ServerConfig

@@ -228,7 +228,8 @@ def latency_s(row):
     return row['end_s'] - (row['cancel_s'] if row['kind'] == CANCEL else row['deadline_s'])
 
 
-def _pct(values, q):
+def percentile(values, q):
+    """Return the q-quantile of ``values`` by the upper nearest rank (nan when empty)."""
     values = sorted(values)
     if not values:
         return float('nan')
@@ -254,12 +255,12 @@ def summarize(rows, group_of):
         over = [max(0.0, x) for x in lat]
         table[group] = {
             'n': len(items), 'early': sum(x < 0 for x in lat),
-            'p50_ms': _pct(over, 0.5) * 1e3, 'p99_ms': _pct(over, 0.99) * 1e3,
+            'p50_ms': percentile(over, 0.5) * 1e3, 'p99_ms': percentile(over, 0.99) * 1e3,
             'max_ms': max(over) * 1e3,
-            'step_ms': _pct([r['step_s'] for r in items], 0.5) * 1e3,
+            'step_ms': percentile([r['step_s'] for r in items], 0.5) * 1e3,
             'over_bound': sum(o > r['step_s'] + 0.020 for o, r in zip(over, items)),
             'over_2_steps': sum(o > 2 * r['step_s'] for o, r in zip(over, items)),
-            'signed_p50_ms': _pct(lat, 0.5) * 1e3}
+            'signed_p50_ms': percentile(lat, 0.5) * 1e3}
     return table
 
 
@@ -293,8 +294,8 @@ def _admission_lines(runs):
             lines.append(f'| {label} | 0 | - | - | - | - |')
             continue
         waits = [(r['end_s'] - r['submitted_s']) * 1e3 for r in refused]
-        lines.append(f'| {label} | {len(refused)} | {_pct(waits, 0.5):.2f} | '
-                     f'{_pct(waits, 0.99):.2f} | {max(waits):.2f} | '
+        lines.append(f'| {label} | {len(refused)} | {percentile(waits, 0.5):.2f} | '
+                     f'{percentile(waits, 0.99):.2f} | {max(waits):.2f} | '
                      f'{sum(r["forward_passes"] for r in refused)} |')
     return lines
 
