@@ -85,9 +85,6 @@ class TimeBillService:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self):
         """Start the executors and the queue reaper."""
-        # The first chat-template call compiles the template (jinja): pay that before goals
-        # arrive, not in the first goal's admission.
-        self.engine.encode('ready', 'ready')
         for executor in self.executors:
             executor.start()
         self._reaper.start()
