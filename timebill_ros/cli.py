@@ -32,7 +32,7 @@ def cmd_serve(args, ros_args):
     from timebill_ros.ros.node import TimeBillNode, spin
     if args.params:
         ros_args = (ros_args or ['--ros-args']) + ['--params-file', args.params]
-    spin(lambda: TimeBillNode(build_service, node_name=args.node_name),
+    spin(lambda: TimeBillNode(build_service, node_name=args.node_name, freeze_heap=True),
          args=[sys.argv[0]] + ros_args)
     return 0
 
