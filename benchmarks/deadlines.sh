@@ -10,9 +10,10 @@
 #     after   only the current tree's kill / cancel run (the "before" run stays as it is)
 #     drift   the WCET drift run and admission through the node (waits until the calibration
 #             is >= 20 min old); --goal-set second: goals the estimator was not chosen on
-#     bench   `timebill bench` with vanilla, timebill (self-correcting model, admission) and
-#             timebill-fixed (the calibration as is, no admission: decisions as before this
-#             issue), all servers up at once and the job streams interleaved
+#     bench   `timebill bench` with vanilla, timebill (self-correcting model, admission,
+#             expected fallback), timebill-clamp (the same with the paper's alpha_max clamp)
+#             and timebill-fixed (the calibration as is, no admission, clamp: decisions as
+#             before this issue), all servers up at once and the job streams interleaved
 #     bench-before  the same benchmark of the tree before this issue and of this one, one
 #             after the other (sequential: confounded by the machine's drift; kept for record)
 #     ab      same goals through the core of both trees, alternating processes (ab_speed.py)
@@ -66,7 +67,8 @@ print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
       python benchmarks/wcet_drift.py --calibration "$OUT/calibration.yaml" --out "$OUT" \
         --goal-set second --tag wcet_drift ;;
     bench)
-      timebill bench --methods timebill,timebill-fixed --fractions 0.9,1.0,1.1 \
+      timebill bench --methods timebill,timebill-clamp,timebill-fixed \
+        --fractions 0.9,1.0,1.1 \
         --out "$OUT/bench_interleaved" ;;
     ab)
       before_tree

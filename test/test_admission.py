@@ -184,3 +184,43 @@ def test_hopeless_budget_clamps_at_alpha_max():
     assert decision.fits is False
     negative = decide(model, -1.0)  # already past the deadline
     assert negative.alpha == 0.9 and negative.fits is False
+
+
+# Step time dominated by q, as on the real machine (p N_x is ~15 % of a step there): eviction
+# buys little. Whole cache, 19 steps: 19 (0.1 + 0.01) + 1e-4 19 18 / 2 = 2.1071 s.
+STEP_BOUND = TimingCoefficients(a=0.0, b=0.01, c=0.5, p=1e-4, q=0.1)
+
+
+def test_expected_fallback_when_no_alpha_meets_the_worst_bound():
+    model = TimeModel(STEP_BOUND)  # prior margin 1.3 on the WORST bound, none on EXPECTED
+    worst = model.decode_coefficients('worst')
+    expected = model.decode_coefficients('expected')
+    assert (worst.q, expected.q) == (pytest.approx(0.13, rel=1e-12), 0.1)
+    assert expected.decode_phase_s(100, 0.0, 20) == pytest.approx(2.1071, rel=1e-12)
+    # 2.3 s: the whole cache fits at EXPECTED; at WORST not even alpha_max does (2.52 s).
+    time_left = 2.3
+    assert model.evict_s(100, WORST) + worst.decode_phase_s(100, 0.9, 20) > time_left
+    paper = decide(model, time_left)
+    assert paper.alpha == 0.9 and paper.fits is False
+    kept = decide(model, time_left, fallback_bound='expected')
+    assert kept.alpha == 0.0
+    # The promise is still reported at WORST: the whole cache, 19 steps with the margin.
+    assert kept.remaining_s == pytest.approx(worst.decode_phase_s(100, 0.0, 20), rel=1e-12)
+    assert kept.fits is False
+    # 2.09 s: the whole cache misses EXPECTED too; alpha* is solved at EXPECTED, below 0.9.
+    some = decide(model, 2.09, fallback_bound='expected')
+    evict_s = model.evict_s(100, 'expected')
+    by_hand = budget.alpha_star(2.09 - evict_s, 100, 20, 0.0, 0.0, 1e-4, 0.1, 0.9)
+    assert 0.0 < by_hand < 0.9
+    assert some.alpha == by_hand
+    assert evict_s + expected.decode_phase_s(100, by_hand, 20) == pytest.approx(2.09)
+
+
+def test_expected_fallback_leaves_a_fitting_worst_choice_alone():
+    model = TimeModel(STEP_BOUND)
+    plain = decide(model, 3.0)
+    assert plain.fits and plain.alpha == 0.0
+    assert decide(model, 3.0, fallback_bound='expected') == plain
+    squeezed = decide(model, 2.7)  # 0 < alpha* < 0.9 meets WORST: the fallback stays out
+    assert squeezed.fits and 0.0 < squeezed.alpha < 0.9
+    assert decide(model, 2.7, fallback_bound='expected') == squeezed

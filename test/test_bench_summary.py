@@ -92,5 +92,9 @@ def test_the_fixed_method_decides_as_before_issue_9(tmp_path):
     assert fixed.timing.online is False and fixed.admission.policy == 'none'
     assert online.timing.online is True and online.admission.policy == 'feasibility'
     assert fixed.predictor.kind == online.predictor.kind == 'rlp'
+    clamp = configs['timebill-clamp']
+    assert (fixed.budget.expected_fallback, clamp.budget.expected_fallback) == (False, False)
+    assert online.budget.expected_fallback is True
+    assert clamp.timing.online is True and clamp.admission.policy == 'feasibility'
     # No two servers share an online state file: methods must not learn from each other.
     assert len({c.timing.state_file for c in configs.values()}) == len(configs)

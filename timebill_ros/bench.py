@@ -34,11 +34,15 @@ METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 
            ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
            ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'),
            ('timebill-fallback', 'timebill', 0.0, 'fallback'),
-           ('timebill-fixed', 'timebill', 0.0, 'rlp'))
+           ('timebill-fixed', 'timebill', 0.0, 'rlp'), ('timebill-clamp', 'timebill', 0.0, 'rlp'))
 # Server parameters of a method beyond its budget mode and predictor. ``timebill-fixed``
 # decides as the server did before issue 9: the calibration as it is (no speed factor, no
-# learned margin) and no admission control; it shows what the self-correcting model changes.
-METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none'}}
+# learned margin), no admission control and the paper's clamp of alpha* to alpha_max; it
+# shows what the self-correcting model changes. ``timebill-clamp``: the self-correcting model
+# with the paper's clamp (budget.expected_fallback false), to show what the fallback changes.
+METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none',
+                                    'budget.expected_fallback': False},
+                 'timebill-clamp': {'budget.expected_fallback': False}}
 POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
 N_MAX = 48
 COMPLETED = 1

@@ -111,12 +111,17 @@ class BudgetConfig:
     alpha_max: largest KV eviction ratio, in [0, 1).
     mode: ``timebill`` (alpha* from Eq. 11) or ``fixed`` (always ``fixed_alpha``; baselines).
     fixed_alpha: the eviction ratio used when mode is ``fixed``, in [0, 1).
+    expected_fallback: when no alpha <= alpha_max meets the WORST bound, choose alpha* for
+        the EXPECTED bound instead of alpha_max (the promise is lost either way; evict only
+        what the expected time needs, since each evicted token costs answer quality).
+        false = the paper's rule (Eq. 10c clamps alpha* to alpha_max).
     """
 
     pessimistic_factor: float = 5.0
     alpha_max: float = 0.95
     mode: str = 'timebill'
     fixed_alpha: float = 0.0
+    expected_fallback: bool = True
 
     def __post_init__(self):
         _check_positive('budget.pessimistic_factor', self.pessimistic_factor)

@@ -259,7 +259,8 @@ class _GoalRun:
         fixed = cfg.fixed_alpha if cfg.mode == 'fixed' else None
         decision = decide_remaining(self.model, job.deadline_s - self.clock(), job.n_x, n_hat,
                                     job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
-                                    fixed_alpha=fixed)
+                                    fixed_alpha=fixed,
+                                    fallback_bound=EXPECTED if cfg.expected_fallback else None)
         self.result.predicted_tokens = decision.n_hat
         self.result.pessimistic_tokens = decision.n_w
         self.result.eviction_ratio = decision.alpha

@@ -97,7 +97,7 @@ class RemainingDecision:
 
 
 def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
-                     fixed_alpha=None, bound='worst'):
+                     fixed_alpha=None, bound='worst', fallback_bound=None):
     """Pick alpha for the time actually left after the prefill and the predictor.
 
     Eq. 11 with T - t^_prefill - t_Predict replaced by what they are once both have run:
@@ -105,23 +105,45 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
     eviction time come from ``time_model`` (timing.online.TimeModel) at ``bound`` (WORST:
     corrected speed x learned margin). Keeping the whole cache is preferred whenever it fits,
     since eviction itself costs time; otherwise alpha* is solved for the time left minus the
-    eviction. fixed_alpha: when not None, use it (the fixed-ratio baselines).
+    eviction. fallback_bound: when no alpha <= alpha_max fits at ``bound``, alpha is chosen
+    the same way at this bound (e.g. EXPECTED) instead of clamping to alpha_max; None = the
+    paper's clamp. ``remaining_s`` and ``fits`` are always at ``bound``.
+    fixed_alpha: when not None, use it (the fixed-ratio baselines).
     """
     n_w = pessimistic_tokens(n_hat, k, n_max)
+    remaining = _remaining_at(time_model, n_x, n_w, bound)
+    if fixed_alpha is not None:
+        alpha = float(fixed_alpha)
+    else:
+        alpha = _smallest_alpha(remaining, time_model, time_left_s, n_x, n_w, alpha_max, bound)
+        if fallback_bound is not None and not _fits(remaining(alpha), time_left_s):
+            alpha = _smallest_alpha(_remaining_at(time_model, n_x, n_w, fallback_bound),
+                                    time_model, time_left_s, n_x, n_w, alpha_max,
+                                    fallback_bound)
+    need_s = remaining(alpha)
+    return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s,
+                             fits=_fits(need_s, time_left_s))
+
+
+def _remaining_at(time_model, n_x, n_w, bound):
+    """Return alpha -> seconds of eviction (when alpha > 0) plus N_W decoding steps."""
     coefficients = time_model.decode_coefficients(bound)
     evict_s = time_model.evict_s(n_x, bound)
 
     def remaining(alpha):
         return (evict_s if alpha > 0 else 0.0) + coefficients.decode_phase_s(n_x, alpha, n_w)
+    return remaining
 
-    if fixed_alpha is not None:
-        alpha = float(fixed_alpha)
-    elif remaining(0.0) <= time_left_s:
-        alpha = 0.0
-    else:
-        alpha = alpha_star(time_left_s - evict_s, n_x, n_w, 0.0, 0.0, coefficients.p,
-                           coefficients.q, alpha_max)
-    need_s = remaining(alpha)
+
+def _smallest_alpha(remaining, time_model, time_left_s, n_x, n_w, alpha_max, bound):
+    """Return 0 when the whole cache fits at ``bound``, else Eq. 11 net of the eviction."""
+    if remaining(0.0) <= time_left_s:
+        return 0.0
+    coefficients = time_model.decode_coefficients(bound)
+    return alpha_star(time_left_s - time_model.evict_s(n_x, bound), n_x, n_w, 0.0, 0.0,
+                      coefficients.p, coefficients.q, alpha_max)
+
+
+def _fits(need_s, time_left_s):
     # alpha* solves need_s == time_left_s exactly: allow for the last bits of rounding.
-    fits = need_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
-    return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s, fits=fits)
+    return need_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
