@@ -292,3 +292,97 @@ def test_fifo_follows_receipt_time_not_queue_arrival(make_service):
     first.release.set()
     assert late.wait().status == early.wait().status == status.COMPLETED
     assert order == ['early', 'late']
+
+
+# --- failure isolation: a fault in a callback ends at most its own goal ------------------
+def _capture_logs(service):
+    lines = []
+    service.log = lines.append
+    for executor in service.executors:
+        executor.log = lines.append
+    return lines
+
+
+def test_a_raising_on_done_leaves_the_executor_serving(make_service):
+    service = make_service()
+    lines = _capture_logs(service)
+    seen = []
+
+    def broken_on_done(result):
+        seen.append(result)
+        raise RuntimeError('on_done exploded')
+
+    service.submit(GoalRequest('Hi.', budget_s=LONG), lambda fb: None, broken_on_done)
+    assert submit(service, GoalRequest('Next.', budget_s=LONG)).wait().status == \
+        status.COMPLETED
+    assert len(seen) == 1 and seen[0].status == status.COMPLETED
+    assert any('on_done exploded' in line for line in lines)
+    assert service.healthy
+
+
+def test_a_raising_stats_record_still_delivers_the_result(make_service):
+    service = make_service()
+    lines = _capture_logs(service)
+
+    def broken_record(result):
+        raise ValueError('stats exploded')
+
+    service.stats.record = broken_record
+    assert submit(service, GoalRequest('Hi.', budget_s=LONG)).wait().status == \
+        status.COMPLETED
+    rejected = submit(service, GoalRequest('   ', budget_s=LONG)).wait()
+    assert rejected.status == status.REJECTED
+    assert sum('stats exploded' in line for line in lines) == 2
+    assert service.healthy
+
+
+def test_a_raising_feedback_callback_fails_only_its_goal(make_service):
+    service = make_service()
+    _capture_logs(service)
+    rec = Recorder()
+
+    def broken_feedback(fb):
+        if fb.phase == status.PHASE_DECODE:
+            raise RuntimeError('feedback exploded')
+
+    rec.service = service
+    service.submit(GoalRequest('Hi.', budget_s=LONG), broken_feedback, rec.on_done)
+    failed = rec.wait()
+    assert failed.status == status.FAILED and 'feedback exploded' in failed.message
+    assert submit(service, GoalRequest('Next.', budget_s=LONG)).wait().status == \
+        status.COMPLETED
+
+
+def test_the_reaper_and_the_executor_outlive_faults_of_their_own(make_service):
+    service = make_service()
+    lines = _capture_logs(service)
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    real_expired, real_select = service.queue.expired, service.queue.policy.select
+    faults = {'reaper': 0, 'select': 0}
+
+    def expired_once(now_s):
+        if not faults['reaper']:
+            faults['reaper'] += 1
+            raise RuntimeError('reaper exploded')
+        return real_expired(now_s)
+
+    def select_once(jobs, now_s):
+        if not faults['select']:
+            faults['select'] += 1
+            raise RuntimeError('select exploded')
+        return real_select(jobs, now_s)
+
+    service.queue.expired = expired_once
+    service.queue.policy.select = select_once
+    queued = submit(service, GoalRequest('Quick?', budget_s=0.3))  # comes due in the queue
+    assert queued.wait().status == status.REJECTED  # the reaper's second round ended it
+    waiting = submit(service, GoalRequest('Then this.', budget_s=LONG))
+    first.release.set()
+    assert first.wait().status == status.COMPLETED
+    assert waiting.wait().status == status.COMPLETED  # taken after the failed select
+    assert faults == {'reaper': 1, 'select': 1}
+    assert any('reaper exploded' in line for line in lines)
+    assert any('select exploded' in line for line in lines)
+    assert service.healthy

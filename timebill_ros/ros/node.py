@@ -9,6 +9,7 @@ import gc
 import platform
 import threading
 import time
+import traceback
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
@@ -21,9 +22,12 @@ from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.ros import conversions
 from timebill_ros.ros.parameters import declare_and_read
+from timebill_ros.server.goals import JobResult
 from timebill_ros.server.stats import diagnostic_level, firm_ok
 
 LEVELS = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR)
+WAIT_SLICE_S = 1.0  # how often a waiting execute callback checks the server's threads, s
+CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
 
 
 class TimeBillNode(Node):
@@ -72,10 +76,16 @@ class TimeBillNode(Node):
         return GoalResponse.ACCEPT
 
     def _on_cancel(self, goal_handle):
-        job = self._jobs.get(bytes(goal_handle.goal_id.uuid))
-        if job is not None:
-            self.service.cancel(job)
+        try:
+            job = self._jobs.get(bytes(goal_handle.goal_id.uuid))
+            if job is not None:
+                self.service.cancel(job)
+        except Exception:  # the request is still answered; the goal ends on its own
+            self._log_fault('cancel callback')
         return CancelResponse.ACCEPT
+
+    def _log_fault(self, where):
+        self.get_logger().error(f'{where} failed: {traceback.format_exc()}')
 
     def _execute(self, goal_handle):
         key = bytes(goal_handle.goal_id.uuid)
@@ -92,21 +102,38 @@ class TimeBillNode(Node):
 
         def on_done(result):
             outcome['result'] = result
-            self._events_pub.publish(
-                conversions.event_msg(result, self.get_clock().now().to_msg()))
-            finished.set()
+            try:
+                self._events_pub.publish(
+                    conversions.event_msg(result, self.get_clock().now().to_msg()))
+            except Exception:  # the event is a side line: the result still goes out
+                self._log_fault('event publishing')
+            finally:
+                finished.set()
 
         job = self.service.submit(request, on_feedback, on_done, received_s=received_s)
         if job is not None:
             self._jobs[key] = job
             if goal_handle.is_cancel_requested:
                 self.service.cancel(job)
-        finished.wait()
+        self._wait_finished(finished, outcome)
         self._jobs.pop(key, None)
         return self._terminate(goal_handle, outcome['result'])
 
+    def _wait_finished(self, finished, outcome):
+        """Wait for the goal's result; a FAILED one if the server's threads died meanwhile."""
+        while not finished.wait(WAIT_SLICE_S):
+            if not self.service.healthy:
+                outcome.setdefault('result', JobResult(
+                    status=status.FAILED, stop_phase='server',
+                    message='internal error: a server thread died; see the node log'))
+                return
+
     def _terminate(self, goal_handle, result):
         outcome = status.ACTION_OUTCOME[result.status]
+        if outcome == 'canceled':
+            # A goal canceled while queued ends inside the cancel callback, before rclpy
+            # moves it to CANCELING (after the callback returns): wait for that transition.
+            _wait_until(lambda: goal_handle.is_cancel_requested, CANCELING_WAIT_S)
         if outcome == 'canceled' and goal_handle.is_cancel_requested:
             goal_handle.canceled()
         elif outcome == 'succeed':
@@ -124,6 +151,12 @@ class TimeBillNode(Node):
 
     # --- stats and diagnostics -------------------------------------------------------------
     def _publish_stats(self):
+        try:
+            self._publish_stats_once()
+        except Exception:  # a timer callback that raises would stop the executor's spin
+            self._log_fault('stats publishing')
+
+    def _publish_stats_once(self):
         snap = self.service.stats.snapshot()
         serving = self.service.status()
         stamp = self.get_clock().now().to_msg()
@@ -175,6 +208,16 @@ def diagnostic_values(snap, serving, stats_config):
     return values
 
 
+def _wait_until(predicate, timeout_s, poll_s=0.002):
+    """Poll ``predicate`` until it is true or ``timeout_s`` seconds pass; return its value."""
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def _accepted_at_s(goal_handle, default_s):
     """Return the ROS time (s) the action server stamped when it accepted the goal.
 
@@ -201,6 +244,26 @@ def _freeze_heap():
     gc.freeze()
 
 
+def spin_through_faults(executor, logger):
+    """Run ``executor.spin()``; when a callback's exception ends it, log and spin on.
+
+    rclpy's MultiThreadedExecutor re-raises a callback's exception out of ``spin()``: one
+    faulty callback would otherwise stop every goal, cancel and timer of the node.
+    """
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+    while rclpy.ok():
+        try:
+            executor.spin()
+            return
+        except (ExternalShutdownException, KeyboardInterrupt):
+            return
+        except Exception:
+            if not rclpy.ok():
+                return
+            logger.error(f'a callback raised; spinning on: {traceback.format_exc()}')
+
+
 def spin(node_factory, args=None, stop_event=None):
     """Run the node until SIGINT/SIGTERM (or ``stop_event``), then shut down cleanly.
 
@@ -221,7 +284,8 @@ def spin(node_factory, args=None, stop_event=None):
     node = node_factory()
     executor = MultiThreadedExecutor(num_threads=node.executor_threads)
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, name='timebill-spin', daemon=True)
+    spinner = threading.Thread(target=spin_through_faults, args=(executor, node.get_logger()),
+                               name='timebill-spin', daemon=True)
     spinner.start()
     try:
         while not stop_event.wait(0.2):

@@ -42,9 +42,19 @@ class Executor:
         self._thread.join(timeout_s)
         self.runner.close()
 
+    @property
+    def alive(self):
+        """Return True while the worker thread runs."""
+        return self._thread.is_alive()
+
     def _loop(self):
         while not self._stop.is_set():
-            job = self.queue.pop(timeout_s=0.5)
+            try:
+                job = self.queue.pop(timeout_s=0.5)
+            except Exception:  # the queue's policy failed: log, keep the thread
+                self.log(f'executor {self.name}: taking a goal failed: {traceback.format_exc()}')
+                self._stop.wait(0.1)
+                continue
             if job is None:
                 continue
             self.current = job

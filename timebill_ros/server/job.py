@@ -3,6 +3,7 @@
 import dataclasses
 import threading
 import time
+import traceback
 from typing import Callable, List, Optional
 
 from timebill_ros.server.goals import Feedback, GoalRequest, JobResult
@@ -19,6 +20,7 @@ class Job:
     admission_note says so with the numbers.
     expires_s: when a queued job is re-checked by the reaper (service-clock seconds): the
     last moment it can start and still finish (Kill, Partial), or its deadline.
+    log: one line of text when ``on_done`` raises (the fault is contained here).
     """
 
     request: GoalRequest
@@ -38,6 +40,7 @@ class Job:
     expires_s: Optional[float] = None
     cancel_reason: str = ''
     clock: Callable[[], float] = time.monotonic
+    log: Callable[[str], None] = print
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     _result: Optional[JobResult] = None
 
@@ -76,5 +79,8 @@ class Job:
             if not result.total_time_s:
                 result.total_time_s = self.clock() - self.received_s
             self._result = result
-        self.on_done(result)
+        try:
+            self.on_done(result)
+        except Exception:  # a fault in delivery must not reach the thread that finished it
+            self.log(f'goal {self.goal_id}: on_done failed: {traceback.format_exc()}')
         return True

@@ -7,6 +7,7 @@ No ROS here: the ROS adapter (``timebill_ros.ros``) turns action goals into
 import dataclasses
 import threading
 import time
+import traceback
 import uuid
 
 from timebill_ros.server import goals, overrun, status
@@ -133,6 +134,11 @@ class TimeBillService:
         return len(self.queue)
 
     @property
+    def healthy(self):
+        """Return True while every executor thread and the reaper run (after start())."""
+        return self._reaper.is_alive() and all(e.alive for e in self.executors)
+
+    @property
     def busy(self):
         """Return True while some executor runs a goal."""
         return any(executor.current is not None for executor in self.executors)
@@ -157,7 +163,10 @@ class TimeBillService:
         goal_id = request.goal_id or uuid.uuid4().hex
 
         def done(result):
-            self.stats.record(result)
+            try:
+                self.stats.record(result)
+            except Exception:  # stats are a side line: the result still goes out
+                self.log(f'goal {goal_id}: stats failed: {traceback.format_exc()}')
             on_done(result)
 
         try:
@@ -193,7 +202,7 @@ class TimeBillService:
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))
         job = Job(request=request, goal_id=goal_id, received_s=received_s,
                   deadline_s=deadline_s, policy=policy, n_max=n_max, input_ids=input_ids,
-                  on_feedback=on_feedback, on_done=on_done, clock=self.clock)
+                  on_feedback=on_feedback, on_done=on_done, clock=self.clock, log=self.log)
         verdict = self.admission.check(job, self.clock())
         if not verdict.admit:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
@@ -245,18 +254,29 @@ class TimeBillService:
             self.save_state()
 
     def _reap_loop(self):
-        """End queued goals that expired: can no longer fit (Kill, Partial) or came due."""
+        """End queued goals that expired: can no longer fit (Kill, Partial) or came due.
+
+        A fault in one round is logged and the loop goes on: the reaper must outlive it.
+        """
         while not self._reaper_stop.is_set():
-            with self.queue.cond:
-                expiry = self.queue.next_expiry()
-                wait_s = 0.5 if expiry is None else expiry - self.clock()
-                if wait_s > 0:
-                    self.queue.cond.wait(min(wait_s, 0.5))
-            now = self.clock()
-            for job in self.queue.expired(now):
-                result = self._expired_result(job, now)
-                if result is not None and self.queue.remove(job):
-                    job.finish(result)
+            try:
+                self._reap_once()
+            except Exception:
+                self.log(f'reaper: round failed: {traceback.format_exc()}')
+                self._reaper_stop.wait(0.1)
+
+    def _reap_once(self):
+        """Wait for the next expiry (at most 0.5 s), then end what expired."""
+        with self.queue.cond:
+            expiry = self.queue.next_expiry()
+            wait_s = 0.5 if expiry is None else expiry - self.clock()
+            if wait_s > 0:
+                self.queue.cond.wait(min(wait_s, 0.5))
+        now = self.clock()
+        for job in self.queue.expired(now):
+            result = self._expired_result(job, now)
+            if result is not None and self.queue.remove(job):
+                job.finish(result)
 
     def _expired_result(self, job, now):
         """Return the result of an expired queued goal, or None to keep it queued.

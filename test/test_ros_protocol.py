@@ -1,0 +1,255 @@
+"""Action protocol edges and fault isolation of the real node over real rclpy (issue 10).
+
+Tiny random-weight model, real SmolLM2 tokenizer, real generated interfaces. A gate inside
+the engine's prefill holds a goal in place, so goals queue behind it without depending on
+how fast this machine is.
+"""
+
+import random
+import threading
+import time
+
+from action_msgs.msg import GoalInfo, GoalStatus
+from action_msgs.srv import CancelGoal
+from builtin_interfaces.msg import Duration
+import pytest
+import rclpy
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.parameter import Parameter
+from unique_identifier_msgs.msg import UUID
+
+from timebill_ros.action import Instruct
+from timebill_ros.engine import LlmEngine
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.ros.node import spin_through_faults, TimeBillNode
+from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.model import TimingCoefficients
+
+COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+R = Instruct.Result
+# The one GoalStatus each terminal result status may reach the client with.
+CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.STATUS_CANCELED,
+              R.KILLED: GoalStatus.STATUS_ABORTED, R.SKIPPED: GoalStatus.STATUS_ABORTED,
+              R.REJECTED: GoalStatus.STATUS_ABORTED, R.FAILED: GoalStatus.STATUS_ABORTED}
+
+
+class GatedEngine(LlmEngine):
+    """The real engine; a prefill waits while ``gate`` is clear (released at teardown)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()
+
+    def prefill(self, input_ids, stop, **kwargs):
+        if not self.gate.is_set():
+            self.waiting.set()
+            self.gate.wait(60)
+            self.waiting.clear()
+        return super().prefill(input_ids, stop, **kwargs)
+
+
+@pytest.fixture(scope='module')
+def graph(tiny_model, smollm2_tokenizer):
+    """Yield a timebill node (namespace /proto) and a client node on one executor."""
+    rclpy.init()
+    built = {}
+
+    def factory(config, log):
+        engine = GatedEngine(config.engine, config.eviction, model=tiny_model,
+                             tokenizer=smollm2_tokenizer)
+        built['engine'] = engine
+        return TimeBillService(config, engine, FallbackPredictor(), COEFFS, log=log)
+
+    overrides = [Parameter('engine.max_new_tokens', value=8),
+                 Parameter('queue.max_depth', value=16),
+                 Parameter('stats.period_s', value=0.1)]
+    server = TimeBillNode(factory, namespace='proto', parameter_overrides=overrides)
+    client = rclpy.create_node('protocol_client')
+    action = ActionClient(client, Instruct, '/proto/timebill/instruct')
+    cancel = client.create_client(CancelGoal, '/proto/timebill/instruct/_action/cancel_goal')
+    executor = MultiThreadedExecutor(num_threads=server.executor_threads + 4)
+    executor.add_node(server)
+    executor.add_node(client)
+    spinner = threading.Thread(target=spin_through_faults,
+                               args=(executor, server.get_logger()), daemon=True)
+    spinner.start()
+    assert action.wait_for_server(timeout_sec=20)
+    assert cancel.wait_for_service(timeout_sec=20)
+    yield {'server': server, 'engine': built['engine'], 'action': action, 'cancel': cancel,
+           'spinner': spinner}
+    built['engine'].gate.set()
+    server.shutdown()
+    executor.shutdown(timeout_sec=5)
+    spinner.join(5)
+    server.destroy_node()
+    client.destroy_node()
+    rclpy.try_shutdown()
+
+
+def _wait(future, timeout=60.0):
+    end = time.monotonic() + timeout
+    while not future.done():
+        if time.monotonic() > end:
+            raise TimeoutError('future not done')
+        time.sleep(0.002)
+    return future.result()
+
+
+def _goal(prompt='Plan a route to the dock.', budget_s=600, **fields):
+    goal = Instruct.Goal(prompt=prompt, **fields)
+    goal.time_budget = Duration(sec=budget_s)
+    return goal
+
+
+def _send(graph, goal=None):
+    handle = _wait(graph['action'].send_goal_async(goal or _goal()))
+    assert handle.accepted
+    return handle
+
+
+@pytest.fixture
+def held(graph):
+    """Hold the executor: a first goal waits in its prefill until the test ends."""
+    engine = graph['engine']
+    engine.gate.clear()
+    first = _send(graph)
+    assert engine.waiting.wait(30), 'the first goal did not reach its prefill'
+    yield first
+    engine.gate.set()
+    _wait(first.get_result_async())
+
+
+def _cancel_request(goal_id_bytes=bytes(16)):
+    return CancelGoal.Request(goal_info=GoalInfo(goal_id=UUID(uuid=list(goal_id_bytes))))
+
+
+# --- cancel protocol ---------------------------------------------------------------------
+def test_a_queued_goal_canceled_reaches_the_client_as_canceled(graph, held, monkeypatch):
+    """Ended inside the cancel callback, before rclpy's CANCELING: still *canceled*.
+
+    The callback is slowed after the cancel (as a preempted thread would be), so the goal's
+    execute thread always looks at its handle before rclpy moved it to CANCELING.
+    """
+    service = graph['server'].service
+    real_cancel = service.cancel
+
+    def slow_cancel(job):
+        real_cancel(job)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(service, 'cancel', slow_cancel)
+    for _ in range(3):
+        queued = _send(graph)
+        cancel = _wait(queued.cancel_goal_async())
+        assert cancel.return_code == CancelGoal.Response.ERROR_NONE
+        response = _wait(queued.get_result_async())
+        assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
+        assert response.result.status == R.CANCELED
+
+
+def test_cancel_of_an_unknown_goal_id(graph):
+    response = _wait(graph['cancel'].call_async(_cancel_request(bytes(range(1, 17)))))
+    assert response.return_code == CancelGoal.Response.ERROR_UNKNOWN_GOAL_ID
+    assert list(response.goals_canceling) == []
+
+
+def test_cancel_of_a_finished_goal(graph):
+    handle = _send(graph)
+    assert _wait(handle.get_result_async()).status == GoalStatus.STATUS_SUCCEEDED
+    response = _wait(graph['cancel'].call_async(_cancel_request(bytes(handle.goal_id.uuid))))
+    assert response.return_code == CancelGoal.Response.ERROR_GOAL_TERMINATED
+
+
+def test_zero_goal_id_cancels_every_goal(graph, held):
+    queued = [_send(graph) for _ in range(3)]
+    response = _wait(graph['cancel'].call_async(_cancel_request()))
+    assert response.return_code == CancelGoal.Response.ERROR_NONE
+    ids = {bytes(info.goal_id.uuid) for info in response.goals_canceling}
+    assert ids >= {bytes(h.goal_id.uuid) for h in queued + [held]}
+    graph['engine'].gate.set()  # the held goal sees its cancel at its next check
+    for handle in queued + [held]:
+        response = _wait(handle.get_result_async())
+        assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
+        assert response.result.status == R.CANCELED
+
+
+def test_cancel_versus_completion_races_end_in_consistent_pairs(graph):
+    """1000 trials: a goal and a cancel after a random delay; one consistent pair each."""
+    rng = random.Random(10)
+    pairs = {}
+    for wave in range(100):
+        handles = [_send(graph, _goal(max_new_tokens=rng.randint(1, 8))) for _ in range(10)]
+        cancels = []
+        for handle in handles:
+            time.sleep(rng.uniform(0.0, 0.004))
+            cancels.append(handle.cancel_goal_async())
+        for handle, cancel in zip(handles, cancels):
+            _wait(cancel)
+            response = _wait(handle.get_result_async())
+            pair = (response.status, response.result.status)
+            assert CONSISTENT[response.result.status] == response.status, pair
+            pairs[pair] = pairs.get(pair, 0) + 1
+    assert sum(pairs.values()) == 1000
+    # Both outcomes happened, so the trials did race (counts vary with the machine).
+    assert pairs.get((GoalStatus.STATUS_CANCELED, R.CANCELED), 0) > 0
+    assert pairs.get((GoalStatus.STATUS_SUCCEEDED, R.COMPLETED), 0) > 0
+
+
+# --- failure isolation -------------------------------------------------------------------
+def test_a_raising_event_publisher_still_delivers_the_result(graph, monkeypatch):
+    server = graph['server']
+
+    def broken_publish(msg):
+        raise RuntimeError('event publisher exploded')
+
+    monkeypatch.setattr(server._events_pub, 'publish', broken_publish)
+    response = _wait(_send(graph).get_result_async())
+    assert response.status == GoalStatus.STATUS_SUCCEEDED
+    monkeypatch.undo()
+    assert _wait(_send(graph).get_result_async()).status == GoalStatus.STATUS_SUCCEEDED
+
+
+def test_a_raising_stats_timer_leaves_the_node_serving(graph, monkeypatch):
+    stats = graph['server'].service.stats
+    real, calls = stats.snapshot, []
+
+    def broken_snapshot():
+        calls.append(time.monotonic())
+        raise RuntimeError('stats exploded')
+
+    monkeypatch.setattr(stats, 'snapshot', broken_snapshot)
+    end = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert len(calls) >= 3  # the timer kept firing after its first fault
+    monkeypatch.setattr(stats, 'snapshot', real)
+    assert _wait(_send(graph).get_result_async()).status == GoalStatus.STATUS_SUCCEEDED
+    assert graph['spinner'].is_alive()
+
+
+def test_spin_goes_on_after_a_callback_raises(graph):
+    """Spin on when rclpy's executor re-raises a callback's exception out of spin()."""
+    node = rclpy.create_node('faulty_timer_node')
+    ticks = []
+
+    def tick():
+        ticks.append(time.monotonic())
+        if len(ticks) == 1:
+            raise RuntimeError('timer exploded')
+
+    node.create_timer(0.02, tick)
+    executor = MultiThreadedExecutor(num_threads=2)
+    executor.add_node(node)
+    thread = threading.Thread(target=spin_through_faults, args=(executor, node.get_logger()),
+                              daemon=True)
+    thread.start()
+    end = time.monotonic() + 10
+    while len(ticks) < 5 and time.monotonic() < end:
+        time.sleep(0.02)
+    executor.shutdown(timeout_sec=5)
+    thread.join(5)
+    node.destroy_node()
+    assert len(ticks) >= 5 and not thread.is_alive()
