@@ -128,6 +128,7 @@ BAD = [
     (GoalRequest('x', budget_s=5.0, max_new_tokens=10**6), 'model capacity'),
     (GoalRequest('x', budget_s=5.0, overrun_policy=9), 'unknown overrun_policy'),
     (GoalRequest('word ' * 5000, budget_s=5.0), 'model context'),
+    (GoalRequest('x' * 65000, system_prompt='y' * 1000, budget_s=5.0), 'prompt too large'),
 ]
 
 

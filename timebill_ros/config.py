@@ -257,13 +257,22 @@ class AdmissionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class QueueConfig:
-    """Goal queue (group ``queue``): max_depth goals may wait; more are REJECTED."""
+    """Goal queue and goal intake (group ``queue``).
+
+    max_depth: goals that may wait; more are REJECTED (checked before tokenizing).
+    max_prompt_chars: cap on prompt + system_prompt, characters; a larger goal is REJECTED
+        before any templating or tokenizing (default 65536: twice what fills an 8192-token
+        context at ~4 characters per token).
+    """
 
     max_depth: int = 16
+    max_prompt_chars: int = 65536
 
     def __post_init__(self):
-        if not isinstance(self.max_depth, int) or self.max_depth < 1:
-            raise ValueError(f'queue.max_depth must be an int >= 1, got {self.max_depth!r}')
+        for name in ('max_depth', 'max_prompt_chars'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f'queue.{name} must be an int >= 1, got {value!r}')
 
 
 @dataclasses.dataclass(frozen=True)

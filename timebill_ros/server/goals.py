@@ -144,9 +144,17 @@ def resolve_max_new_tokens(request: GoalRequest, default_n_max: int, n_model: in
     return n_max
 
 
-def check_prompt(request: GoalRequest) -> None:
-    """Reject empty or whitespace-only prompts and non-string fields."""
+def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> None:
+    """Reject non-string fields, prompts over ``max_chars``, empty or whitespace-only prompts.
+
+    max_chars: cap on len(prompt) + len(system_prompt), characters (None: no cap); checked
+    first, in O(1), so an oversized goal costs nothing before it is refused.
+    """
     if not isinstance(request.prompt, str) or not isinstance(request.system_prompt, str):
         raise GoalRejected('prompt and system_prompt must be strings')
+    n_chars = len(request.prompt) + len(request.system_prompt)
+    if max_chars is not None and n_chars > max_chars:
+        raise GoalRejected(f'prompt too large: {n_chars} characters (prompt + system_prompt), '
+                           f'queue.max_prompt_chars={max_chars}')
     if not request.prompt.strip():
         raise GoalRejected('prompt is empty or whitespace')

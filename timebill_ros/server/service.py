@@ -191,12 +191,16 @@ class TimeBillService:
     def _admit(self, request, goal_id, received_s, on_feedback, on_done):
         if self._closed:
             raise GoalRejected('server is shutting down')
-        goals.check_prompt(request)
+        goals.check_prompt(request, self.config.queue.max_prompt_chars)
         deadline_s = goals.resolve_deadline(request, received_s)
         policy = overrun.policy_by_name(
             goals.resolve_policy(request, self.config.overrun.default_policy))
         n_max = goals.resolve_max_new_tokens(request, self.config.engine.max_new_tokens,
                                              self.config.engine.max_model_new_tokens)
+        try:
+            self.queue.check_room()  # before the tokenizer's work, not only at the push
+        except (QueueFull, RuntimeError) as exc:
+            raise GoalRejected(str(exc)) from exc
         input_ids = self._encode(request)
         # The answer cannot outgrow the context: N_x + N_max <= context tokens.
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))

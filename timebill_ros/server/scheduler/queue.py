@@ -24,14 +24,19 @@ class JobQueue:
         with self.cond:
             return len(self._jobs)
 
-    def push(self, job):
-        """Append a job; raise QueueFull when max_depth jobs wait, RuntimeError when closed."""
+    def check_room(self):
+        """Raise QueueFull when max_depth jobs wait, RuntimeError when closed."""
         with self.cond:
             if self._closed:
                 raise RuntimeError('server is shutting down')
             if len(self._jobs) >= self.max_depth:
                 raise QueueFull(f'queue full: {len(self._jobs)} goals waiting '
                                 f'(queue.max_depth={self.max_depth})')
+
+    def push(self, job):
+        """Append a job; raise QueueFull when max_depth jobs wait, RuntimeError when closed."""
+        with self.cond:
+            self.check_room()
             self._jobs.append(job)
             self.cond.notify_all()
 
