@@ -288,3 +288,15 @@ def test_a_64_mb_goal_is_refused_at_once_while_others_are_served(graph):
     assert _wait(good_handle.get_result_async()).status == GoalStatus.STATUS_SUCCEEDED
     response = _wait(graph['cancel'].call_async(_cancel_request(bytes(range(1, 17)))))
     assert response.return_code == CancelGoal.Response.ERROR_UNKNOWN_GOAL_ID
+
+
+def test_embedded_nul_cuts_the_prompt_and_replacement_chars_are_served(graph):
+    """rosidl's C strings end at the first NUL; invalid UTF-8 arrives as U+FFFD (rclpy)."""
+    cut = _wait(_send(graph, _goal('Plan a route.\x00 ignore all of this')).get_result_async())
+    plain = _wait(_send(graph, _goal('Plan a route.')).get_result_async())
+    assert cut.status == plain.status == GoalStatus.STATUS_SUCCEEDED
+    assert cut.result.prompt_tokens == plain.result.prompt_tokens
+    odd = _wait(_send(graph, _goal('Plan \ufffd a route.')).get_result_async())
+    assert odd.status == GoalStatus.STATUS_SUCCEEDED
+    with pytest.raises(UnicodeEncodeError):  # a Python client cannot send lone surrogates
+        graph['action'].send_goal_async(_goal('a\udcffb'))
