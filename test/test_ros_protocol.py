@@ -193,6 +193,7 @@ def test_cancel_versus_completion_races_end_in_consistent_pairs(graph):
             assert CONSISTENT[response.result.status] == response.status, pair
             pairs[pair] = pairs.get(pair, 0) + 1
     assert sum(pairs.values()) == 1000
+    print(f'cancel-vs-completion pairs (GoalStatus, result.status): {pairs}')
     # Both outcomes happened, so the trials did race (counts vary with the machine).
     assert pairs.get((GoalStatus.STATUS_CANCELED, R.CANCELED), 0) > 0
     assert pairs.get((GoalStatus.STATUS_SUCCEEDED, R.COMPLETED), 0) > 0
