@@ -292,7 +292,7 @@ def test_a_64_mb_goal_is_refused_at_once_while_others_are_served(graph):
 
 
 def test_embedded_nul_cuts_the_prompt_and_replacement_chars_are_served(graph):
-    """rosidl's C strings end at the first NUL; invalid UTF-8 arrives as U+FFFD (rclpy)."""
+    """Expect a cut at the first NUL (rosidl C strings) and U+FFFD for invalid UTF-8 (rclpy)."""
     cut = _wait(_send(graph, _goal('Plan a route.\x00 ignore all of this')).get_result_async())
     plain = _wait(_send(graph, _goal('Plan a route.')).get_result_async())
     assert cut.status == plain.status == GoalStatus.STATUS_SUCCEEDED
