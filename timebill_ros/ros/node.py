@@ -34,7 +34,7 @@ class TimeBillNode(Node):
     """Serves Instruct goals with the service built by ``service_factory(config, logger)``.
 
     ``freeze_heap``: once the service is built and before any ROS entity exists, run one full
-    collection and ``gc.freeze()`` (see :func:`freeze_heap`); the server process sets it,
+    collection and ``gc.freeze()`` (see :func:`_freeze_heap`); the server process sets it,
     in-process tests leave it off.
     """
 

@@ -22,6 +22,14 @@ from timebill_ros.timing.model import TimingCoefficients
 from timebill_ros.timing.online import DECODE, PREFILL, TimeModel
 
 
+def _rejecting(queue_call, *args):
+    """Call a JobQueue method; a full or closed queue becomes GoalRejected (its message)."""
+    try:
+        return queue_call(*args)
+    except (QueueFull, RuntimeError) as exc:
+        raise GoalRejected(str(exc)) from exc
+
+
 class GoalInfeasible(GoalRejected):
     """Admission found that a goal cannot fit its budget; min_time_s: its least time, s."""
 
@@ -197,10 +205,7 @@ class TimeBillService:
             goals.resolve_policy(request, self.config.overrun.default_policy))
         n_max = goals.resolve_max_new_tokens(request, self.config.engine.max_new_tokens,
                                              self.config.engine.max_model_new_tokens)
-        try:
-            self.queue.check_room()  # before the tokenizer's work, not only at the push
-        except (QueueFull, RuntimeError) as exc:
-            raise GoalRejected(str(exc)) from exc
+        _rejecting(self.queue.check_room)  # before the tokenizer's work, again at the push
         input_ids = self._encode(request)
         # The answer cannot outgrow the context: N_x + N_max <= context tokens.
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))
@@ -211,10 +216,7 @@ class TimeBillService:
         if not verdict.admit:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
         self._apply(job, verdict)
-        try:
-            self.queue.push(job)
-        except (QueueFull, RuntimeError) as exc:
-            raise GoalRejected(str(exc)) from exc
+        _rejecting(self.queue.push, job)
         on_feedback(goals.Feedback(phase=status.PHASE_QUEUED,
                                    elapsed_s=self.clock() - received_s))
         return job

@@ -111,37 +111,32 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
     fixed_alpha: when not None, use it (the fixed-ratio baselines).
     """
     n_w = pessimistic_tokens(n_hat, k, n_max)
-    remaining = _remaining_at(time_model, n_x, n_w, bound)
+    alpha, remaining = _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound)
     if fixed_alpha is not None:
         alpha = float(fixed_alpha)
-    else:
-        alpha = _smallest_alpha(remaining, time_model, time_left_s, n_x, n_w, alpha_max, bound)
-        if fallback_bound is not None and not _fits(remaining(alpha), time_left_s):
-            alpha = _smallest_alpha(_remaining_at(time_model, n_x, n_w, fallback_bound),
-                                    time_model, time_left_s, n_x, n_w, alpha_max,
-                                    fallback_bound)
+    elif fallback_bound is not None and not _fits(remaining(alpha), time_left_s):
+        alpha, _ = _choose(time_model, time_left_s, n_x, n_w, alpha_max, fallback_bound)
     need_s = remaining(alpha)
     return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s,
                              fits=_fits(need_s, time_left_s))
 
 
-def _remaining_at(time_model, n_x, n_w, bound):
-    """Return alpha -> seconds of eviction (when alpha > 0) plus N_W decoding steps."""
+def _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound):
+    """Return (alpha, remaining) at ``bound``.
+
+    remaining(alpha): seconds of eviction (when alpha > 0) plus N_W decoding steps.
+    alpha: 0 when the whole cache fits the time left, else Eq. 11 net of the eviction.
+    """
     coefficients = time_model.decode_coefficients(bound)
     evict_s = time_model.evict_s(n_x, bound)
 
     def remaining(alpha):
         return (evict_s if alpha > 0 else 0.0) + coefficients.decode_phase_s(n_x, alpha, n_w)
-    return remaining
 
-
-def _smallest_alpha(remaining, time_model, time_left_s, n_x, n_w, alpha_max, bound):
-    """Return 0 when the whole cache fits at ``bound``, else Eq. 11 net of the eviction."""
     if remaining(0.0) <= time_left_s:
-        return 0.0
-    coefficients = time_model.decode_coefficients(bound)
-    return alpha_star(time_left_s - time_model.evict_s(n_x, bound), n_x, n_w, 0.0, 0.0,
-                      coefficients.p, coefficients.q, alpha_max)
+        return 0.0, remaining
+    return alpha_star(time_left_s - evict_s, n_x, n_w, 0.0, 0.0, coefficients.p,
+                      coefficients.q, alpha_max), remaining
 
 
 def _fits(need_s, time_left_s):
