@@ -10,17 +10,15 @@ from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray
 import pytest
-import rclpy
 from rclpy.action import ActionClient
-from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
+from ros_helpers import goal_msg, node_and_client, wait_future
 
 from timebill_ros.server import status
 from timebill_ros.action import Instruct
 from timebill_ros.engine import LlmEngine
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.ros.node import TimeBillNode
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.model import TimingCoefficients
 
@@ -30,8 +28,6 @@ COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 @pytest.fixture(scope='module')
 def ros_graph(tiny_model, smollm2_tokenizer):
     """Start a timebill node in namespace /robot1 and a client node with subscriptions."""
-    rclpy.init()
-
     def factory(config, log):
         engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
                            tokenizer=smollm2_tokenizer)
@@ -40,42 +36,24 @@ def ros_graph(tiny_model, smollm2_tokenizer):
     overrides = [Parameter('engine.max_new_tokens', value=12),
                  Parameter('engine.feedback_every_tokens', value=1),
                  Parameter('stats.period_s', value=0.2)]
-    server = TimeBillNode(factory, namespace='robot1', parameter_overrides=overrides)
-    client = rclpy.create_node('planner_under_test')
-    seen = {'events': [], 'stats': [], 'diag': []}
-    client.create_subscription(GoalEvent, '/robot1/timebill/events',
-                               seen['events'].append, 10)
-    client.create_subscription(ServerStats, '/robot1/timebill/stats', seen['stats'].append, 10)
-    client.create_subscription(DiagnosticArray, '/diagnostics', seen['diag'].append, 10)
-    action = ActionClient(client, Instruct, '/robot1/timebill/instruct')
-    executor = MultiThreadedExecutor(num_threads=server.executor_threads + 2)
-    executor.add_node(server)
-    executor.add_node(client)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-    assert action.wait_for_server(timeout_sec=20)
-    yield {'server': server, 'client': client, 'action': action, 'seen': seen}
-    server.shutdown()
-    executor.shutdown(timeout_sec=5)
-    spinner.join(5)
-    server.destroy_node()
-    client.destroy_node()
-    rclpy.try_shutdown()
+    with node_and_client(factory, 'robot1', overrides, 'planner_under_test') as (server,
+                                                                                 client, _):
+        seen = {'events': [], 'stats': [], 'diag': []}
+        client.create_subscription(GoalEvent, '/robot1/timebill/events',
+                                   seen['events'].append, 10)
+        client.create_subscription(ServerStats, '/robot1/timebill/stats',
+                                   seen['stats'].append, 10)
+        client.create_subscription(DiagnosticArray, '/diagnostics', seen['diag'].append, 10)
+        action = ActionClient(client, Instruct, '/robot1/timebill/instruct')
+        assert action.wait_for_server(timeout_sec=20)
+        yield {'server': server, 'client': client, 'action': action, 'seen': seen}
 
 
 def _wait(future, timeout=60.0):
-    end = time.monotonic() + timeout
-    while not future.done():
-        if time.monotonic() > end:
-            raise TimeoutError('future not done')
-        time.sleep(0.01)
-    return future.result()
+    return wait_future(future, timeout, poll_s=0.01)
 
 
-def _goal(prompt='Plan a route to the dock.', budget_s=60, **fields):
-    goal = Instruct.Goal(prompt=prompt, **fields)
-    goal.time_budget = Duration(sec=budget_s)
-    return goal
+_goal = goal_msg
 
 
 def _run(graph, goal, feedback=None, cancel_in_decode=False):

@@ -11,18 +11,18 @@ import time
 
 from action_msgs.msg import GoalInfo, GoalStatus
 from action_msgs.srv import CancelGoal
-from builtin_interfaces.msg import Duration
 import pytest
 import rclpy
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
+from ros_helpers import goal_msg, node_and_client, wait_future
 from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
 from timebill_ros.engine import LlmEngine
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.ros.node import spin_through_faults, TimeBillNode
+from timebill_ros.ros.node import spin_through_faults
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.model import TimingCoefficients
 
@@ -54,7 +54,6 @@ class GatedEngine(LlmEngine):
 @pytest.fixture(scope='module')
 def graph(tiny_model, smollm2_tokenizer):
     """Yield a timebill node (namespace /proto) and a client node on one executor."""
-    rclpy.init()
     built = {}
 
     def factory(config, log):
@@ -66,42 +65,23 @@ def graph(tiny_model, smollm2_tokenizer):
     overrides = [Parameter('engine.max_new_tokens', value=8),
                  Parameter('queue.max_depth', value=16),
                  Parameter('stats.period_s', value=0.1)]
-    server = TimeBillNode(factory, namespace='proto', parameter_overrides=overrides)
-    client = rclpy.create_node('protocol_client')
-    action = ActionClient(client, Instruct, '/proto/timebill/instruct')
-    cancel = client.create_client(CancelGoal, '/proto/timebill/instruct/_action/cancel_goal')
-    executor = MultiThreadedExecutor(num_threads=server.executor_threads + 4)
-    executor.add_node(server)
-    executor.add_node(client)
-    spinner = threading.Thread(target=spin_through_faults,
-                               args=(executor, server.get_logger()), daemon=True)
-    spinner.start()
-    assert action.wait_for_server(timeout_sec=20)
-    assert cancel.wait_for_service(timeout_sec=20)
-    yield {'server': server, 'engine': built['engine'], 'action': action, 'cancel': cancel,
-           'spinner': spinner}
-    built['engine'].gate.set()
-    server.shutdown()
-    executor.shutdown(timeout_sec=5)
-    spinner.join(5)
-    server.destroy_node()
-    client.destroy_node()
-    rclpy.try_shutdown()
+    with node_and_client(factory, 'proto', overrides, 'protocol_client', extra_threads=4,
+                         through_faults=True) as (server, client, spinner):
+        action = ActionClient(client, Instruct, '/proto/timebill/instruct')
+        cancel = client.create_client(CancelGoal,
+                                      '/proto/timebill/instruct/_action/cancel_goal')
+        assert action.wait_for_server(timeout_sec=20)
+        assert cancel.wait_for_service(timeout_sec=20)
+        yield {'server': server, 'engine': built['engine'], 'action': action,
+               'cancel': cancel, 'spinner': spinner}
+        built['engine'].gate.set()  # before the shutdown: a held goal ignores its cancel
 
 
-def _wait(future, timeout=60.0):
-    end = time.monotonic() + timeout
-    while not future.done():
-        if time.monotonic() > end:
-            raise TimeoutError('future not done')
-        time.sleep(0.002)
-    return future.result()
+_wait = wait_future
 
 
 def _goal(prompt='Plan a route to the dock.', budget_s=600, **fields):
-    goal = Instruct.Goal(prompt=prompt, **fields)
-    goal.time_budget = Duration(sec=budget_s)
-    return goal
+    return goal_msg(prompt, budget_s, **fields)
 
 
 def _send(graph, goal=None):
