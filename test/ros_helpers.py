@@ -9,6 +9,7 @@ import rclpy
 from rclpy.executors import MultiThreadedExecutor
 
 from timebill_ros.action import Instruct
+from timebill_ros.engine import LlmEngine
 from timebill_ros.ros.node import spin_through_faults, TimeBillNode
 
 
@@ -59,3 +60,25 @@ def goal_msg(prompt='Plan a route to the dock.', budget_s=60, **fields):
     goal = Instruct.Goal(prompt=prompt, **fields)
     goal.time_budget = Duration(sec=budget_s)
     return goal
+
+
+class GatedEngine(LlmEngine):
+    """The real engine; a prefill waits while ``gate`` is clear.
+
+    While it waits it checks the goal's stop criteria every 10 ms, as the real prefill does
+    between layers: a cancel, a shutdown or a deadline ends a held goal too.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()
+
+    def prefill(self, input_ids, stop, **kwargs):
+        if not self.gate.is_set():
+            self.waiting.set()
+            while not self.gate.wait(0.01) and stop.check(0, None, 0) is None:
+                pass
+            self.waiting.clear()
+        return super().prefill(input_ids, stop, **kwargs)

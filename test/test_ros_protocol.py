@@ -16,11 +16,10 @@ import rclpy
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_helpers import goal_msg, node_and_client, wait_future
+from ros_helpers import GatedEngine, goal_msg, node_and_client, wait_future
 from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
-from timebill_ros.engine import LlmEngine
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.node import spin_through_faults
 from timebill_ros.server.service import TimeBillService
@@ -32,23 +31,6 @@ R = Instruct.Result
 CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.STATUS_CANCELED,
               R.KILLED: GoalStatus.STATUS_ABORTED, R.SKIPPED: GoalStatus.STATUS_ABORTED,
               R.REJECTED: GoalStatus.STATUS_ABORTED, R.FAILED: GoalStatus.STATUS_ABORTED}
-
-
-class GatedEngine(LlmEngine):
-    """The real engine; a prefill waits while ``gate`` is clear (released at teardown)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.waiting = threading.Event()
-
-    def prefill(self, input_ids, stop, **kwargs):
-        if not self.gate.is_set():
-            self.waiting.set()
-            self.gate.wait(60)
-            self.waiting.clear()
-        return super().prefill(input_ids, stop, **kwargs)
 
 
 @pytest.fixture(scope='module')
@@ -74,7 +56,7 @@ def graph(tiny_model, smollm2_tokenizer):
         assert cancel.wait_for_service(timeout_sec=20)
         yield {'server': server, 'engine': built['engine'], 'action': action,
                'cancel': cancel, 'spinner': spinner}
-        built['engine'].gate.set()  # before the shutdown: a held goal ignores its cancel
+        built['engine'].gate.set()
 
 
 _wait = wait_future

@@ -1,0 +1,216 @@
+"""Process lifecycle of the server (issue 10, item 4).
+
+``timebill serve`` runs as a subprocess - the production path: ``factory.build_service``, a
+start-up few-shot calibration, the params YAML - on a small random-weight Llama saved to disk
+with the real SmolLM2 tokenizer. SIGINT and SIGTERM arrive with one goal decoding and three
+queued. ``destroy_node()`` is tested in this process with a held goal and three queued.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from action_msgs.msg import GoalStatus
+import pytest
+import rclpy
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.parameter import Parameter
+from ros_helpers import GatedEngine, goal_msg, wait_future
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import yaml
+
+from timebill_ros.action import Instruct
+from timebill_ros.msg import ServerStats
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.ros.node import TimeBillNode
+from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.model import TimingCoefficients
+
+R = Instruct.Result
+EXIT_BOUND_S = 5.0  # the issue's bound from the signal to the process's exit, s
+LONG_TOKENS = 3000  # N_max of the decoding goal: it decodes for seconds on this model
+
+
+@pytest.fixture(scope='module')
+def server_files(tmp_path_factory, smollm2_tokenizer):
+    """Return (params YAML, cache dir) of a server on a small random Llama saved to disk.
+
+    4 layers of width 256: slow enough per step (a few ms) that a 3000-token answer is still
+    decoding when the signal comes, small enough to load and calibrate in seconds. Greedy
+    decoding of random weights settles into a cycle without EOS (fixed seed).
+    """
+    root = tmp_path_factory.mktemp('lifecycle')
+    model_dir = root / 'tiny-llama-256'
+    config = LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(smollm2_tokenizer),
+        max_position_embeddings=4096, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(7)
+    LlamaForCausalLM(config).eval().save_pretrained(model_dir)
+    smollm2_tokenizer.save_pretrained(model_dir)
+    params = {'/**': {'ros__parameters': {
+        'engine': {'model_path': str(model_dir), 'max_new_tokens': 8,
+                   'max_model_new_tokens': LONG_TOKENS, 'threads': 1},
+        'predictor': {'kind': 'fallback'},
+        'timing': {'max_calibration_s': 30.0, 'warm_up': False,
+                   'state_file': str(root / 'online.yaml')},
+        'queue': {'max_depth': 4},
+        'stats': {'period_s': 0.1},
+    }}}
+    params_file = root / 'params.yaml'
+    params_file.write_text(yaml.safe_dump(params))
+    return params_file, root / 'cache'
+
+
+class _Client:
+    """An action client and a stats subscription in their own rclpy context."""
+
+    def __init__(self, node_name):
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node('lifecycle_client', context=self.context)
+        self.action = ActionClient(self.node, Instruct, f'/{node_name}/instruct')
+        self.queue_depths = []
+        self.node.create_subscription(ServerStats, f'/{node_name}/stats',
+                                      lambda msg: self.queue_depths.append(msg.queue_depth), 10)
+        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self.executor.add_node(self.node)
+        self.spinner = threading.Thread(target=self.executor.spin, daemon=True)
+        self.spinner.start()
+
+    def close(self):
+        self.executor.shutdown(timeout_sec=5)
+        self.spinner.join(5)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+def _start_server(params_file, cache_dir, node_name):
+    env = dict(os.environ, TIMEBILL_CACHE=str(cache_dir), PYTHONUNBUFFERED='1')
+    stderr = open(cache_dir.parent / f'{node_name}.stderr', 'w+', encoding='utf-8')
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--params', str(params_file),
+         '--node-name', node_name], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    return proc, stderr
+
+
+def _wait_for(predicate, timeout_s, what):
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise TimeoutError(what)
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
+def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, signum):
+    params_file, cache_dir = server_files
+    cache_dir.mkdir(exist_ok=True)
+    node_name = f'lifecycle_{signal.Signals(signum).name.lower()}'
+    proc, stderr = _start_server(params_file, cache_dir, node_name)
+    client = _Client(node_name)
+    try:
+        assert client.action.wait_for_server(timeout_sec=180), 'the server did not start'
+        decoding = threading.Event()
+        first = wait_future(client.action.send_goal_async(
+            goal_msg('Count slowly.', 600, max_new_tokens=LONG_TOKENS),
+            feedback_callback=lambda msg: msg.feedback.tokens_generated and decoding.set()))
+        results = [first.get_result_async()]
+        assert decoding.wait(60), 'the first goal never decoded'
+        for i in range(3):
+            handle = wait_future(client.action.send_goal_async(goal_msg(f'Queued {i}.', 600)))
+            assert handle.accepted
+            results.append(handle.get_result_async())
+        _wait_for(lambda: client.queue_depths[-1:] == [3], 30, 'three goals never queued')
+        assert not results[0].done(), 'the decoding goal ended before the signal'
+        sent_s = time.monotonic()
+        proc.send_signal(signum)
+        responses = [wait_future(future, timeout=EXIT_BOUND_S) for future in results]
+        exit_code = proc.wait(timeout=EXIT_BOUND_S + 5)
+        exit_s = time.monotonic() - sent_s
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr.seek(0)
+    log = stderr.read()
+    print(f'{node_name}: exit {exit_code} after {exit_s:.2f} s; results: '
+          f'{[(r.status, r.result.status, r.result.message) for r in responses]}')
+    assert exit_code == 0, log[-3000:]
+    assert exit_s < EXIT_BOUND_S, log[-3000:]
+    assert 'Traceback' not in log and 'terminate called' not in log, log[-3000:]
+    for response in responses:
+        assert response.status == GoalStatus.STATUS_ABORTED
+        assert response.result.status == R.FAILED
+    # Its feedback said it was decoding; the phase it was stopped in is decode or predictor
+    # (the predictor's result is awaited between decoding steps).
+    assert responses[0].result.message.startswith('server shut down during ')
+    for response in responses[1:]:
+        assert 'still queued' in response.result.message
+
+
+COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+
+
+def _timebill_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith('timebill-')]
+
+
+def test_destroy_node_with_live_goals_ends_them_and_stops_every_thread(
+        tiny_model, smollm2_tokenizer):
+    """One goal held in its prefill, three queued; destroy_node() ends all four."""
+    assert _timebill_threads() == [], 'a server thread of an earlier test is still alive'
+    built, ended = {}, []
+
+    def factory(config, log):
+        built['engine'] = GatedEngine(config.engine, config.eviction, model=tiny_model,
+                                      tokenizer=smollm2_tokenizer)
+        service = TimeBillService(config, built['engine'], FallbackPredictor(), COEFFS,
+                                  log=log)
+        real_submit = service.submit
+
+        def submit(request, on_feedback, on_done, **kwargs):
+            return real_submit(request, on_feedback,
+                               lambda result: (ended.append(result), on_done(result)),
+                               **kwargs)
+
+        service.submit = submit
+        return service
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    server = TimeBillNode(factory, namespace='destroy', context=context,
+                          parameter_overrides=[Parameter('engine.max_new_tokens', value=8)])
+    client = rclpy.create_node('destroy_client', context=context)
+    executor = MultiThreadedExecutor(num_threads=server.executor_threads + 2, context=context)
+    executor.add_node(server)
+    executor.add_node(client)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert _timebill_threads() != []
+        action = ActionClient(client, Instruct, '/destroy/timebill/instruct')
+        assert action.wait_for_server(timeout_sec=20)
+        built['engine'].gate.clear()
+        handles = [wait_future(action.send_goal_async(goal_msg())) for _ in range(4)]
+        assert built['engine'].waiting.wait(30), 'the first goal did not reach its prefill'
+        _wait_for(lambda: server.service.queue_depth == 3, 30, 'three goals never queued')
+        server.destroy_node()
+        built['engine'].gate.set()  # too late to run: the goal was canceled for shutdown
+        _wait_for(lambda: _timebill_threads() == [], 10, f'alive: {_timebill_threads()}')
+        _wait_for(lambda: len(ended) == 4, 10, f'{len(ended)} of 4 goals ended')
+        assert all(h.accepted for h in handles)
+        assert [r.status for r in ended] == [R.FAILED] * 4
+        assert server._jobs == {}
+    finally:
+        built['engine'].gate.set()
+        executor.shutdown(timeout_sec=5)
+        spinner.join(5)
+        client.destroy_node()
+        rclpy.try_shutdown(context=context)
