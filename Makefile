@@ -7,7 +7,7 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks) setup.py scripts/timebill
 
-.PHONY: venv build test lint run bench predictor clean
+.PHONY: venv build test lint run bench predictor fuzz clean
 
 venv:
 	scripts/setup_venv.sh
@@ -19,6 +19,11 @@ build: venv
 test: build
 	$(ENV) && python -m pytest -q test
 	$(ENV) && flake8 $(LINT_PATHS)
+
+# Nightly-size fuzz of the action server: ~2200 random goal sequences, ~10k goals (the CI
+# run of the same test is 30 sequences); prints the goals sent and the results by status.
+fuzz: build
+	$(ENV) && TIMEBILL_FUZZ_EXAMPLES=2200 python -m pytest -q -s test/test_ros_load.py -k fuzzed
 
 lint: venv
 	$(ENV) && flake8 $(LINT_PATHS)

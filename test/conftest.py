@@ -40,3 +40,19 @@ def make_tiny_engine(tiny_model, smollm2_tokenizer):
                          EvictionConfig(scorer=scorer, window_size=window_size),
                          model=tiny_model, tokenizer=smollm2_tokenizer)
     return make
+
+
+@pytest.fixture(scope='session')
+def slow_model(smollm2_tokenizer):
+    """Return a small random LlamaForCausalLM (4 layers of width 256, 4096 positions).
+
+    Several ms per decoding step on CPU: a 3000-token answer is still decoding seconds later,
+    so tests can act while the server decodes. Greedy decoding of these weights settles into
+    a cycle without EOS (fixed seed; its config has no EOS either).
+    """
+    config = LlamaConfig(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(smollm2_tokenizer), max_position_embeddings=4096,
+        bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(7)
+    return LlamaForCausalLM(config).eval()

@@ -14,7 +14,9 @@ from action_msgs.srv import CancelGoal
 import pytest
 import rclpy
 from rclpy.action import ActionClient
+from rclpy.action.server import ServerGoalHandle
 from rclpy.executors import MultiThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.parameter import Parameter
 from ros_helpers import GatedEngine, goal_msg, node_and_client, wait_future
 from unique_identifier_msgs.msg import UUID
@@ -108,6 +110,29 @@ def test_a_queued_goal_canceled_reaches_the_client_as_canceled(graph, held, monk
         cancel = _wait(queued.cancel_goal_async())
         assert cancel.return_code == CancelGoal.Response.ERROR_NONE
         response = _wait(queued.get_result_async())
+        assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
+        assert response.result.status == R.CANCELED
+
+
+def test_a_cancel_inside_rclpys_execute_transition_still_ends_the_goal(graph, monkeypatch):
+    """A cancel between rclpy's is_cancel_requested check and its EXECUTE transition.
+
+    rclpy's ServerGoalHandle.execute() checks and transitions without a lock; a cancel
+    processed in between made the transition raise and the goal never got a result (found by
+    benchmarks/responsiveness.py). The window is widened here by 0.3 s.
+    """
+    real_update = ServerGoalHandle._update_state
+
+    def slow_execute_transition(goal_handle, event):
+        if event == _rclpy.GoalEvent.EXECUTE:
+            time.sleep(0.3)
+        real_update(goal_handle, event)
+
+    monkeypatch.setattr(ServerGoalHandle, '_update_state', slow_execute_transition)
+    for _ in range(2):
+        handle = _send(graph)
+        assert _wait(handle.cancel_goal_async()).return_code == CancelGoal.Response.ERROR_NONE
+        response = _wait(handle.get_result_async(), timeout=10)
         assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
         assert response.result.status == R.CANCELED
 

@@ -317,14 +317,23 @@ class RosConfig:
     action_name / events_topic / stats_topic: names, ``~/`` = under the node's name.
     result_timeout_s: how long the action server keeps a finished goal's result for clients
         that ask late, seconds (rclpy's default on Kilted is 10).
+    request_queue_depth: history depth of the action's goal, cancel and result services,
+        requests. They are keep-last queues: a burst of more requests than this before the
+        executor takes them loses the oldest without a reply (ROS's default depth, 10, lost
+        goals of a 16-goal burst here).
     """
 
     action_name: str = '~/instruct'
     events_topic: str = '~/events'
     stats_topic: str = '~/stats'
     result_timeout_s: int = 60
+    request_queue_depth: int = 1000
 
     def __post_init__(self):
+        if (not isinstance(self.request_queue_depth, int)
+                or isinstance(self.request_queue_depth, bool) or self.request_queue_depth < 1):
+            raise ValueError(f'ros.request_queue_depth must be an int >= 1, got '
+                             f'{self.request_queue_depth!r}')
         if not isinstance(self.result_timeout_s, int) or self.result_timeout_s < 1:
             raise ValueError(
                 f'ros.result_timeout_s must be an int >= 1, got {self.result_timeout_s!r}')

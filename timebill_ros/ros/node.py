@@ -15,6 +15,7 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header
 
 from timebill_ros.server import status
@@ -56,7 +57,9 @@ class TimeBillNode(Node):
         self._action = ActionServer(
             self, Instruct, self.config.ros.action_name, execute_callback=self._execute,
             goal_callback=self._on_goal, cancel_callback=self._on_cancel, callback_group=group,
-            result_timeout=self.config.ros.result_timeout_s)
+            handle_accepted_callback=self._on_accepted,
+            result_timeout=self.config.ros.result_timeout_s,
+            **_service_qos(self.config.ros.request_queue_depth))
         self._hardware_id = f'{platform.node() or "localhost"}/{self.config.engine.device}'
         self.create_timer(self.config.stats.period_s, self._publish_stats, callback_group=group)
         self.get_logger().info(f'serving {self._action_name()}')
@@ -89,6 +92,22 @@ class TimeBillNode(Node):
     def _on_goal(self, goal_request):
         # Every goal is accepted, so that bad input ends in a REJECTED result with a reason.
         return GoalResponse.ACCEPT
+
+    def _on_accepted(self, goal_handle):
+        """Start the goal's execute callback, also when a cancel races rclpy's execute().
+
+        ``ServerGoalHandle.execute()`` checks ``is_cancel_requested`` and then moves the goal
+        to EXECUTING without a lock. A cancel processed on another executor thread in between
+        makes that transition raise (CANCELING -> EXECUTE is invalid) before the execute
+        callback is scheduled, and the goal would never get a result. Found by
+        benchmarks/responsiveness.py (a cancel sent as soon as the goal was accepted).
+        """
+        try:
+            goal_handle.execute()
+        except Exception:
+            if not goal_handle.is_cancel_requested:
+                raise
+            self._action.notify_execute(goal_handle, None)  # ends it CANCELED
 
     def _on_cancel(self, goal_handle):
         try:
@@ -231,6 +250,14 @@ def diagnostic_values(snap, serving, stats_config):
     }
     values.update({f'count_{name.lower()}': n for name, n in snap.by_status.items()})
     return values
+
+
+def _service_qos(depth):
+    """Return the ActionServer QoS keywords: reliable keep-last queues of ``depth`` requests."""
+    profile = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth,
+                         reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.VOLATILE)
+    return {f'{name}_service_qos_profile': profile for name in ('goal', 'cancel', 'result')}
 
 
 def _wait_until(predicate, timeout_s, poll_s=0.002):

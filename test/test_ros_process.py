@@ -1,11 +1,14 @@
-"""Process lifecycle of the server (issue 10, item 4).
+"""The server as a process: lifecycle and responsiveness (issue 10, items 4 and 6).
 
 ``timebill serve`` runs as a subprocess - the production path: ``factory.build_service``, a
-start-up few-shot calibration, the params YAML - on a small random-weight Llama saved to disk
-with the real SmolLM2 tokenizer. SIGINT and SIGTERM arrive with one goal decoding and three
-queued. ``destroy_node()`` is tested in this process with a held goal and three queued.
+start-up few-shot calibration, the params YAML - on ``slow_model`` saved to disk with the
+real SmolLM2 tokenizer; the client runs in this process, as a planner would in its own.
+SIGINT and SIGTERM arrive with one goal decoding and three queued; goal and cancel responses
+and /diagnostics are measured while a goal decodes. ``destroy_node()`` is tested in this
+process with a held goal and three queued.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,14 +17,13 @@ import threading
 import time
 
 from action_msgs.msg import GoalStatus
+from diagnostic_msgs.msg import DiagnosticArray
 import pytest
 import rclpy
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
 from ros_helpers import GatedEngine, goal_msg, wait_future
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 import yaml
 
 from timebill_ros.action import Instruct
@@ -32,52 +34,58 @@ from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.model import TimingCoefficients
 
 R = Instruct.Result
+# Keys an operator's rqt_runtime_monitor / aggregator rules rely on (ros/node.py).
+DIAGNOSTIC_KEYS = {'active_goals', 'queue_depth', 'busy', 'completion_rate', 'deadline_misses',
+                   'misses_total', 'consecutive_misses', 'firm_met', 'total_goals',
+                   'kill_latency_max_ms', 'wcet_coverage', 'speed_factor', 'wcet_margin'}
 EXIT_BOUND_S = 5.0  # the issue's bound from the signal to the process's exit, s
 LONG_TOKENS = 3000  # N_max of the decoding goal: it decodes for seconds on this model
 
 
 @pytest.fixture(scope='module')
-def server_files(tmp_path_factory, smollm2_tokenizer):
-    """Return (params YAML, cache dir) of a server on a small random Llama saved to disk.
+def server_files(tmp_path_factory, smollm2_tokenizer, slow_model):
+    """Return a function: stats_period_s -> (params YAML, cache dir).
 
-    4 layers of width 256: slow enough per step (a few ms) that a 3000-token answer is still
-    decoding when the signal comes, small enough to load and calibrate in seconds. Greedy
-    decoding of random weights settles into a cycle without EOS (fixed seed).
+    The server runs ``slow_model`` saved to disk; one cache for all (the first start
+    calibrates).
     """
-    root = tmp_path_factory.mktemp('lifecycle')
+    root = tmp_path_factory.mktemp('process')
     model_dir = root / 'tiny-llama-256'
-    config = LlamaConfig(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=len(smollm2_tokenizer),
-        max_position_embeddings=4096, bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    torch.manual_seed(7)
-    LlamaForCausalLM(config).eval().save_pretrained(model_dir)
+    slow_model.save_pretrained(model_dir)
     smollm2_tokenizer.save_pretrained(model_dir)
-    params = {'/**': {'ros__parameters': {
-        'engine': {'model_path': str(model_dir), 'max_new_tokens': 8,
-                   'max_model_new_tokens': LONG_TOKENS, 'threads': 1},
-        'predictor': {'kind': 'fallback'},
-        'timing': {'max_calibration_s': 30.0, 'warm_up': False,
-                   'state_file': str(root / 'online.yaml')},
-        'queue': {'max_depth': 4},
-        'stats': {'period_s': 0.1},
-    }}}
-    params_file = root / 'params.yaml'
-    params_file.write_text(yaml.safe_dump(params))
-    return params_file, root / 'cache'
+    (root / 'cache').mkdir()
+
+    def make(stats_period_s):
+        params = {'/**': {'ros__parameters': {
+            'engine': {'model_path': str(model_dir), 'max_new_tokens': 8,
+                       'max_model_new_tokens': LONG_TOKENS, 'threads': 1},
+            'predictor': {'kind': 'fallback'},
+            'timing': {'max_calibration_s': 30.0, 'warm_up': False,
+                       'state_file': str(root / 'online.yaml')},
+            'queue': {'max_depth': 4},
+            'stats': {'period_s': stats_period_s},
+        }}}
+        params_file = root / f'params_{stats_period_s}.yaml'
+        params_file.write_text(yaml.safe_dump(params))
+        return params_file, root / 'cache'
+    return make
 
 
 class _Client:
-    """An action client and a stats subscription in their own rclpy context."""
+    """An action client, a stats and a /diagnostics subscription in their own rclpy context."""
 
     def __init__(self, node_name):
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
-        self.node = rclpy.create_node('lifecycle_client', context=self.context)
+        self.node = rclpy.create_node('process_client', context=self.context)
         self.action = ActionClient(self.node, Instruct, f'/{node_name}/instruct')
-        self.queue_depths = []
+        self.queue_depths, self.diagnostics = [], []
         self.node.create_subscription(ServerStats, f'/{node_name}/stats',
                                       lambda msg: self.queue_depths.append(msg.queue_depth), 10)
+        self.node.create_subscription(
+            DiagnosticArray, '/diagnostics',
+            lambda msg: self.diagnostics.append((time.monotonic(), msg))
+            if msg.status[0].name == f'{node_name}: deadlines' else None, 10)
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
         self.executor.add_node(self.node)
         self.spinner = threading.Thread(target=self.executor.spin, daemon=True)
@@ -90,13 +98,36 @@ class _Client:
         rclpy.try_shutdown(context=self.context)
 
 
-def _start_server(params_file, cache_dir, node_name):
+@contextlib.contextmanager
+def _served(files, node_name):
+    """Yield (server process, its stderr file, a _Client); kill the server if still alive."""
+    params_file, cache_dir = files
     env = dict(os.environ, TIMEBILL_CACHE=str(cache_dir), PYTHONUNBUFFERED='1')
     stderr = open(cache_dir.parent / f'{node_name}.stderr', 'w+', encoding='utf-8')
     proc = subprocess.Popen(
         [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--params', str(params_file),
          '--node-name', node_name], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-    return proc, stderr
+    client = _Client(node_name)
+    try:
+        assert client.action.wait_for_server(timeout_sec=180), 'the server did not start'
+        yield proc, stderr, client
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        stderr.close()
+
+
+def _long_goal(client):
+    """Send a 3000-token goal; return (handle, result future) once it decodes."""
+    decoding = threading.Event()
+    handle = wait_future(client.action.send_goal_async(
+        goal_msg('Count slowly.', 600, max_new_tokens=LONG_TOKENS),
+        feedback_callback=lambda msg: msg.feedback.tokens_generated and decoding.set()))
+    result = handle.get_result_async()
+    assert decoding.wait(60), 'the long goal never decoded'
+    return handle, result
 
 
 def _wait_for(predicate, timeout_s, what):
@@ -109,19 +140,9 @@ def _wait_for(predicate, timeout_s, what):
 
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
 def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, signum):
-    params_file, cache_dir = server_files
-    cache_dir.mkdir(exist_ok=True)
     node_name = f'lifecycle_{signal.Signals(signum).name.lower()}'
-    proc, stderr = _start_server(params_file, cache_dir, node_name)
-    client = _Client(node_name)
-    try:
-        assert client.action.wait_for_server(timeout_sec=180), 'the server did not start'
-        decoding = threading.Event()
-        first = wait_future(client.action.send_goal_async(
-            goal_msg('Count slowly.', 600, max_new_tokens=LONG_TOKENS),
-            feedback_callback=lambda msg: msg.feedback.tokens_generated and decoding.set()))
-        results = [first.get_result_async()]
-        assert decoding.wait(60), 'the first goal never decoded'
+    with _served(server_files(0.1), node_name) as (proc, stderr, client):
+        results = [_long_goal(client)[1]]
         for i in range(3):
             handle = wait_future(client.action.send_goal_async(goal_msg(f'Queued {i}.', 600)))
             assert handle.accepted
@@ -133,13 +154,8 @@ def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, si
         responses = [wait_future(future, timeout=EXIT_BOUND_S) for future in results]
         exit_code = proc.wait(timeout=EXIT_BOUND_S + 5)
         exit_s = time.monotonic() - sent_s
-    finally:
-        client.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stderr.seek(0)
-    log = stderr.read()
+        stderr.seek(0)
+        log = stderr.read()
     print(f'{node_name}: exit {exit_code} after {exit_s:.2f} s; results: '
           f'{[(r.status, r.result.status, r.result.message) for r in responses]}')
     assert exit_code == 0, log[-3000:]
@@ -153,6 +169,47 @@ def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, si
     assert responses[0].result.message.startswith('server shut down during ')
     for response in responses[1:]:
         assert 'still queued' in response.result.message
+
+
+def percentile(values, q):
+    """Return the ``q`` quantile (0-1) of ``values``, upper nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.999999))]
+
+
+def test_goal_and_cancel_responses_and_diagnostics_while_a_goal_decodes(server_files):
+    """While one goal decodes: goal and cancel responses p99 < 150 ms; /diagnostics ~1 Hz.
+
+    The issue's bound is 50 ms; the margin is 3x for a loaded CI machine, and
+    ``benchmarks/responsiveness.py`` reports the precise figures on the embedded model.
+    """
+    with _served(server_files(1.0), 'responsive') as (proc, stderr, client):
+        long_goal, long_result = _long_goal(client)
+        goal_s, cancel_s = [], []
+        start = time.monotonic()
+        while len(goal_s) < 50 or time.monotonic() - start < 5.5:
+            sent = time.monotonic()
+            handle = wait_future(client.action.send_goal_async(goal_msg('Gripper open?', 600)))
+            goal_s.append(time.monotonic() - sent)
+            sent = time.monotonic()
+            wait_future(handle.cancel_goal_async())
+            cancel_s.append(time.monotonic() - sent)
+            assert wait_future(handle.get_result_async()).status == GoalStatus.STATUS_CANCELED
+        assert not long_result.done(), 'the long goal ended while the test measured'
+        arrivals = [(t, m) for t, m in client.diagnostics if t >= start]
+        wait_future(long_goal.cancel_goal_async())
+        assert wait_future(long_result).status == GoalStatus.STATUS_CANCELED
+    intervals = [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])]
+    print(f'\nwhile decoding: goal response p50 {percentile(goal_s, 0.5) * 1e3:.1f} ms '
+          f'p99 {percentile(goal_s, 0.99) * 1e3:.1f} ms; cancel response p50 '
+          f'{percentile(cancel_s, 0.5) * 1e3:.1f} ms p99 {percentile(cancel_s, 0.99) * 1e3:.1f}'
+          f' ms ({len(goal_s)} each); /diagnostics intervals {[round(i, 2) for i in intervals]}')
+    assert percentile(goal_s, 0.99) < 0.15
+    assert percentile(cancel_s, 0.99) < 0.15
+    assert len(intervals) >= 3
+    assert all(0.5 < interval < 2.0 for interval in intervals), intervals
+    keys = {kv.key for kv in arrivals[-1][1].status[0].values}
+    assert DIAGNOSTIC_KEYS <= keys, DIAGNOSTIC_KEYS - keys
 
 
 COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
