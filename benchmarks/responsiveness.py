@@ -11,9 +11,10 @@ DECODE count. /diagnostics arrival times give its period. Each variant of the se
 environment runs in ``--blocks`` blocks, interleaved (A B A B), so the machine's drift hits
 each alike; the long goals' decoding speed (tokens / decode time) shows what a variant costs.
 
-Variants: ``default``; ``switch-1ms``: ``sys.setswitchinterval(0.001)`` in the server (Python
-hands the GIL over every 1 ms instead of 5 ms); ``omp-passive``: ``OMP_WAIT_POLICY=PASSIVE``
-(torch's worker threads sleep instead of spinning between operators).
+Variants: ``switch-1ms`` (the default: ``ros.gil_switch_interval_s`` 0.001, the decoding
+thread hands Python's GIL over after 1 ms); ``switch-5ms`` (0.005, Python's own default);
+``omp-passive`` (1 ms and ``OMP_WAIT_POLICY=PASSIVE``: torch's worker threads sleep instead of
+spinning between operators).
 
 Writes DIR/responsiveness.md and DIR/responsiveness.json.
 """
@@ -30,28 +31,29 @@ import time
 
 from kill_latency import percentile  # a sibling script: one percentile for all
 
-VARIANTS = {
-    'default': ({}, None),
+VARIANTS = {  # name: (extra environment, ros.gil_switch_interval_s)
     'switch-1ms': ({}, 0.001),
-    'omp-passive': ({'OMP_WAIT_POLICY': 'PASSIVE'}, None),
+    'switch-5ms': ({}, 0.005),
+    'omp-passive': ({'OMP_WAIT_POLICY': 'PASSIVE'}, 0.001),
 }
-LAUNCHER = ('import sys; sys.setswitchinterval(float(sys.argv.pop(1))); '
-            'from timebill_ros.cli import main; sys.exit(main(sys.argv[1:]))')
 MIN_WINDOW_S = 12.0  # at least this long per block, for /diagnostics periods, s
 LONG_PROMPT = ('Write a detailed, step-by-step maintenance manual for a mobile robot with a '
                'two-finger gripper, a lidar and four wheels. Cover every part.')
 
 
-def _start(variant, params_file, log_path, node_name):
+def _start(variant, log_path, node_name):
+    import dataclasses
+    from timebill_ros import params
+    from timebill_ros.config import RosConfig, ServerConfig
     env_extra, switch_s = VARIANTS[variant]
-    env = dict(os.environ, **env_extra)
-    if switch_s is None:
-        cmd = [sys.executable, '-m', 'timebill_ros.cli']
-    else:
-        cmd = [sys.executable, '-c', LAUNCHER, str(switch_s)]
-    cmd += ['serve', '--params', str(params_file), '--node-name', node_name]
+    params_file = pathlib.Path('log') / f'{node_name}_params.yaml'
+    params_file.write_text(params.to_yaml(dataclasses.replace(
+        ServerConfig(), ros=RosConfig(gil_switch_interval_s=switch_s))))
+    cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--params', str(params_file),
+           '--node-name', node_name]
     log = open(log_path, 'w', encoding='utf-8')
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, **env_extra))
 
 
 class _Busy:
@@ -143,7 +145,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--pairs', type=int, default=150, help='goal+cancel pairs per block')
     parser.add_argument('--blocks', type=int, default=2, help='blocks per variant')
-    parser.add_argument('--variants', default=','.join(VARIANTS))
+    parser.add_argument('--variants', default='switch-1ms,switch-5ms')
     parser.add_argument('--out', default='benchmarks/results/reliability')
     parser.add_argument('--report', metavar='JSON', help='only re-make the table from a JSON')
     args = parser.parse_args(argv)
@@ -152,21 +154,16 @@ def main(argv=None):
         pathlib.Path(args.report).with_suffix('.md').write_text(text)
         print(text)
         return 0
-    from timebill_ros import params
-    from timebill_ros.config import ServerConfig
     from timebill_ros.demo import _stop_server
     from timebill_ros.ros.session import client_session
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     pathlib.Path('log').mkdir(exist_ok=True)
-    params_file = pathlib.Path('log') / 'responsiveness_params.yaml'
-    params_file.write_text(params.to_yaml(ServerConfig()))
     blocks = []
     for block in range(args.blocks):
         for variant in args.variants.split(','):
             node_name = f'resp_{variant.replace("-", "_")}_{block}'
-            proc = _start(variant, params_file, pathlib.Path('log') / f'{node_name}.log',
-                          node_name)
+            proc = _start(variant, pathlib.Path('log') / f'{node_name}.log', node_name)
             try:
                 with client_session(f'/{node_name}/instruct', f'{node_name}_client') as client:
                     if not client.wait_for_server(600):

@@ -4,6 +4,7 @@ import contextlib
 import threading
 import time
 
+from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
 import rclpy
 from rclpy.executors import MultiThreadedExecutor
@@ -11,6 +12,15 @@ from rclpy.executors import MultiThreadedExecutor
 from timebill_ros.action import Instruct
 from timebill_ros.engine import LlmEngine
 from timebill_ros.ros.node import spin_through_faults, TimeBillNode
+from timebill_ros.timing.model import TimingCoefficients
+
+# Time-model coefficients that make every goal feasible on the tiny models, seconds.
+COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+R = Instruct.Result
+# The one GoalStatus each terminal result status may reach the client with.
+CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.STATUS_CANCELED,
+              R.KILLED: GoalStatus.STATUS_ABORTED, R.SKIPPED: GoalStatus.STATUS_ABORTED,
+              R.REJECTED: GoalStatus.STATUS_ABORTED, R.FAILED: GoalStatus.STATUS_ABORTED}
 
 
 @contextlib.contextmanager
@@ -53,6 +63,15 @@ def wait_future(future, timeout=60.0, poll_s=0.005):
             raise TimeoutError('future not done')
         time.sleep(poll_s)
     return future.result()
+
+
+def wait_for(predicate, timeout_s, what):
+    """Poll ``predicate`` every 10 ms; TimeoutError(``what``) after ``timeout_s`` seconds."""
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise TimeoutError(what)
+        time.sleep(0.01)
 
 
 def goal_msg(prompt='Plan a route to the dock.', budget_s=60, **fields):

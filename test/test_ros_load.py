@@ -20,20 +20,14 @@ import pytest
 import rclpy
 from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from ros_helpers import goal_msg, node_and_client, wait_future
+from ros_helpers import COEFFS, CONSISTENT, goal_msg, node_and_client, wait_for, wait_future
 from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.server.service import TimeBillService
-from timebill_ros.timing.model import TimingCoefficients
 
-COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
-R = Instruct.Result
-CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.STATUS_CANCELED,
-              R.KILLED: GoalStatus.STATUS_ABORTED, R.SKIPPED: GoalStatus.STATUS_ABORTED,
-              R.REJECTED: GoalStatus.STATUS_ABORTED, R.FAILED: GoalStatus.STATUS_ABORTED}
 RESULT_TIMEOUT_S = 2
 MAX_PROMPT_CHARS = 4096
 LONG_TOKENS = 3000
@@ -179,21 +173,13 @@ def test_fuzzed_goal_sequences_end_each_accepted_goal_exactly_once(load, sequenc
         assert CONSISTENT.get(response.result.status) == response.status, pair
         tally[f'result {response.result.status}'] += 1
     heard = load['heard']
-    _wait_for(lambda: all(heard['events'][k] >= n for k, n in expected.items()), 10,
-              'a terminal event is missing')
+    wait_for(lambda: all(heard['events'][k] >= n for k, n in expected.items()), 10,
+             'a terminal event is missing')
     time.sleep(0.05)  # a second event for the same goal would arrive by now
     with heard['lock']:
         for goal_id, n in expected.items():
             assert heard['events'][goal_id] == n, goal_id
     assert server.service.healthy and load['spinner'].is_alive()
-
-
-def _wait_for(predicate, timeout_s, what):
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise TimeoutError(what)
-        time.sleep(0.01)
 
 
 # --- item 7: result expiry ---------------------------------------------------------------
@@ -224,7 +210,7 @@ def test_finished_goals_are_released_after_the_result_timeout(load):
     server, action, heard = load['server'], load['action'], load['heard']
     for _ in range(4):
         _run_wave(action, 16)  # warm-up: allocator pools and rclpy's caches
-    _wait_for(lambda: _handles(server) == 0, RESULT_TIMEOUT_S + 10, 'warm-up handles stay')
+    wait_for(lambda: _handles(server) == 0, RESULT_TIMEOUT_S + 10, 'warm-up handles stay')
     rss_before_mb = _rss_mb()
     late = wait_future(action.send_goal_async(goal_msg(overrun_policy=9)))  # REJECTED at once
     statuses = collections.Counter()
@@ -232,9 +218,9 @@ def test_finished_goals_are_released_after_the_result_timeout(load):
         statuses.update(_run_wave(action, 16))
     assert sum(statuses.values()) >= 1000
     assert _handles(server) > 0  # the last wave's results are still kept
-    _wait_for(lambda: heard['events'][bytes(late.goal_id.uuid).hex()] == 1, 10, 'no event')
-    _wait_for(lambda: _handles(server) == 0, RESULT_TIMEOUT_S + 10,
-              f'{_handles(server)} handles kept after the result timeout')
+    wait_for(lambda: heard['events'][bytes(late.goal_id.uuid).hex()] == 1, 10, 'no event')
+    wait_for(lambda: _handles(server) == 0, RESULT_TIMEOUT_S + 10,
+             f'{_handles(server)} handles kept after the result timeout')
     assert server._jobs == {} and server._executing == 0
     response = wait_future(late.get_result_async())
     assert response.status == GoalStatus.STATUS_UNKNOWN

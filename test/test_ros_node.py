@@ -12,7 +12,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 import pytest
 from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from ros_helpers import goal_msg, node_and_client, wait_future
+from ros_helpers import COEFFS, goal_msg, node_and_client, wait_future
 
 from timebill_ros.server import status
 from timebill_ros.action import Instruct
@@ -20,9 +20,6 @@ from timebill_ros.engine import LlmEngine
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.server.service import TimeBillService
-from timebill_ros.timing.model import TimingCoefficients
-
-COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 
 
 @pytest.fixture(scope='module')

@@ -23,7 +23,7 @@ import rclpy
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_helpers import GatedEngine, goal_msg, wait_future
+from ros_helpers import COEFFS, GatedEngine, goal_msg, R, wait_for, wait_future
 import yaml
 
 from timebill_ros.action import Instruct
@@ -31,9 +31,7 @@ from timebill_ros.msg import ServerStats
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.node import TimeBillNode
 from timebill_ros.server.service import TimeBillService
-from timebill_ros.timing.model import TimingCoefficients
 
-R = Instruct.Result
 # Keys an operator's rqt_runtime_monitor / aggregator rules rely on (ros/node.py).
 DIAGNOSTIC_KEYS = {'active_goals', 'queue_depth', 'busy', 'completion_rate', 'deadline_misses',
                    'misses_total', 'consecutive_misses', 'firm_met', 'total_goals',
@@ -130,14 +128,6 @@ def _long_goal(client):
     return handle, result
 
 
-def _wait_for(predicate, timeout_s, what):
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise TimeoutError(what)
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
 def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, signum):
     node_name = f'lifecycle_{signal.Signals(signum).name.lower()}'
@@ -147,7 +137,7 @@ def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, si
             handle = wait_future(client.action.send_goal_async(goal_msg(f'Queued {i}.', 600)))
             assert handle.accepted
             results.append(handle.get_result_async())
-        _wait_for(lambda: client.queue_depths[-1:] == [3], 30, 'three goals never queued')
+        wait_for(lambda: client.queue_depths[-1:] == [3], 30, 'three goals never queued')
         assert not results[0].done(), 'the decoding goal ended before the signal'
         sent_s = time.monotonic()
         proc.send_signal(signum)
@@ -212,22 +202,21 @@ def test_goal_and_cancel_responses_and_diagnostics_while_a_goal_decodes(server_f
     assert DIAGNOSTIC_KEYS <= keys, DIAGNOSTIC_KEYS - keys
 
 
-COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
-
-
 def _timebill_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith('timebill-')]
 
 
-def test_destroy_node_with_live_goals_ends_them_and_stops_every_thread(
-        tiny_model, smollm2_tokenizer):
-    """One goal held in its prefill, three queued; destroy_node() ends all four."""
-    assert _timebill_threads() == [], 'a server thread of an earlier test is still alive'
+@contextlib.contextmanager
+def _in_process(namespace, tiny_model, tokenizer):
+    """Yield (server node, action client, GatedEngine, results ended) in this process.
+
+    ``ended`` lists every JobResult the service delivered. On exit: executor, client, rclpy.
+    """
     built, ended = {}, []
 
     def factory(config, log):
         built['engine'] = GatedEngine(config.engine, config.eviction, model=tiny_model,
-                                      tokenizer=smollm2_tokenizer)
+                                      tokenizer=tokenizer)
         service = TimeBillService(config, built['engine'], FallbackPredictor(), COEFFS,
                                   log=log)
         real_submit = service.submit
@@ -242,32 +231,64 @@ def test_destroy_node_with_live_goals_ends_them_and_stops_every_thread(
 
     context = rclpy.Context()
     rclpy.init(context=context)
-    server = TimeBillNode(factory, namespace='destroy', context=context,
+    server = TimeBillNode(factory, namespace=namespace, context=context,
                           parameter_overrides=[Parameter('engine.max_new_tokens', value=8)])
-    client = rclpy.create_node('destroy_client', context=context)
+    client = rclpy.create_node(f'{namespace}_client', context=context)
     executor = MultiThreadedExecutor(num_threads=server.executor_threads + 2, context=context)
     executor.add_node(server)
     executor.add_node(client)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()
     try:
-        assert _timebill_threads() != []
-        action = ActionClient(client, Instruct, '/destroy/timebill/instruct')
+        action = ActionClient(client, Instruct, f'/{namespace}/timebill/instruct')
         assert action.wait_for_server(timeout_sec=20)
-        built['engine'].gate.clear()
-        handles = [wait_future(action.send_goal_async(goal_msg())) for _ in range(4)]
-        assert built['engine'].waiting.wait(30), 'the first goal did not reach its prefill'
-        _wait_for(lambda: server.service.queue_depth == 3, 30, 'three goals never queued')
-        server.destroy_node()
-        built['engine'].gate.set()  # too late to run: the goal was canceled for shutdown
-        _wait_for(lambda: _timebill_threads() == [], 10, f'alive: {_timebill_threads()}')
-        _wait_for(lambda: len(ended) == 4, 10, f'{len(ended)} of 4 goals ended')
-        assert all(h.accepted for h in handles)
-        assert [r.status for r in ended] == [R.FAILED] * 4
-        assert server._jobs == {}
+        yield server, action, built['engine'], ended
     finally:
         built['engine'].gate.set()
+        server.destroy_node()  # a second call after the test's own is harmless
         executor.shutdown(timeout_sec=5)
         spinner.join(5)
         client.destroy_node()
         rclpy.try_shutdown(context=context)
+
+
+def test_destroy_node_with_live_goals_ends_them_and_stops_every_thread(
+        tiny_model, smollm2_tokenizer):
+    """One goal held in its prefill, three queued; destroy_node() ends all four."""
+    assert _timebill_threads() == [], 'a server thread of an earlier test is still alive'
+    graph = _in_process('destroy', tiny_model, smollm2_tokenizer)
+    with graph as (server, action, engine, ended):
+        assert _timebill_threads() != []
+        engine.gate.clear()
+        handles = [wait_future(action.send_goal_async(goal_msg())) for _ in range(4)]
+        assert engine.waiting.wait(30), 'the first goal did not reach its prefill'
+        wait_for(lambda: server.service.queue_depth == 3, 30, 'three goals never queued')
+        server.destroy_node()
+        engine.gate.set()  # too late to run: the goal was canceled for shutdown
+        wait_for(lambda: _timebill_threads() == [], 10, f'alive: {_timebill_threads()}')
+        wait_for(lambda: len(ended) == 4, 10, f'{len(ended)} of 4 goals ended')
+        assert all(h.accepted for h in handles)
+        assert [r.status for r in ended] == [R.FAILED] * 4
+        assert server._jobs == {}
+
+
+def test_a_goal_behind_a_dead_executor_thread_ends_failed(tiny_model, smollm2_tokenizer):
+    """The execute callback's wait has a timeout: a dead server thread fails its goal.
+
+    The executor thread is made to leave its loop after the goal it runs (as an uncaught
+    error would end it); the goal queued behind it would otherwise wait forever.
+    """
+    with _in_process('dead', tiny_model, smollm2_tokenizer) as (server, action, engine, _):
+        engine.gate.clear()
+        first = wait_future(action.send_goal_async(goal_msg()))
+        assert engine.waiting.wait(30), 'the first goal did not reach its prefill'
+        second = wait_future(action.send_goal_async(goal_msg()))
+        wait_for(lambda: server.service.queue_depth == 1, 30, 'the second goal never queued')
+        server.service.executors[0]._stop.set()
+        engine.gate.set()
+        assert wait_future(first.get_result_async()).status == GoalStatus.STATUS_SUCCEEDED
+        response = wait_future(second.get_result_async(), timeout=10)
+        assert not server.service.healthy
+        assert response.status == GoalStatus.STATUS_ABORTED
+        assert response.result.status == R.FAILED
+        assert 'server thread died' in response.result.message

@@ -18,21 +18,13 @@ from rclpy.action.server import ServerGoalHandle
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.parameter import Parameter
-from ros_helpers import GatedEngine, goal_msg, node_and_client, wait_future
+from ros_helpers import COEFFS, CONSISTENT, GatedEngine, goal_msg, node_and_client, R, wait_future
 from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.node import spin_through_faults
 from timebill_ros.server.service import TimeBillService
-from timebill_ros.timing.model import TimingCoefficients
-
-COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
-R = Instruct.Result
-# The one GoalStatus each terminal result status may reach the client with.
-CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.STATUS_CANCELED,
-              R.KILLED: GoalStatus.STATUS_ABORTED, R.SKIPPED: GoalStatus.STATUS_ABORTED,
-              R.REJECTED: GoalStatus.STATUS_ABORTED, R.FAILED: GoalStatus.STATUS_ABORTED}
 
 
 @pytest.fixture(scope='module')
@@ -135,6 +127,37 @@ def test_a_cancel_inside_rclpys_execute_transition_still_ends_the_goal(graph, mo
         response = _wait(handle.get_result_async(), timeout=10)
         assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
         assert response.result.status == R.CANCELED
+
+
+def test_a_cancel_before_the_job_is_submitted_is_not_lost(graph, monkeypatch):
+    """The cancel callback runs while the execute callback is still submitting the job.
+
+    rclpy moves the goal to CANCELING only after the cancel callback returns; slowed here
+    (0.3 s), as is the submit (0.2 s), the execute callback sees no cancel on the handle.
+    Before the fix the goal ran to the end and SUCCEEDED (found by test_ros_process's
+    responsiveness test: a queued goal ran 38 s later).
+    """
+    real_update = ServerGoalHandle._update_state
+    service = graph['server'].service
+    real_submit = service.submit
+
+    def slow_cancel_transition(goal_handle, event):
+        if event == _rclpy.GoalEvent.CANCEL_GOAL:
+            time.sleep(0.3)
+        real_update(goal_handle, event)
+
+    def slow_submit(*args, **kwargs):
+        time.sleep(0.2)
+        return real_submit(*args, **kwargs)
+
+    monkeypatch.setattr(ServerGoalHandle, '_update_state', slow_cancel_transition)
+    monkeypatch.setattr(service, 'submit', slow_submit)
+    handle = _send(graph)
+    assert _wait(handle.cancel_goal_async()).return_code == CancelGoal.Response.ERROR_NONE
+    response = _wait(handle.get_result_async(), timeout=10)
+    assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
+    assert response.result.status == R.CANCELED
+    assert graph['server']._early_cancels == {}
 
 
 def test_cancel_of_an_unknown_goal_id(graph):

@@ -321,6 +321,10 @@ class RosConfig:
         requests. They are keep-last queues: a burst of more requests than this before the
         executor takes them loses the oldest without a reply (ROS's default depth, 10, lost
         goals of a 16-goal burst here).
+    gil_switch_interval_s: the server process's ``sys.setswitchinterval``, seconds: how long
+        the decoding thread may hold Python's GIL before a goal, cancel or timer callback gets
+        it (Python's default 0.005; 0.001 cut the cancel p99 while decoding from 50.5 to
+        35.3 ms, ``benchmarks/responsiveness.py``). Set by ``timebill serve`` only.
     """
 
     action_name: str = '~/instruct'
@@ -328,8 +332,10 @@ class RosConfig:
     stats_topic: str = '~/stats'
     result_timeout_s: int = 60
     request_queue_depth: int = 1000
+    gil_switch_interval_s: float = 0.001
 
     def __post_init__(self):
+        _check_positive('ros.gil_switch_interval_s', self.gil_switch_interval_s)
         if (not isinstance(self.request_queue_depth, int)
                 or isinstance(self.request_queue_depth, bool) or self.request_queue_depth < 1):
             raise ValueError(f'ros.request_queue_depth must be an int >= 1, got '

@@ -7,6 +7,7 @@ threads: goal, cancel and timer callbacks always find a free one.
 
 import gc
 import platform
+import sys
 import threading
 import time
 import traceback
@@ -29,6 +30,7 @@ from timebill_ros.server.stats import diagnostic_level, firm_ok
 LEVELS = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR)
 WAIT_SLICE_S = 1.0  # how often a waiting execute callback checks the server's threads, s
 CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
+EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job is kept, s
 DESTROY_WAIT_S = 5.0  # longest wait in destroy_node() for execute callbacks to return, s
 
 
@@ -47,7 +49,10 @@ class TimeBillNode(Node):
         if freeze_heap:
             _freeze_heap()
         self.service.start()
-        self._jobs = {}
+        self._jobs = {}  # goal id bytes -> Job, while its execute callback waits
+        self._early_cancels = {}  # goal id bytes -> monotonic s: canceled before submitted
+        self._jobs_lock = threading.Lock()
+        self._destroyed = False
         self._executing = 0  # execute callbacks that have not returned yet
         self._executing_cond = threading.Condition()
         group = ReentrantCallbackGroup()
@@ -82,6 +87,9 @@ class TimeBillNode(Node):
         Goals' execute callbacks get up to DESTROY_WAIT_S seconds to return, so a client
         whose executor still spins receives their results; no ``timebill-*`` thread is left.
         """
+        if self._destroyed:
+            return
+        self._destroyed = True
         self.shutdown()
         with self._executing_cond:
             self._executing_cond.wait_for(lambda: self._executing == 0, DESTROY_WAIT_S)
@@ -110,8 +118,21 @@ class TimeBillNode(Node):
             self._action.notify_execute(goal_handle, None)  # ends it CANCELED
 
     def _on_cancel(self, goal_handle):
+        """Cancel the goal's job; remember the cancel when the job is not submitted yet.
+
+        rclpy moves the goal to CANCELING only after this callback returns, so an execute
+        callback that submits the job meanwhile sees ``is_cancel_requested`` still false:
+        ``_early_cancels`` carries the cancel to it (a lost cancel let a goal run to the end).
+        """
         try:
-            job = self._jobs.get(bytes(goal_handle.goal_id.uuid))
+            key = bytes(goal_handle.goal_id.uuid)
+            with self._jobs_lock:
+                job = self._jobs.get(key)
+                if job is None:
+                    now_s = time.monotonic()
+                    self._early_cancels = {k: t for k, t in self._early_cancels.items()
+                                           if now_s - t < EARLY_CANCEL_KEEP_S}
+                    self._early_cancels[key] = now_s
             if job is not None:
                 self.service.cancel(job)
         except Exception:  # the request is still answered; the goal ends on its own
@@ -155,17 +176,25 @@ class TimeBillNode(Node):
                 finished.set()
 
         job = self.service.submit(request, on_feedback, on_done, received_s=received_s)
-        if job is not None:
-            self._jobs[key] = job
-            if goal_handle.is_cancel_requested:
-                self.service.cancel(job)
-        self._wait_finished(finished, outcome)
-        self._jobs.pop(key, None)
+        with self._jobs_lock:
+            if job is not None:
+                self._jobs[key] = job
+            canceled_early = self._early_cancels.pop(key, None) is not None
+        if job is not None and (canceled_early or goal_handle.is_cancel_requested):
+            self.service.cancel(job)
+        self._wait_finished(finished, outcome, goal_handle, job)
+        with self._jobs_lock:
+            self._jobs.pop(key, None)
         return self._terminate(goal_handle, outcome['result'])
 
-    def _wait_finished(self, finished, outcome):
-        """Wait for the goal's result; a FAILED one if the server's threads died meanwhile."""
+    def _wait_finished(self, finished, outcome, goal_handle, job):
+        """Wait for the goal's result; a FAILED one if the server's threads died meanwhile.
+
+        Every WAIT_SLICE_S it also applies a cancel rclpy holds that the job missed.
+        """
         while not finished.wait(WAIT_SLICE_S):
+            if job is not None and goal_handle.is_cancel_requested:
+                self.service.cancel(job)
             if not self.service.healthy:
                 outcome.setdefault('result', JobResult(
                     status=status.FAILED, stop_phase='server',
@@ -335,6 +364,7 @@ def spin(node_factory, args=None, stop_event=None):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop_event.set())
     node = node_factory()
+    sys.setswitchinterval(node.config.ros.gil_switch_interval_s)
     executor = MultiThreadedExecutor(num_threads=node.executor_threads)
     executor.add_node(node)
     spinner = threading.Thread(target=spin_through_faults, args=(executor, node.get_logger()),
