@@ -33,6 +33,12 @@ def _check_nonneg(name, value):
         raise ValueError(f'{name} must be finite and >= 0, got {value!r}')
 
 
+def _check_count(name, value):
+    """Raise ValueError unless ``value`` is an int >= 1 (a bool is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+
+
 def _check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f'{name} must be one of {choices}, got {value!r}')
@@ -270,9 +276,7 @@ class QueueConfig:
 
     def __post_init__(self):
         for name in ('max_depth', 'max_prompt_chars'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f'queue.{name} must be an int >= 1, got {value!r}')
+            _check_count(f'queue.{name}', getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,9 +306,7 @@ class StatsConfig:
                 'stats.miss_rate_warn <= stats.miss_rate_error in [0, 1] required, got '
                 f'{self.miss_rate_warn!r} and {self.miss_rate_error!r}')
         for name in ('firm_m', 'firm_k'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f'stats.{name} must be an int >= 1, got {value!r}')
+            _check_count(f'stats.{name}', getattr(self, name))
         if self.firm_m > self.firm_k:
             raise ValueError(
                 f'stats.firm_m ({self.firm_m}) must be <= stats.firm_k ({self.firm_k})')
@@ -336,10 +338,7 @@ class RosConfig:
 
     def __post_init__(self):
         _check_positive('ros.gil_switch_interval_s', self.gil_switch_interval_s)
-        if (not isinstance(self.request_queue_depth, int)
-                or isinstance(self.request_queue_depth, bool) or self.request_queue_depth < 1):
-            raise ValueError(f'ros.request_queue_depth must be an int >= 1, got '
-                             f'{self.request_queue_depth!r}')
+        _check_count('ros.request_queue_depth', self.request_queue_depth)
         if not isinstance(self.result_timeout_s, int) or self.result_timeout_s < 1:
             raise ValueError(
                 f'ros.result_timeout_s must be an int >= 1, got {self.result_timeout_s!r}')
