@@ -19,17 +19,15 @@ import time
 from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray
 import pytest
-import rclpy
 from rclpy.action import ActionClient
-from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, GatedEngine, goal_msg, R, wait_for, wait_future
+from ros_helpers import COEFFS, GatedEngine, goal_msg, node_and_client, R, wait_for, wait_future
 import yaml
 
 from timebill_ros.action import Instruct
 from timebill_ros.msg import ServerStats
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.ros.node import TimeBillNode
+from timebill_ros.ros.session import client_session
 from timebill_ros.server.service import TimeBillService
 
 # Keys an operator's rqt_runtime_monitor / aggregator rules rely on (ros/node.py).
@@ -69,48 +67,32 @@ def server_files(tmp_path_factory, smollm2_tokenizer, slow_model):
     return make
 
 
-class _Client:
-    """An action client, a stats and a /diagnostics subscription in their own rclpy context."""
-
-    def __init__(self, node_name):
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context)
-        self.node = rclpy.create_node('process_client', context=self.context)
-        self.action = ActionClient(self.node, Instruct, f'/{node_name}/instruct')
-        self.queue_depths, self.diagnostics = [], []
-        self.node.create_subscription(ServerStats, f'/{node_name}/stats',
-                                      lambda msg: self.queue_depths.append(msg.queue_depth), 10)
-        self.node.create_subscription(
-            DiagnosticArray, '/diagnostics',
-            lambda msg: self.diagnostics.append((time.monotonic(), msg))
-            if msg.status[0].name == f'{node_name}: deadlines' else None, 10)
-        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
-        self.executor.add_node(self.node)
-        self.spinner = threading.Thread(target=self.executor.spin, daemon=True)
-        self.spinner.start()
-
-    def close(self):
-        self.executor.shutdown(timeout_sec=5)
-        self.spinner.join(5)
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
-
-
 @contextlib.contextmanager
 def _served(files, node_name):
-    """Yield (server process, its stderr file, a _Client); kill the server if still alive."""
+    """Yield (server process, its stderr file, a spinning InstructClient, what it heard).
+
+    heard: 'queue_depths' from ~/stats, 'diagnostics' as (monotonic s, DiagnosticArray) of
+    this server. The server is killed on exit if still alive.
+    """
     params_file, cache_dir = files
     env = dict(os.environ, TIMEBILL_CACHE=str(cache_dir), PYTHONUNBUFFERED='1')
     stderr = open(cache_dir.parent / f'{node_name}.stderr', 'w+', encoding='utf-8')
     proc = subprocess.Popen(
         [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--params', str(params_file),
          '--node-name', node_name], env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-    client = _Client(node_name)
+    heard = {'queue_depths': [], 'diagnostics': []}
     try:
-        assert client.action.wait_for_server(timeout_sec=180), 'the server did not start'
-        yield proc, stderr, client
+        with client_session(f'/{node_name}/instruct', 'process_client') as client:
+            client.create_subscription(
+                ServerStats, f'/{node_name}/stats',
+                lambda msg: heard['queue_depths'].append(msg.queue_depth), 10)
+            client.create_subscription(
+                DiagnosticArray, '/diagnostics',
+                lambda msg: heard['diagnostics'].append((time.monotonic(), msg))
+                if msg.status[0].name == f'{node_name}: deadlines' else None, 10)
+            assert client.wait_for_server(180), 'the server did not start'
+            yield proc, stderr, client, heard
     finally:
-        client.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -131,13 +113,13 @@ def _long_goal(client):
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['SIGINT', 'SIGTERM'])
 def test_a_signal_ends_every_goal_and_the_process_exits_cleanly(server_files, signum):
     node_name = f'lifecycle_{signal.Signals(signum).name.lower()}'
-    with _served(server_files(0.1), node_name) as (proc, stderr, client):
+    with _served(server_files(0.1), node_name) as (proc, stderr, client, heard):
         results = [_long_goal(client)[1]]
         for i in range(3):
             handle = wait_future(client.action.send_goal_async(goal_msg(f'Queued {i}.', 600)))
             assert handle.accepted
             results.append(handle.get_result_async())
-        wait_for(lambda: client.queue_depths[-1:] == [3], 30, 'three goals never queued')
+        wait_for(lambda: heard['queue_depths'][-1:] == [3], 30, 'three goals never queued')
         assert not results[0].done(), 'the decoding goal ended before the signal'
         sent_s = time.monotonic()
         proc.send_signal(signum)
@@ -173,7 +155,7 @@ def test_goal_and_cancel_responses_and_diagnostics_while_a_goal_decodes(server_f
     The issue's bound is 50 ms; the margin is 3x for a loaded CI machine, and
     ``benchmarks/responsiveness.py`` reports the precise figures on the embedded model.
     """
-    with _served(server_files(1.0), 'responsive') as (proc, stderr, client):
+    with _served(server_files(1.0), 'responsive') as (proc, stderr, client, heard):
         long_goal, long_result = _long_goal(client)
         goal_s, cancel_s = [], []
         start = time.monotonic()
@@ -186,7 +168,7 @@ def test_goal_and_cancel_responses_and_diagnostics_while_a_goal_decodes(server_f
             cancel_s.append(time.monotonic() - sent)
             assert wait_future(handle.get_result_async()).status == GoalStatus.STATUS_CANCELED
         assert not long_result.done(), 'the long goal ended while the test measured'
-        arrivals = [(t, m) for t, m in client.diagnostics if t >= start]
+        arrivals = [(t, m) for t, m in heard['diagnostics'] if t >= start]
         wait_future(long_goal.cancel_goal_async())
         assert wait_future(long_result).status == GoalStatus.STATUS_CANCELED
     intervals = [b[0] - a[0] for a, b in zip(arrivals, arrivals[1:])]
@@ -210,7 +192,7 @@ def _timebill_threads():
 def _in_process(namespace, tiny_model, tokenizer):
     """Yield (server node, action client, GatedEngine, results ended) in this process.
 
-    ``ended`` lists every JobResult the service delivered. On exit: executor, client, rclpy.
+    ``ended`` lists every JobResult the service delivered.
     """
     built, ended = {}, []
 
@@ -229,27 +211,15 @@ def _in_process(namespace, tiny_model, tokenizer):
         service.submit = submit
         return service
 
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    server = TimeBillNode(factory, namespace=namespace, context=context,
-                          parameter_overrides=[Parameter('engine.max_new_tokens', value=8)])
-    client = rclpy.create_node(f'{namespace}_client', context=context)
-    executor = MultiThreadedExecutor(num_threads=server.executor_threads + 2, context=context)
-    executor.add_node(server)
-    executor.add_node(client)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-    try:
-        action = ActionClient(client, Instruct, f'/{namespace}/timebill/instruct')
-        assert action.wait_for_server(timeout_sec=20)
-        yield server, action, built['engine'], ended
-    finally:
-        built['engine'].gate.set()
-        server.destroy_node()  # a second call after the test's own is harmless
-        executor.shutdown(timeout_sec=5)
-        spinner.join(5)
-        client.destroy_node()
-        rclpy.try_shutdown(context=context)
+    overrides = [Parameter('engine.max_new_tokens', value=8)]
+    with node_and_client(factory, namespace, overrides, f'{namespace}_client') as graph:
+        server, client, _ = graph
+        try:
+            action = ActionClient(client, Instruct, f'/{namespace}/timebill/instruct')
+            assert action.wait_for_server(timeout_sec=20)
+            yield server, action, built['engine'], ended
+        finally:
+            built['engine'].gate.set()
 
 
 def test_destroy_node_with_live_goals_ends_them_and_stops_every_thread(
