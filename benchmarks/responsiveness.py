@@ -21,10 +21,8 @@ Writes DIR/responsiveness.md and DIR/responsiveness.json.
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,15 +43,12 @@ def _start(variant, log_path, node_name):
     import dataclasses
     from timebill_ros import params
     from timebill_ros.config import RosConfig, ServerConfig
+    from timebill_ros.demo import _start_server
     env_extra, switch_s = VARIANTS[variant]
     params_file = pathlib.Path('log') / f'{node_name}_params.yaml'
     params_file.write_text(params.to_yaml(dataclasses.replace(
         ServerConfig(), ros=RosConfig(gil_switch_interval_s=switch_s))))
-    cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--params', str(params_file),
-           '--node-name', node_name]
-    log = open(log_path, 'w', encoding='utf-8')
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, **env_extra))
+    return _start_server(params_file, log_path, node_name, extra_env=env_extra)
 
 
 class _Busy:

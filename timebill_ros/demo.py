@@ -46,12 +46,14 @@ def burst_goals():
     ]
 
 
-def _start_server(params_file, log_path, node_name='timebill'):
+def _start_server(params_file, log_path, node_name='timebill', extra_env=None):
+    """Start ``timebill serve`` logging to ``log_path``; ``extra_env`` adds variables."""
     cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--node-name', node_name]
     if params_file:
-        cmd += ['--params', params_file]
+        cmd += ['--params', str(params_file)]
     log = open(log_path, 'w', encoding='utf-8')
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, **(extra_env or {})))
 
 
 def _stop_server(proc):
