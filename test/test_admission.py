@@ -216,6 +216,31 @@ def test_expected_fallback_when_no_alpha_meets_the_worst_bound():
     assert evict_s + expected.decode_phase_s(100, by_hand, 20) == pytest.approx(2.09)
 
 
+def test_a_hopeless_goal_keeps_its_whole_cache():
+    model = TimeModel(STEP_BOUND)
+    expected = model.decode_coefficients('expected')
+    worst = model.decode_coefficients('worst')
+    # 1.5 s: even alpha_max misses the EXPECTED bound (19 steps of at least 0.1 s).
+    time_left = 1.5
+    assert model.evict_s(100, 'expected') + expected.decode_phase_s(100, 0.9, 20) > time_left
+    clamped = decide(model, time_left, fallback_bound='expected')
+    assert clamped.alpha == 0.9 and clamped.fits is False
+    kept = decide(model, time_left, fallback_bound='expected', keep_cache_when_hopeless=True)
+    assert kept.alpha == 0.0 and kept.fits is False
+    assert kept.remaining_s == pytest.approx(worst.decode_phase_s(100, 0.0, 20), rel=1e-12)
+    # Without the fallback, hopeless means alpha_max misses the WORST bound (2.52 s).
+    assert decide(model, 2.3).alpha == 0.9
+    assert decide(model, 2.3, keep_cache_when_hopeless=True).alpha == 0.0
+    # A goal that fits at some alpha is left alone: EXPECTED fits below alpha_max at 2.09 s.
+    some = decide(model, 2.09, fallback_bound='expected')
+    assert 0.0 < some.alpha < 0.9
+    assert decide(model, 2.09, fallback_bound='expected', keep_cache_when_hopeless=True) == some
+    squeezed = decide(model, 2.7)  # meets WORST at 0 < alpha* < 0.9
+    assert decide(model, 2.7, keep_cache_when_hopeless=True) == squeezed
+    # A fixed ratio is never overridden.
+    assert decide(model, 1.5, fixed_alpha=0.5, keep_cache_when_hopeless=True).alpha == 0.5
+
+
 def test_expected_fallback_leaves_a_fitting_worst_choice_alone():
     model = TimeModel(STEP_BOUND)
     plain = decide(model, 3.0)

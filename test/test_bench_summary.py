@@ -95,6 +95,8 @@ def test_the_fixed_method_decides_as_before_issue_9(tmp_path):
     clamp = configs['timebill-clamp']
     assert (fixed.budget.expected_fallback, clamp.budget.expected_fallback) == (False, False)
     assert online.budget.expected_fallback is True
+    assert (fixed.budget.keep_cache_when_hopeless, clamp.budget.keep_cache_when_hopeless,
+            online.budget.keep_cache_when_hopeless) == (False, False, True)
     assert clamp.timing.online is True and clamp.admission.policy == 'feasibility'
     # No two servers share an online state file: methods must not learn from each other.
     assert len({c.timing.state_file for c in configs.values()}) == len(configs)

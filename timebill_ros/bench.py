@@ -39,10 +39,12 @@ METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 
 # decides as the server did before issue 9: the calibration as it is (no speed factor, no
 # learned margin), no admission control and the paper's clamp of alpha* to alpha_max; it
 # shows what the self-correcting model changes. ``timebill-clamp``: the self-correcting model
-# with the paper's clamp (budget.expected_fallback false), to show what the fallback changes.
+# with the paper's clamp (no EXPECTED fallback, alpha_max when nothing fits), to show what
+# the two rules for goals that do not fit change.
+PAPER_CLAMP = {'budget.expected_fallback': False, 'budget.keep_cache_when_hopeless': False}
 METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none',
-                                    'budget.expected_fallback': False},
-                 'timebill-clamp': {'budget.expected_fallback': False}}
+                                    **PAPER_CLAMP},
+                 'timebill-clamp': PAPER_CLAMP}
 POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
 N_MAX = 48
 COMPLETED = 1

@@ -121,6 +121,10 @@ class BudgetConfig:
         the EXPECTED bound instead of alpha_max (the promise is lost either way; evict only
         what the expected time needs, since each evicted token costs answer quality).
         false = the paper's rule (Eq. 10c clamps alpha* to alpha_max).
+    keep_cache_when_hopeless: when not even alpha_max fits (at the EXPECTED bound with the
+        fallback, else at WORST), keep the whole cache (alpha 0) instead of alpha_max: the goal
+        is predicted to miss whatever is evicted, so eviction buys no deadline and costs
+        answer quality. false = the paper's clamp to alpha_max.
     """
 
     pessimistic_factor: float = 5.0
@@ -128,6 +132,7 @@ class BudgetConfig:
     mode: str = 'timebill'
     fixed_alpha: float = 0.0
     expected_fallback: bool = True
+    keep_cache_when_hopeless: bool = True
 
     def __post_init__(self):
         _check_positive('budget.pessimistic_factor', self.pessimistic_factor)

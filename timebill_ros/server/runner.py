@@ -260,7 +260,8 @@ class _GoalRun:
         decision = decide_remaining(self.model, job.deadline_s - self.clock(), job.n_x, n_hat,
                                     job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
                                     fixed_alpha=fixed,
-                                    fallback_bound=EXPECTED if cfg.expected_fallback else None)
+                                    fallback_bound=EXPECTED if cfg.expected_fallback else None,
+                                    keep_cache_when_hopeless=cfg.keep_cache_when_hopeless)
         self.result.predicted_tokens = decision.n_hat
         self.result.pessimistic_tokens = decision.n_w
         self.result.eviction_ratio = decision.alpha

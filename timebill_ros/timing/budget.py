@@ -97,7 +97,8 @@ class RemainingDecision:
 
 
 def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
-                     fixed_alpha=None, bound='worst', fallback_bound=None):
+                     fixed_alpha=None, bound='worst', fallback_bound=None,
+                     keep_cache_when_hopeless=False):
     """Pick alpha for the time actually left after the prefill and the predictor.
 
     Eq. 11 with T - t^_prefill - t_Predict replaced by what they are once both have run:
@@ -108,14 +109,22 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
     eviction. fallback_bound: when no alpha <= alpha_max fits at ``bound``, alpha is chosen
     the same way at this bound (e.g. EXPECTED) instead of clamping to alpha_max; None = the
     paper's clamp. ``remaining_s`` and ``fits`` are always at ``bound``.
+    keep_cache_when_hopeless: when not even alpha_max fits (at the fallback bound if there
+    is one, else at ``bound``), keep the whole cache (alpha 0) instead of clamping to
+    alpha_max: the goal is predicted to miss whatever is evicted, and each evicted token
+    costs answer quality.
     fixed_alpha: when not None, use it (the fixed-ratio baselines).
     """
     n_w = pessimistic_tokens(n_hat, k, n_max)
     alpha, remaining = _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound)
     if fixed_alpha is not None:
         alpha = float(fixed_alpha)
-    elif fallback_bound is not None and not _fits(remaining(alpha), time_left_s):
-        alpha, _ = _choose(time_model, time_left_s, n_x, n_w, alpha_max, fallback_bound)
+    elif not _fits(remaining(alpha), time_left_s):
+        last = remaining
+        if fallback_bound is not None:
+            alpha, last = _choose(time_model, time_left_s, n_x, n_w, alpha_max, fallback_bound)
+        if keep_cache_when_hopeless and not _fits(last(alpha), time_left_s):
+            alpha = 0.0
     need_s = remaining(alpha)
     return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s,
                              fits=_fits(need_s, time_left_s))
