@@ -153,7 +153,9 @@ def test_kill_stops_at_the_deadline(make_service):
     # Stopped at the deadline, or just before it when the next step could not finish in
     # time (exact bounds: test_deadlines.py, on a deterministic clock).
     assert result.kill_latency_s is not None and result.stop_phase == 'decode'
-    assert result.eviction_ratio == pytest.approx(0.95)
+    # 4000 tokens cannot fit 0.3 s at any alpha: the whole cache is kept
+    # (budget.keep_cache_when_hopeless).
+    assert result.eviction_ratio == 0.0
 
 
 def test_skip_next_finishes_late_and_skips_goals_due_meanwhile(make_service):
