@@ -35,8 +35,10 @@ def tiny_model(smollm2_tokenizer):
 @pytest.fixture
 def make_tiny_engine(tiny_model, smollm2_tokenizer):
     """Return a factory of LlmEngine on the tiny model (chunks of 16 tokens, window 8)."""
-    def make(scorer='snapkv', window_size=8, prefill_chunk_tokens=16):
-        return LlmEngine(EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
+    def make(scorer='snapkv', window_size=8, prefill_chunk_tokens=16, forward='auto',
+             decode_weights='float32'):
+        return LlmEngine(EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens,
+                                      forward=forward, decode_weights=decode_weights),
                          EvictionConfig(scorer=scorer, window_size=window_size),
                          model=tiny_model, tokenizer=smollm2_tokenizer)
     return make

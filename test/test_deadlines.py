@@ -68,10 +68,10 @@ class CountingEngine(LlmEngine):
         self.prefills += 1
         return super().prefill(input_ids, stop, **kwargs)
 
-    def _evict_layer(self, layer, inputs, n_keep):
+    def _evict_layer(self, cache, layer_idx, inputs, n_keep):
         if self.on_evict_layer is not None:
             self.on_evict_layer()
-        super()._evict_layer(layer, inputs, n_keep)
+        super()._evict_layer(cache, layer_idx, inputs, n_keep)
 
 
 class Goal:
@@ -116,9 +116,11 @@ def make_service(tiny_model, smollm2_tokenizer, clock):
 
     def build(coefficients=TRUE, predictor=None, online=False, admission='feasibility',
               chunk=64, stop_bound_s=0.0, n_max=16, state_path=None):
+        # transformers' forward: the fake clock advances in its decoder layers' hooks. The
+        # lean forward checks interrupts at the same places (test_engine runs both).
         engine_cfg = EngineConfig(max_new_tokens=n_max, max_model_new_tokens=512,
                                   prefill_chunk_tokens=chunk, feedback_every_tokens=1,
-                                  stop_bound_s=stop_bound_s)
+                                  stop_bound_s=stop_bound_s, forward='transformers')
         config = ServerConfig(engine=engine_cfg, queue=QueueConfig(max_depth=4),
                               timing=TimingConfig(online=online),
                               admission=AdmissionConfig(policy=admission))

@@ -15,6 +15,16 @@ from timebill_ros.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, CancelSt
 PROMPT = 'Explain in two short paragraphs why the sky is blue and why sunsets are red.'
 
 
+@pytest.fixture(params=['lean', 'transformers'])
+def make_tiny_engine(make_tiny_engine, request):
+    """Every test here runs on both forward passes."""
+    return lambda **kwargs: make_tiny_engine(forward=request.param, **kwargs)
+
+
+def _attention_modules(engine):
+    return [layer.self_attn for layer in engine.model.model.layers]
+
+
 class _SetAfter(StopCriterion):
     """Sets ``event`` on its ``n_calls``-th check; never stops by itself."""
 
@@ -71,8 +81,10 @@ def test_any_chunking_gives_the_same_cache_scores_and_answer(make_tiny_engine, s
         for a, b in zip(inputs.kwargs['position_embeddings'],
                         other.kwargs['position_embeddings']):
             assert torch.allclose(a, b, atol=1e-6)
-    for layer_a, layer_b in zip(reference.cache.layers, state.cache.layers):
-        assert torch.allclose(layer_a.keys, layer_b.keys, atol=1e-4)
+    for idx in range(engine.n_layers):
+        keys_a, _ = engine.layer_kv(reference, idx)
+        keys_b, _ = engine.layer_kv(state, idx)
+        assert torch.allclose(keys_a, keys_b, atol=1e-4)
     assert engine.evict(reference, 0.5) == engine.evict(state, 0.5)
     answers = [engine.decode(s, 8, StopCriteria()).token_ids for s in (reference, state)]
     assert answers[0] == answers[1]
@@ -175,14 +187,15 @@ def test_evict_keeps_n_keep_and_window(make_tiny_engine):
     """evict(0.5) leaves n_keep tokens per layer, the window included."""
     engine = make_tiny_engine()
     state = engine.prefill(engine.encode(PROMPT), StopCriteria())
-    before = [layer.keys.clone() for layer in state.cache.layers]
+    before = [engine.layer_kv(state, idx)[0].clone() for idx in range(engine.n_layers)]
     n_keep = state.n_x - round(0.5 * state.n_x)
     assert engine.evict(state, 0.5) == n_keep
     assert state.scorer_inputs is None
-    for layer, keys in zip(state.cache.layers, before):
-        assert layer.keys.shape == (1, 2, n_keep, keys.shape[-1])
-        assert layer.values.shape[2] == n_keep
-        assert torch.equal(layer.keys[:, :, -8:], keys[:, :, -8:])
+    for idx, keys in enumerate(before):
+        kept_keys, kept_values = engine.layer_kv(state, idx)
+        assert kept_keys.shape == (1, 2, n_keep, keys.shape[-1])
+        assert kept_values.shape[2] == n_keep
+        assert torch.equal(kept_keys[:, :, -8:], keys[:, :, -8:])
 
 
 @pytest.mark.parametrize('scorer', ['snapkv', 'streaming_llm', 'knorm'])
@@ -223,7 +236,7 @@ def test_cancel_during_prefill(make_tiny_engine):
     with pytest.raises(GenerationStopped) as caught:
         engine.prefill(engine.encode(PROMPT), stop)
     assert caught.value.reason == CANCELED
-    assert all(not m._forward_pre_hooks for m in engine._attention_modules())
+    assert all(not m._forward_pre_hooks for m in _attention_modules(engine))
 
 
 def test_deadline_stops_decode(make_tiny_engine):
@@ -265,7 +278,7 @@ def test_bad_inputs(make_tiny_engine):
     with pytest.raises(ValueError):
         engine.prefill([10**9], StopCriteria())
     state = engine.prefill([5, 6, 7], StopCriteria())
-    assert all(not m._forward_pre_hooks for m in engine._attention_modules())
+    assert all(not m._forward_pre_hooks for m in _attention_modules(engine))
     with pytest.raises(ValueError, match='n_max'):
         engine.decode(state, 0, StopCriteria())
 

@@ -68,8 +68,8 @@ def test_gather_positions():
 
 def _layer0_inputs(engine):
     state = engine.prefill(engine.encode(PROMPT), StopCriteria())
-    layer = state.cache.layers[0]
-    return state, state.scorer_inputs[0], layer.keys, layer.values
+    keys, values = engine.layer_kv(state, 0)
+    return state, state.scorer_inputs[0], keys, values
 
 
 @pytest.mark.parametrize('name', ['snapkv', 'streaming_llm', 'knorm'])

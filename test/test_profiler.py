@@ -303,8 +303,9 @@ def test_load_or_calibrate_recalibrates_over_corrupt_cache():
 
 def test_key_fields_follow_model_source():
     """The key's model id is model_source.model_key, as engine.model_key and the CLI use."""
-    config = EngineConfig(dtype='bfloat16', threads=3)
-    assert profiler.key_fields(config) == (model_source.model_key(config), 'cpu', 'bfloat16', 3)
+    config = EngineConfig(dtype='bfloat16', threads=3, decode_weights='float16')
+    assert profiler.key_fields(config) == (model_source.model_key(config), 'cpu',
+                                           'bfloat16-auto-float16', 3)
     with pytest.raises(TypeError, match='engine_config'):
         profiler.key_fields({'device': 'cpu'})
 
@@ -314,7 +315,7 @@ def test_profile_takes_key_fields_from_the_engine_config():
     engine = FakeEngine()
     engine.engine_config = EngineConfig(dtype='float16', threads=4)
     calibration = profiler.profile(engine, profiler.startup_grid())
-    assert (calibration.dtype, calibration.threads) == ('float16', 4)
+    assert (calibration.dtype, calibration.threads) == ('float16-auto-float32', 4)
     assert calibration.model_key == model_source.model_key(engine.engine_config)
     explicit = profiler.profile(FakeEngine(), profiler.startup_grid(),
                                 engine_config=EngineConfig(threads=1))

@@ -11,6 +11,8 @@ import math
 POLICY_NAMES = ('kill', 'skip_next', 'partial')
 ADMISSION_POLICIES = ('feasibility', 'none')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
+WEIGHT_FORMATS = ('float32', 'float16', 'bfloat16')
+FORWARDS = ('auto', 'lean', 'transformers')
 BUDGET_MODES = ('timebill', 'fixed')
 PREDICTOR_KINDS = ('rlp', 'fallback')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
@@ -51,7 +53,12 @@ class EngineConfig:
     model_path: transformers model directory; empty = the embedded SmolLM2-135M-Instruct GGUF.
     model_cache_dir: where the converted embedded model is saved; empty = ~/.cache/timebill_ros.
     device: torch device (``cpu``, ``cuda``, ``cuda:0``).
-    dtype: ``float32``, ``float16`` or ``bfloat16``.
+    dtype: ``float32``, ``float16`` or ``bfloat16``: the weights as loaded (and the prefill's).
+    forward: ``auto`` (the lean Llama forward on a preallocated KV cache for Llama-family
+        models, transformers' modules for every other), ``lean`` or ``transformers``.
+    decode_weights: the weight format of one-token decoding steps on the lean forward
+        (``float32``, ``float16``, ``bfloat16``); a format other than ``dtype`` keeps a copy
+        of the linear weights in it.
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens.
     max_model_new_tokens: N_model, the most tokens a goal may ask for, tokens.
@@ -68,6 +75,8 @@ class EngineConfig:
     model_cache_dir: str = ''
     device: str = 'cpu'
     dtype: str = 'float32'
+    forward: str = 'auto'
+    decode_weights: str = 'float32'
     threads: int = 0
     max_new_tokens: int = 128
     max_model_new_tokens: int = 2048
@@ -76,7 +85,9 @@ class EngineConfig:
     stop_bound_s: float = 0.0
 
     def __post_init__(self):
-        _check_choice('engine.dtype', self.dtype, ('float32', 'float16', 'bfloat16'))
+        _check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
+        _check_choice('engine.forward', self.forward, FORWARDS)
+        _check_choice('engine.decode_weights', self.decode_weights, WEIGHT_FORMATS)
         _check_nonneg('engine.stop_bound_s', self.stop_bound_s)
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ValueError(f'engine.threads must be an int >= 0, got {self.threads!r}')

@@ -1,20 +1,19 @@
 """LLM engine: chunked prefill, KV-cache eviction chosen after the prefill, greedy decoding.
 
-kvpress compresses the cache *during* the prefill with a ratio fixed beforehand, but TimeBill
-chooses the eviction ratio alpha *after* the prefill (the length predictor runs alongside it).
-So the prefill evicts nothing: forward pre-hooks on every attention module keep what the
-scorer needs (the attention input of the last ``window_size + 1`` prompt positions and their
-RoPE ``position_embeddings``). :meth:`LlmEngine.evict` then scores the full prompt keys of each
-layer with a kvpress scorer and writes the kept keys/values back into the ``DynamicCache``.
-Decoding feeds the true positions (``position_ids`` = N_x, N_x + 1, ...) although the evicted
-cache is shorter, so RoPE stays right; ``cache_position`` is left to transformers (the index
-in the shortened cache).
+The forward pass runs on a :class:`~timebill_ros.engine.forward.Forward` chosen by
+``engine.forward``: the lean Llama forward on a preallocated KV cache (Llama-family models,
+optional 16-bit decode weights) or transformers' own modules on a DynamicCache (every other
+model). The prefill evicts nothing: it keeps what the scorer needs (each attention layer's
+input at the last ``window_size + 1`` prompt positions and their RoPE ``position_embeddings``);
+:meth:`LlmEngine.evict` then scores the full prompt keys of each layer with a kvpress scorer
+and keeps the best positions per layer and KV head. Decoding feeds the true positions
+(N_x, N_x + 1, ...) although the evicted cache is shorter, so RoPE stays right.
 
 Stopping: ``stop`` criteria are checked before every prefill chunk and decoding step; the
-``interrupt`` criteria (cancel, the Kill deadline) are also checked by a forward pre-hook
-before every decoder layer and between the layers of an eviction, so a stop lands within one
-layer of work (tens of ms here) even inside a long prefill chunk. An interrupted forward pass
-leaves the cache half-written: the goal it belongs to is over, its state is discarded.
+``interrupt`` criteria (cancel, the Kill deadline) are also checked before every decoder layer
+and between the layers of an eviction, so a stop lands within one layer of work (tens of ms
+here) even inside a long prefill chunk. An interrupted forward pass leaves the cache
+half-written: the goal it belongs to is over, its state is discarded.
 The chunk sizes of a prefill come from a per-call ``chunk_plan`` (the server sizes them from
 the time model); the observation window is captured across chunk edges, so any chunking works.
 
@@ -27,12 +26,14 @@ import time
 from typing import Callable, Optional
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
-from timebill_ros.eviction import gather_positions, keep_indices, make_scorer, n_keep_for
+from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
+from timebill_ros.engine.hf_forward import TransformersForward
+from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
+from timebill_ros.eviction import keep_indices, make_scorer, n_keep_for
 from timebill_ros.latency.probe import Probe
 from timebill_ros.stopping import EOS, MAX_TOKENS, StepTimer, StopCriteria
 
@@ -52,39 +53,17 @@ class GenerationStopped(Exception):
         self.reason = reason
 
 
-class _Interrupted(Exception):
-    """Raised by a layer hook to abandon a forward pass; ``reason`` as in stopping.py."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclasses.dataclass
-class ScorerInputs:
-    """What one layer's scorer needs, captured during the prefill.
-
-    module: the attention module. hidden_states: its input at the last ``window_size + 1``
-    prompt positions, (1, W + 1, hidden). kwargs: ``position_embeddings`` (cos, sin) of those
-    positions, each (1, W + 1, head_dim).
-    """
-
-    module: torch.nn.Module
-    hidden_states: torch.Tensor
-    kwargs: dict
-
-
 @dataclasses.dataclass
 class PrefillState:
     """Result of :meth:`LlmEngine.prefill`, consumed by ``evict`` and ``decode``.
 
-    cache: the KV cache, N_x tokens per layer until evicted. n_x: prompt tokens.
+    cache: the forward's KV cache, N_x tokens per layer until evicted. n_x: prompt tokens.
     first_token: greedy token after the prompt (generated token 1).
     scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
     n_chunks: forward passes the prefill took (each pays a per-call overhead).
     """
 
-    cache: DynamicCache
+    cache: object
     n_x: int
     first_token: int
     scorer_inputs: Optional[dict]
@@ -126,79 +105,6 @@ def _chunk_size(plan, begin: int, n_tokens: int) -> int:
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f'chunk plan gave {size!r} tokens at position {begin}; need an int >= 1')
     return min(size, n_tokens - begin)
-
-
-class _LayerChecks:
-    """Context manager: check ``interrupt`` before every decoder layer (forward pre-hooks).
-
-    ``n_generated`` / ``n_prefilled`` are set by the engine before each forward pass and
-    handed to the criteria. With no interrupt criteria no hook is registered.
-    """
-
-    def __init__(self, layers, interrupt: Optional[StopCriteria]):
-        """Prepare hooks on ``layers`` (decoder layers) checking ``interrupt``."""
-        self.layers = layers
-        self.interrupt = interrupt
-        self.n_generated = 0
-        self.n_prefilled = None
-        self._handles = []
-
-    def __enter__(self):
-        """Register the hooks (none when there is nothing to check)."""
-        if self.interrupt is not None and self.interrupt.criteria:
-            self._handles = [layer.register_forward_pre_hook(self._hook) for layer in self.layers]
-        return self
-
-    def __exit__(self, *exc):
-        """Remove the hooks."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    def _hook(self, module, args):
-        reason = self.interrupt.check(self.n_generated, None, self.n_prefilled)
-        if reason is not None:
-            raise _Interrupted(reason)
-
-
-class _Capture:
-    """Context manager: pre-hooks keeping each attention layer's last-positions inputs."""
-
-    def __init__(self, modules, n_positions: int):
-        """Prepare hooks on ``modules`` (attention layers) for ``n_positions`` positions."""
-        self.modules = modules
-        self.n_positions = n_positions
-        self.inputs = {}
-        self._handles = []
-
-    def __enter__(self):
-        """Register the hooks."""
-        for module in self.modules:
-            self._handles.append(
-                module.register_forward_pre_hook(self._hook, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc):
-        """Remove the hooks."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _hook(self, module, args, kwargs):
-        """Keep the last ``n_positions`` inputs seen so far, across chunk edges."""
-        hidden = kwargs['hidden_states'] if 'hidden_states' in kwargs else args[0]
-        cos, sin = kwargs['position_embeddings']
-        previous = self.inputs.get(module.layer_idx)
-        if previous is not None and hidden.shape[1] < self.n_positions:
-            # A chunk shorter than the window: prepend the tail of the chunks before it.
-            old_cos, old_sin = previous.kwargs['position_embeddings']
-            hidden = torch.cat([previous.hidden_states, hidden], dim=1)
-            cos, sin = torch.cat([old_cos, cos], dim=1), torch.cat([old_sin, sin], dim=1)
-        tail = -self.n_positions
-        # clone(): a slice would keep the whole chunk's tensors alive.
-        self.inputs[module.layer_idx] = ScorerInputs(
-            module, hidden[:, tail:].clone(),
-            {'position_embeddings': (cos[:, tail:].clone(), sin[:, tail:].clone())})
 
 
 class _TextStream:
@@ -264,6 +170,10 @@ class LlmEngine:
         self.scorer = make_scorer(eviction_config)
         self.clock = clock
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
+        self.forward = make_forward(self.model, engine_config)
+        # Forward passes run so far (prefill chunks and decoding steps): shows that the
+        # model never ran for a goal, whatever forward is in use.
+        self.n_forward_passes = 0
 
     @classmethod
     def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig) -> 'LlmEngine':
@@ -333,23 +243,23 @@ class LlmEngine:
         plan = chunk_plan or fixed_chunks(self.engine_config.prefill_chunk_tokens)
         window = self.eviction_config.window_size
         start = self.clock()
-        cache = DynamicCache(config=self.model.config)
+        cache = self.forward.new_cache()
         begin, n_chunks = 0, 0
-        with torch.inference_mode(), _Capture(self._attention_modules(), window + 1) as capture, \
-                _LayerChecks(self.model.model.layers, interrupt) as checks:
+        hooks = PassHooks(interrupt, window + 1)
+        with torch.inference_mode(), self.forward.hooked(hooks):
             while begin < len(ids):
                 reason = stop.check(0, None, begin)
                 if reason is not None:
                     raise GenerationStopped(reason)
                 end = begin + _chunk_size(plan, begin, len(ids))
-                checks.n_prefilled = begin
+                hooks.n_prefilled = begin
                 try:
-                    logits = self._forward(ids[begin:end], begin, cache)
-                except _Interrupted as exc:
+                    logits = self._forward(ids[begin:end], begin, cache, step=False)
+                except Interrupted as exc:
                     raise GenerationStopped(exc.reason) from None
                 begin, n_chunks = end, n_chunks + 1
         first = int(logits.argmax())
-        return PrefillState(cache, len(ids), first, capture.inputs, self.clock() - start,
+        return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
                             n_chunks)
 
     def evict(self, state: PrefillState, alpha: float,
@@ -369,11 +279,11 @@ class LlmEngine:
         if inputs is None or state.n_kv != state.n_x:
             raise RuntimeError('evict() runs once, after prefill() and before decode()')
         with torch.inference_mode():
-            for layer_idx, layer in enumerate(state.cache.layers):
+            for layer_idx in range(self.n_layers):
                 reason = None if interrupt is None else interrupt.check(0, None)
                 if reason is not None:
                     raise GenerationStopped(reason)
-                self._evict_layer(layer, inputs[layer_idx], n_keep)
+                self._evict_layer(state.cache, layer_idx, inputs[layer_idx], n_keep)
         return state.n_kv
 
     def decode(self, state: PrefillState, n_max: int, stop: StopCriteria,
@@ -399,8 +309,8 @@ class LlmEngine:
         stream = _TextStream(self.tokenizer, on_tokens, feedback_every)
         tokens = [state.first_token]
         stream.after_token(tokens)
-        with torch.inference_mode(), \
-                _LayerChecks(self.model.model.layers, interrupt) as checks:
+        hooks = PassHooks(interrupt)
+        with torch.inference_mode(), self.forward.hooked(hooks):
             while True:
                 reason = stop.check(len(tokens), tokens[-1])
                 if reason is None and len(tokens) >= limit:
@@ -408,10 +318,10 @@ class LlmEngine:
                 if reason is not None:
                     break
                 position = state.n_x + len(tokens) - 1
-                checks.n_generated = len(tokens)
+                hooks.n_generated = len(tokens)
                 try:
-                    logits = self._forward(tokens[-1:], position, state.cache)
-                except _Interrupted as exc:
+                    logits = self._forward(tokens[-1:], position, state.cache, step=True)
+                except Interrupted as exc:
                     reason = exc.reason
                     break
                 tokens.append(int(logits.argmax()))
@@ -460,29 +370,22 @@ class LlmEngine:
                     feedback_every=self.engine_config.feedback_every_tokens)
         return Probe(n_in, n_out, state.prefill_s, tuple(timer.step_durations_s()))
 
-    def _forward(self, token_ids: list, position: int, cache: DynamicCache) -> torch.Tensor:
+    def layer_kv(self, state: PrefillState, layer_idx: int):
+        """Return layer ``layer_idx``'s live keys and values of ``state``, each (1, H, N, D)."""
+        return self.forward.layer_kv(state.cache, layer_idx)
+
+    def _forward(self, token_ids: list, position: int, cache, step: bool) -> torch.Tensor:
         """Run ``token_ids`` at positions ``position``...; return the last logits, (vocab,)."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-        positions = torch.arange(position, position + len(token_ids), device=self.device)
-        out = self.model(input_ids=ids, position_ids=positions.unsqueeze(0),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1]
+        self.n_forward_passes += 1
+        return self.forward.run(token_ids, position, cache, step)
 
-    def _evict_layer(self, layer, inputs: ScorerInputs, n_keep: int) -> None:
+    def _evict_layer(self, cache, layer_idx: int, inputs, n_keep: int) -> None:
         """Score one layer's prompt KV and keep its best ``n_keep`` positions per KV head."""
-        if type(layer) is not DynamicLayer:
-            raise TypeError(f'KV eviction needs a full DynamicLayer cache, got {type(layer)}')
-        scores = self.scorer.score(inputs.module, inputs.hidden_states, layer.keys,
-                                   layer.values, inputs.kwargs, n_keep=n_keep)
+        keys, values = self.forward.layer_kv(cache, layer_idx)
+        scores = self.scorer.score(inputs.module, inputs.hidden_states, keys, values,
+                                   inputs.kwargs, n_keep=n_keep)
         keep = keep_indices(scores, n_keep, self.eviction_config.window_size)
-        # DynamicLayer (transformers 5.2) holds plain (B, H, N, D) tensors and concatenates
-        # new tokens to them; its length is keys.shape[-2], so replacing them is enough.
-        layer.keys = gather_positions(layer.keys, keep)
-        layer.values = gather_positions(layer.values, keep)
-
-    def _attention_modules(self) -> list:
-        """Return the self-attention module of every decoder layer."""
-        return [layer.self_attn for layer in self.model.model.layers]
+        self.forward.keep(cache, layer_idx, keep)
 
     def _check_ids(self, input_ids) -> list:
         """Return ``input_ids`` as a list after checking type, range and length."""
@@ -515,6 +418,21 @@ def _check_count(name: str, value, maximum: Optional[int] = None) -> None:
         raise ValueError(f'{name} must be an int >= 1, got {value!r}')
     if maximum is not None and value > maximum:
         raise ValueError(f'{name} must be <= {maximum}, got {value!r}')
+
+
+def make_forward(model, engine_config: EngineConfig) -> Forward:
+    """Return the forward pass ``engine_config.forward`` names for ``model``.
+
+    ``auto``: the lean forward when the model is Llama-family, else transformers'.
+    ``engine.decode_weights`` applies to the lean forward only.
+    """
+    reason = unsupported_reason(model)
+    choice = engine_config.forward
+    if choice == 'transformers' or (choice == 'auto' and reason is not None):
+        return TransformersForward(model)
+    if reason is not None:
+        raise ValueError(f'engine.forward is lean, but {reason}')
+    return LeanLlamaForward(model, DTYPES[engine_config.decode_weights])
 
 
 def _load_tokenizer(model_dir):

@@ -144,11 +144,16 @@ def key_fields(engine_config):
 
     The model key is :func:`timebill_ros.model_source.model_key` (what ``engine.model_key``
     returns), so the CLI, the server and this module agree on calibration file names.
+    ``dtype`` names the whole weight format, ``<dtype>-<forward>-<decode_weights>`` (e.g.
+    ``float32-auto-float16``): the forward pass and the decode weights change the speed as
+    much as the dtype does, so each combination gets its own calibration.
     """
     if not isinstance(engine_config, EngineConfig):
         raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
-    return (model_source.model_key(engine_config), engine_config.device,
-            engine_config.dtype, engine_config.threads)
+    weight_format = (f'{engine_config.dtype}-{engine_config.forward}-'
+                     f'{engine_config.decode_weights}')
+    return (model_source.model_key(engine_config), engine_config.device, weight_format,
+            engine_config.threads)
 
 
 def _check_engine(engine):

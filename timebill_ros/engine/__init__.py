@@ -1,0 +1,7 @@
+"""The LLM engine: prefill / evict / decode over a forward pass and its KV cache."""
+
+from timebill_ros.engine.llm_engine import (DTYPES, DecodeResult, GenerationStopped, LlmEngine,
+                                            PrefillState, fixed_chunks, make_forward)
+
+__all__ = ['DTYPES', 'DecodeResult', 'GenerationStopped', 'LlmEngine', 'PrefillState',
+           'fixed_chunks', 'make_forward']

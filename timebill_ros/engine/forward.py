@@ -1,0 +1,122 @@
+"""The forward-pass interface the engine runs on, and what it asks of every pass.
+
+Two implementations: ``hf_forward.TransformersForward`` (any transformers causal LM,
+DynamicCache, module hooks) and ``lean_llama.LeanLlamaForward`` (Llama-family models, a
+preallocated KV cache, optional 16-bit decode weights). Both call :class:`PassHooks` before
+every decoder layer (interrupts) and, during the prefill, with each attention layer's input
+(what the eviction scorer needs).
+"""
+
+import contextlib
+import dataclasses
+from typing import Optional
+
+import torch
+
+from timebill_ros.stopping import StopCriteria
+
+
+class Interrupted(Exception):
+    """Raised before a decoder layer to abandon a forward pass; ``reason`` as in stopping.py."""
+
+    def __init__(self, reason: str):
+        """Keep ``reason``."""
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class ScorerInputs:
+    """What one layer's scorer needs, captured during the prefill.
+
+    module: the attention module. hidden_states: its input at the last ``window_size + 1``
+    prompt positions, (1, W + 1, hidden). kwargs: ``position_embeddings`` (cos, sin) of those
+    positions, each (1, W + 1, head_dim).
+    """
+
+    module: torch.nn.Module
+    hidden_states: torch.Tensor
+    kwargs: dict
+
+
+class PassHooks:
+    """Per-layer work the engine wants done during forward passes.
+
+    interrupt: checked before every decoder layer (none registered when it has no criteria);
+    ``n_generated`` / ``n_prefilled`` are set by the engine before each pass and handed to it.
+    n_positions: > 0 keeps each attention layer's last ``n_positions`` inputs in ``inputs``
+    (layer index -> ScorerInputs), across chunk edges.
+    """
+
+    def __init__(self, interrupt: Optional[StopCriteria] = None, n_positions: int = 0):
+        """Check ``interrupt`` per layer; capture ``n_positions`` attention inputs (0: none)."""
+        self.interrupt = interrupt if interrupt is not None and interrupt.criteria else None
+        self.n_positions = n_positions
+        self.n_generated = 0
+        self.n_prefilled = None
+        self.inputs = {}
+
+    @property
+    def checks_layers(self) -> bool:
+        """True when something is checked before each layer."""
+        return self.interrupt is not None
+
+    @property
+    def captures(self) -> bool:
+        """True when attention inputs are kept."""
+        return self.n_positions > 0
+
+    def before_layer(self) -> None:
+        """Raise :class:`Interrupted` when an interrupt criterion fires."""
+        if self.interrupt is None:
+            return
+        reason = self.interrupt.check(self.n_generated, None, self.n_prefilled)
+        if reason is not None:
+            raise Interrupted(reason)
+
+    def keep_inputs(self, layer_idx: int, module, hidden, cos, sin) -> None:
+        """Keep the last ``n_positions`` attention inputs of layer ``layer_idx``.
+
+        hidden: (1, n, hidden); cos, sin: (1, n, head_dim). A chunk shorter than the window is
+        prepended with the tail of the chunks before it.
+        """
+        previous = self.inputs.get(layer_idx)
+        if previous is not None and hidden.shape[1] < self.n_positions:
+            old_cos, old_sin = previous.kwargs['position_embeddings']
+            hidden = torch.cat([previous.hidden_states, hidden], dim=1)
+            cos, sin = torch.cat([old_cos, cos], dim=1), torch.cat([old_sin, sin], dim=1)
+        tail = -self.n_positions
+        # clone(): a slice would keep the whole chunk's tensors alive.
+        self.inputs[layer_idx] = ScorerInputs(
+            module, hidden[:, tail:].clone(),
+            {'position_embeddings': (cos[:, tail:].clone(), sin[:, tail:].clone())})
+
+
+class Forward:
+    """A model's forward pass over a KV cache; subclasses override the methods below."""
+
+    name = 'base'
+
+    def new_cache(self):
+        """Return an empty KV cache for one goal."""
+        raise NotImplementedError
+
+    def hooked(self, hooks: PassHooks):
+        """Context manager: passes run inside it call ``hooks``."""
+        return contextlib.nullcontext()
+
+    def run(self, token_ids: list, position: int, cache, step: bool) -> torch.Tensor:
+        """Run ``token_ids`` at true positions ``position``...; return the last logits, (vocab,).
+
+        step: True for a one-token decoding step (16-bit decode weights apply), False for a
+        prefill chunk.
+        """
+        raise NotImplementedError
+
+    def layer_kv(self, cache, layer_idx: int):
+        """Return layer ``layer_idx``'s live keys and values, each (1, H, N, D)."""
+        raise NotImplementedError
+
+    def keep(self, cache, layer_idx: int, indices: torch.Tensor) -> None:
+        """Keep positions ``indices`` (1, H, K), ascending, of layer ``layer_idx``."""
+        raise NotImplementedError

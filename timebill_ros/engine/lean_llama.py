@@ -1,0 +1,200 @@
+"""A lean forward pass for Llama-family models (Llama, SmolLM2, TinyLlama, Qwen2) on KvCache.
+
+Why by hand: transformers' modules re-copy a DynamicCache every step and cannot attend over a
+per-layer preallocated cache; a plain loop over the layers' own weights can, costs less Python
+per step, and lets each one-token step use 16-bit weight copies (on this CPU fp16 weights run
+the one-token matmuls ~2x faster than MKL's fp32; PLATFORM.md). The weights are the loaded
+transformers model's own tensors (no copy for fp32); the prefill always runs in the model's
+dtype. The maths follows transformers' LlamaDecoderLayer with sdpa attention, op for op, so
+fp32 output matches the transformers path (test_lean_llama.py).
+
+Shapes: n = tokens in the pass, H_q / H_kv = query / KV heads, D = head dim.
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from timebill_ros.engine.forward import Forward, PassHooks
+from timebill_ros.engine.kv_cache import KvCache
+
+MODEL_TYPES = ('llama', 'qwen2')
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Return why ``model`` cannot run on the lean forward, or None when it can."""
+    config = model.config
+    if config.model_type not in MODEL_TYPES:
+        return f'model_type {config.model_type!r} is not one of {MODEL_TYPES}'
+    if getattr(config, 'hidden_act', 'silu') != 'silu':
+        return f'hidden_act {config.hidden_act!r} is not silu'
+    if getattr(config, 'use_sliding_window', False):
+        return 'sliding-window attention'
+    if getattr(config, 'pretraining_tp', 1) not in (None, 1):
+        return f'pretraining_tp {config.pretraining_tp}'
+    return None
+
+
+class _Linear:
+    """y = x W^T + b over the weights of one or more nn.Linear (their outputs concatenated).
+
+    The model-dtype path uses the modules' own tensors (a single module: no copy). With
+    ``step_dtype`` set, one-token steps use a concatenated copy in that dtype.
+    """
+
+    def __init__(self, modules, step_dtype: Optional[torch.dtype]):
+        """Wrap ``modules`` (nn.Linear, same input size); copy weights to ``step_dtype``."""
+        self.parts = [(m.weight, m.bias) for m in modules]
+        self.step_weight = self.step_bias = None
+        if step_dtype is not None:
+            with torch.no_grad():
+                self.step_weight = torch.cat([w for w, _ in self.parts]).to(step_dtype)
+                biases = [b for _, b in self.parts]
+                if any(b is not None for b in biases):
+                    self.step_bias = torch.cat([
+                        b if b is not None else w.new_zeros(w.shape[0])
+                        for (w, _), b in zip(self.parts, biases)]).to(step_dtype)
+
+    def __call__(self, x: torch.Tensor, step: bool):
+        """Return the outputs, one tensor per module, in ``x``'s dtype."""
+        if step and self.step_weight is not None:
+            y = F.linear(x.to(self.step_weight.dtype), self.step_weight, self.step_bias)
+            y = y.to(x.dtype)
+            if len(self.parts) == 1:
+                return (y,)
+            return y.split([w.shape[0] for w, _ in self.parts], dim=-1)
+        return tuple(F.linear(x, w, b) for w, b in self.parts)
+
+
+def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """Return LlamaRMSNorm(x) as transformers computes it: normalise in fp32, scale."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _Layer:
+    """One decoder layer's weights and shapes."""
+
+    def __init__(self, layer, step_dtype):
+        """Take ``layer``'s (a transformers decoder layer) weights."""
+        attn, mlp = layer.self_attn, layer.mlp
+        self.attn = attn
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.qkv = _Linear([attn.q_proj, attn.k_proj, attn.v_proj], step_dtype)
+        self.out = _Linear([attn.o_proj], step_dtype)
+        self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj], step_dtype)
+        self.down = _Linear([mlp.down_proj], step_dtype)
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+
+
+class LeanLlamaForward(Forward):
+    """Llama-family forward over a :class:`KvCache`; see the module docstring."""
+
+    name = 'lean'
+
+    def __init__(self, model, step_dtype: Optional[torch.dtype] = None):
+        """Use ``model``'s weights; one-token steps in ``step_dtype`` (None: model dtype)."""
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f'the lean forward cannot run this model: {reason}')
+        if step_dtype == model.dtype:
+            step_dtype = None
+        config, base = model.config, model.model
+        self.model = model
+        self.step_dtype = step_dtype
+        self.embed = base.embed_tokens
+        self.layers = [_Layer(layer, step_dtype) for layer in base.layers]
+        self.final_norm = base.norm
+        self.lm_head = _Linear([model.lm_head], step_dtype)
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = self.layers[0].head_dim
+        self._hooks = PassHooks()
+        with torch.inference_mode():
+            positions = torch.arange(config.max_position_embeddings, device=model.device)
+            probe = self.embed.weight[:1].unsqueeze(0)
+            cos, sin = base.rotary_emb(probe, positions.unsqueeze(0))
+        # RoPE tables of every position, (positions, D): rows are what rotary_emb returns.
+        self.cos, self.sin = cos[0], sin[0]
+
+    def new_cache(self) -> KvCache:
+        """Return an empty cache in the model's dtype and device."""
+        return KvCache(len(self.layers), self.n_kv_heads, self.head_dim, self.model.dtype,
+                       self.model.device)
+
+    def hooked(self, hooks: PassHooks):
+        """Context manager: passes inside it call ``hooks``."""
+        return _Using(self, hooks)
+
+    def layer_kv(self, cache: KvCache, layer_idx: int):
+        """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
+        return cache.layer_kv(layer_idx)
+
+    def keep(self, cache: KvCache, layer_idx: int, indices: torch.Tensor) -> None:
+        """Keep positions ``indices`` (1, H_kv, K) of layer ``layer_idx``."""
+        cache.keep(layer_idx, indices)
+
+    def run(self, token_ids: list, position: int, cache: KvCache, step: bool) -> torch.Tensor:
+        """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""
+        device = self.model.device
+        ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+        n_tokens = len(token_ids)
+        cos = self.cos[position:position + n_tokens].unsqueeze(0)
+        sin = self.sin[position:position + n_tokens].unsqueeze(0)
+        x = self.embed(ids)
+        hooks = self._hooks
+        for layer_idx, layer in enumerate(self.layers):
+            hooks.before_layer()
+            x = self._layer(layer_idx, layer, x, cos, sin, cache, step)
+        last = _rms_norm(x[:, -1:], self.final_norm)
+        return self.lm_head(last, step)[0][0, -1]
+
+    def _layer(self, layer_idx, layer, x, cos, sin, cache, step):
+        """One decoder layer; x: (1, n, hidden) -> (1, n, hidden)."""
+        n_tokens = x.shape[1]
+        h = _rms_norm(x, layer.input_norm)
+        if self._hooks.captures and not step:
+            self._hooks.keep_inputs(layer_idx, layer.attn, h, cos, sin)
+        q, k, v = layer.qkv(h, step)
+        q = q.view(1, n_tokens, -1, layer.head_dim).transpose(1, 2)
+        k = k.view(1, n_tokens, -1, layer.head_dim).transpose(1, 2)
+        v = v.view(1, n_tokens, -1, layer.head_dim).transpose(1, 2)
+        cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos4 + _rotate_half(q) * sin4
+        k = k * cos4 + _rotate_half(k) * sin4
+        n_before = cache.get_seq_length(layer_idx)
+        keys, values = cache.append(layer_idx, k, v)
+        mask = None
+        if n_tokens > 1 and n_before > 0:  # a later prefill chunk: causal over the whole cache
+            mask = torch.ones(n_tokens, n_before + n_tokens, dtype=torch.bool,
+                              device=x.device).tril(diagonal=n_before)
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=n_tokens > 1 and mask is None,
+            scale=layer.scaling, enable_gqa=True)
+        attn = attn.transpose(1, 2).reshape(1, n_tokens, -1)
+        x = x + layer.out(attn, step)[0]
+        h = _rms_norm(x, layer.post_norm)
+        gate, up = layer.gate_up(h, step)
+        return x + layer.down(F.silu(gate) * up, step)[0]
+
+
+class _Using:
+    """Context manager setting a LeanLlamaForward's hooks for the passes inside it."""
+
+    def __init__(self, forward: LeanLlamaForward, hooks: PassHooks):
+        self.forward, self.hooks = forward, hooks
+
+    def __enter__(self):
+        self.previous, self.forward._hooks = self.forward._hooks, self.hooks
+        return self.hooks
+
+    def __exit__(self, *exc):
+        self.forward._hooks = self.previous
