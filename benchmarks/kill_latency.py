@@ -128,13 +128,29 @@ class _Goal:
         self.done.set()
 
 
+def _forward_counter(engine):
+    """Return a callable giving the model's forward passes so far.
+
+    The engine counts them (any forward pass); trees from before that count hook the model.
+    """
+    if hasattr(engine, 'n_forward_passes'):
+        return lambda: engine.n_forward_passes
+    calls = [0]
+
+    def count(module, args, kwargs):
+        calls[0] += 1
+
+    engine.model.register_forward_pre_hook(count, with_kwargs=True)
+    return lambda: calls[0]
+
+
 def _run_goal(service, status, GoalRequest, goal, forward_calls):
     clock = service.clock
     rec = _Goal(clock)
     request = GoalRequest(prompt_of(goal['index'], goal['log_lines']), budget_s=goal['budget_s'],
                           max_new_tokens=goal['max_new_tokens'],
                           overrun_policy=status.POLICY_KILL)
-    calls_before = forward_calls[0]
+    calls_before = forward_calls()
     submitted = clock()
     job = service.submit(request, rec.on_feedback, rec.on_done, received_s=submitted)
     cancel_at = None
@@ -162,7 +178,7 @@ def _run_goal(service, status, GoalRequest, goal, forward_calls):
         'decode_start_s': phases.get(status.PHASE_DECODE),
         'status': result.status_name, 'message': result.message,
         'response_tokens': result.response_tokens, 'alpha': result.eviction_ratio,
-        'forward_passes': forward_calls[0] - calls_before,
+        'forward_passes': forward_calls() - calls_before,
         'infeasible': bool(getattr(result, 'infeasible', False))}
 
 
@@ -183,12 +199,7 @@ def run(out, label, limit=0):
     service = build_service(config, log=print)
     steps = _measure_steps(service.engine)
     print(f'{label}: decoding step ' + ', '.join(f'{t * 1e3:.1f} ms @{n}' for n, t in steps))
-    forward_calls = [0]
-
-    def count(module, args, kwargs):
-        forward_calls[0] += 1
-
-    service.engine.model.register_forward_pre_hook(count, with_kwargs=True)
+    forward_calls = _forward_counter(service.engine)
     service.start()
     rows = []
     started = time.monotonic()
