@@ -89,6 +89,12 @@ def cmd_demo(args, ros_args):
     return run_demo(params_file=args.params, wait_s=args.wait)
 
 
+def cmd_enginebench(args, ros_args):
+    """Decode / prefill speed and greedy agreement of each engine format, side by side."""
+    from timebill_ros.enginebench import run_enginebench
+    return run_enginebench(args)
+
+
 def cmd_bench(args, ros_args):
     """Run the TimeBill benchmark through the real node."""
     from timebill_ros.bench import run_bench
@@ -161,6 +167,14 @@ def build_parser():
     bench.add_argument('--methods', default='',
                        help='comma list of methods (vanilla is always run); default all')
     bench.set_defaults(func=cmd_bench)
+    engine_bench = sub.add_parser('enginebench', help=cmd_enginebench.__doc__)
+    engine_bench.add_argument('--out', default='benchmarks/results/engine')
+    engine_bench.add_argument('--threads', type=int, default=0, help='0 = torch default')
+    engine_bench.add_argument('--rounds', type=int, default=3)
+    engine_bench.add_argument('--steps', type=int, default=16, help='decoding steps a round')
+    engine_bench.add_argument('--quick', action='store_true',
+                              help='KV 100/1000, prefill 128/512, 2 prompts')
+    engine_bench.set_defaults(func=cmd_enginebench)
     from timebill_ros.rlp import cli as rlp_cli
     rlp_cli.add_parser(sub)
     from timebill_ros.latency import cli as latency_cli

@@ -113,6 +113,25 @@ class Forward:
         """
         raise NotImplementedError
 
+    max_batch = 1  # rows one :meth:`run_step` can take
+
+    def run_step(self, token_ids: list, positions: list, caches: list, hooks: list):
+        """Run one decoding step of B goals, row r: ``token_ids[r]`` at ``positions[r]``.
+
+        Each row has its own cache and its own :class:`PassHooks`; a row whose interrupt
+        fires before a layer leaves the step there, the others go on. Returns
+        ``(logits, interrupted)``: row -> last logits (vocab,), row -> stop reason.
+        This default takes one row (B = 1) through :meth:`run`.
+        """
+        if len(token_ids) != 1:
+            raise ValueError(f'{self.name} forward decodes one goal per step, got '
+                             f'{len(token_ids)}')
+        with self.hooked(hooks[0]):
+            try:
+                return {0: self.run(token_ids[:1], positions[0], caches[0], True)}, {}
+            except Interrupted as exc:
+                return {}, {0: exc.reason}
+
     def layer_kv(self, cache, layer_idx: int):
         """Return layer ``layer_idx``'s live keys and values, each (1, H, N, D)."""
         raise NotImplementedError

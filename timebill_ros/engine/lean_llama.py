@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from timebill_ros.engine.forward import Forward, PassHooks
+from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
 from timebill_ros.engine.kv_cache import KvCache
 
 MODEL_TYPES = ('llama', 'qwen2')
@@ -156,6 +156,61 @@ class LeanLlamaForward(Forward):
             x = self._layer(layer_idx, layer, x, cos, sin, cache, step)
         last = _rms_norm(x[:, -1:], self.final_norm)
         return self.lm_head(last, step)[0][0, -1]
+
+    max_batch = 64
+
+    def run_step(self, token_ids: list, positions: list, caches: list, hooks: list):
+        """Run one decoding step of B goals together (see :meth:`Forward.run_step`).
+
+        The linear layers run on all B rows at once (their weights are read once per step,
+        which is what batching buys on a memory-bound CPU); attention runs per row over that
+        row's own cache and live length. A row whose interrupt fires leaves the step before
+        that layer.
+        """
+        device = self.model.device
+        rows = list(range(len(token_ids)))
+        x = self.embed(torch.tensor(token_ids, dtype=torch.long, device=device)).unsqueeze(1)
+        index = torch.tensor(positions, dtype=torch.long, device=device)
+        cos, sin = self.cos[index].unsqueeze(1), self.sin[index].unsqueeze(1)  # (B, 1, D)
+        interrupted = {}
+        for layer_idx, layer in enumerate(self.layers):
+            alive = []
+            for i, row in enumerate(rows):
+                try:
+                    hooks[row].before_layer()
+                    alive.append(i)
+                except Interrupted as exc:
+                    interrupted[row] = exc.reason
+            if not alive:
+                return {}, interrupted
+            if len(alive) < len(rows):
+                x, cos, sin = x[alive], cos[alive], sin[alive]
+                rows = [rows[i] for i in alive]
+            x = self._step_layer(layer_idx, layer, x, cos, sin, [caches[r] for r in rows])
+        logits = self.lm_head(_rms_norm(x, self.final_norm), True)[0]  # (B, 1, vocab)
+        return {row: logits[i, -1] for i, row in enumerate(rows)}, interrupted
+
+    def _step_layer(self, layer_idx, layer, x, cos, sin, caches):
+        """One decoder layer for B one-token rows; x: (B, 1, hidden) -> (B, 1, hidden)."""
+        n_rows = x.shape[0]
+        h = _rms_norm(x, layer.input_norm)
+        q, k, v = layer.qkv(h, True)
+        q = q.view(n_rows, 1, -1, layer.head_dim).transpose(1, 2)
+        k = k.view(n_rows, 1, -1, layer.head_dim).transpose(1, 2)
+        v = v.view(n_rows, 1, -1, layer.head_dim).transpose(1, 2)
+        cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos4 + _rotate_half(q) * sin4
+        k = k * cos4 + _rotate_half(k) * sin4
+        outs = []
+        for i, cache in enumerate(caches):
+            keys, values = cache.append(layer_idx, k[i:i + 1], v[i:i + 1])
+            outs.append(F.scaled_dot_product_attention(
+                q[i:i + 1], keys, values, scale=layer.scaling, enable_gqa=True))
+        attn = (outs[0] if n_rows == 1 else torch.cat(outs)).transpose(1, 2)
+        x = x + layer.out(attn.reshape(n_rows, 1, -1), True)[0]
+        h = _rms_norm(x, layer.post_norm)
+        gate, up = layer.gate_up(h, True)
+        return x + layer.down(F.silu(gate) * up, True)[0]
 
     def _layer(self, layer_idx, layer, x, cos, sin, cache, step):
         """One decoder layer; x: (1, n, hidden) -> (1, n, hidden)."""

@@ -30,12 +30,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
 from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
 from timebill_ros.eviction import keep_indices, make_scorer, n_keep_for
 from timebill_ros.latency.probe import Probe
-from timebill_ros.stopping import EOS, MAX_TOKENS, StepTimer, StopCriteria
+from timebill_ros.stopping import StepTimer, StopCriteria
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # Chat templates' end-of-turn tokens; those the tokenizer knows count as EOS.
@@ -76,22 +77,6 @@ class PrefillState:
         return self.cache.get_seq_length()
 
 
-@dataclasses.dataclass
-class DecodeResult:
-    """Result of :meth:`LlmEngine.decode`.
-
-    token_ids: generated tokens, the EOS that stopped generation excluded. text: their text.
-    stop_reason: EOS, MAX_TOKENS, CANCELED or DEADLINE. decode_s: wall seconds of decode().
-    n_kv_final: tokens held in the cache per layer at the end.
-    """
-
-    token_ids: list
-    text: str
-    stop_reason: str
-    decode_s: float
-    n_kv_final: int
-
-
 def fixed_chunks(chunk_tokens: int) -> Callable[[int, int], int]:
     """Return a chunk plan giving ``chunk_tokens`` tokens per prefill chunk."""
     if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
@@ -105,42 +90,6 @@ def _chunk_size(plan, begin: int, n_tokens: int) -> int:
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise ValueError(f'chunk plan gave {size!r} tokens at position {begin}; need an int >= 1')
     return min(size, n_tokens - begin)
-
-
-class _TextStream:
-    """Incremental detokenizer for feedback: sends only text that is complete."""
-
-    def __init__(self, tokenizer, callback, every: int):
-        """Call ``callback(n_generated, new_text)`` every ``every`` tokens."""
-        self.tokenizer = tokenizer
-        self.callback = callback
-        self.every = every
-        self.sent = ''
-
-    def text(self, tokens) -> str:
-        """Return the text of ``tokens``, special tokens skipped, spaces untouched."""
-        # No space clean-up: it could rewrite text already sent.
-        return self.tokenizer.decode(tokens, skip_special_tokens=True,
-                                     clean_up_tokenization_spaces=False)
-
-    def after_token(self, tokens) -> None:
-        """Send the new text when len(tokens) is a multiple of ``every``."""
-        if self.callback is None or len(tokens) % self.every:
-            return
-        text = self.text(tokens)
-        if not text.endswith('\ufffd'):  # else wait for the rest of a multi-byte character
-            self._send(len(tokens), text)
-
-    def finish(self, tokens) -> str:
-        """Send any text not sent yet; return the full text."""
-        text = self.text(tokens)
-        if self.callback is not None and text != self.sent:
-            self._send(len(tokens), text)
-        return text
-
-    def _send(self, n_generated, text):
-        new_text, self.sent = text[len(self.sent):], text
-        self.callback(n_generated, new_text)
 
 
 class LlmEngine:
@@ -299,37 +248,16 @@ class LlmEngine:
         far. ``on_tokens(n_generated, new_text)`` gets the text produced since its previous
         call every ``feedback_every`` tokens, and once more at the end if text is left.
         """
-        for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f'{name} must be an int >= 1, got {value!r}')
-        start = self.clock()
-        state.scorer_inputs = None
-        # The last token is never fed: its position may be context_tokens at most.
-        limit = min(n_max, self.context_tokens - state.n_x + 1)
-        stream = _TextStream(self.tokenizer, on_tokens, feedback_every)
-        tokens = [state.first_token]
-        stream.after_token(tokens)
-        hooks = PassHooks(interrupt)
-        with torch.inference_mode(), self.forward.hooked(hooks):
-            while True:
-                reason = stop.check(len(tokens), tokens[-1])
-                if reason is None and len(tokens) >= limit:
-                    reason = MAX_TOKENS
-                if reason is not None:
-                    break
-                position = state.n_x + len(tokens) - 1
-                hooks.n_generated = len(tokens)
-                try:
-                    logits = self._forward(tokens[-1:], position, state.cache, step=True)
-                except Interrupted as exc:
-                    reason = exc.reason
-                    break
-                tokens.append(int(logits.argmax()))
-                stream.after_token(tokens)
-        if reason == EOS:  # EosStop fired on the last token: not part of the answer
-            tokens.pop()
-        text = stream.finish(tokens)
-        return DecodeResult(tokens, text, reason, self.clock() - start, state.n_kv)
+        batch = DecodeBatch(self)
+        batch.join(state, n_max, stop, on_tokens, feedback_every, interrupt)
+        while True:
+            finished = batch.step()
+            if finished:
+                return finished[0][1]
+
+    def new_batch(self) -> 'DecodeBatch':
+        """Return an empty :class:`DecodeBatch` on this engine (goals join between steps)."""
+        return DecodeBatch(self)
 
     def measure_prefill_s(self, n_x: int, repeats: int = 1) -> float:
         """Return the median seconds to prefill ``n_x`` random non-special tokens."""

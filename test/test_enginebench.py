@@ -1,0 +1,30 @@
+"""The engine benchmark's arithmetic and report (the timings themselves are not tested)."""
+
+from timebill_ros import enginebench
+
+
+def test_step_weight_bytes_halve_with_fp16_decode_weights(make_tiny_engine):
+    full = make_tiny_engine(forward='lean')
+    half = make_tiny_engine(forward='lean', decode_weights='float16')
+    model = full.model
+    linear = sum(m.weight.numel() for name, m in model.named_modules()
+                 if name.endswith('_proj'))
+    head = model.lm_head.weight.numel()
+    assert enginebench.step_weight_bytes(full) == 4 * (linear + head)
+    assert enginebench.step_weight_bytes(half) == 2 * (linear + head)
+
+
+def test_report_puts_formats_side_by_side():
+    rows = {'transformers fp32': enginebench.Row('transformers fp32', {100: [0.05, 0.052]},
+                                                 {128: [0.2]}),
+            'lean fp16': enginebench.Row('lean fp16', {100: [0.02, 0.021]}, {}, [
+                {'prompt_id': 'a', 'identical': False, 'same_prefix': 7, 'tokens': 64,
+                 'rouge_l': 0.5}], {1: [0.02], 8: [0.0085]})}
+    meta = {'model': 'm', 'threads': 2, 'command': 'timebill enginebench', 'rounds': 2,
+            'bandwidth_gbs': 30.0, 'floor_ms': {'transformers fp32': 15.0, 'lean fp16': 7.5},
+            'agreement_tokens': 64, 'llama_cpp': 'skipped'}
+    text = enginebench.report(rows, meta)
+    assert '| transformers fp32 | 51.0 | 1.00x | 15.0 | 0.20 |' in text
+    assert '| lean fp16 | 20.5 | 2.49x | 7.5 | (= fp32) |' in text
+    assert '| lean fp16 | 0/1 | 7 | 0.500 |' in text
+    assert '| lean fp16 | 20.0 (2.6x) | 8.5 (6.0x) |' in text

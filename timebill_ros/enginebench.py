@@ -1,0 +1,244 @@
+"""``timebill enginebench``: decoding and prefill speed of each engine format, side by side.
+
+Every engine format shares one loaded model (the lean forward reads its weights; 16-bit decode
+weights are copies) and the measurements alternate between formats round by round, so a drift
+of the machine's speed hits all formats alike. Rows:
+- ``transformers fp32``: transformers' modules on a DynamicCache (the engine before the lean
+  forward; kept for non-Llama models), the reference;
+- ``lean <decode weights>``: the lean forward on the preallocated KV cache, the prefill in the
+  model's dtype, one-token steps in the named format.
+Decode: seconds per token of the engine's own decode loop (stop checks, text streaming and a
+feedback callback included) after a prefill of N_KV random tokens; each round continues the
+same cache (it grows by the round's steps, a few percent of N_KV at most).
+Greedy agreement: held-out prompts (RLP test split) answered greedily by each format; tokens
+identical until the first difference, and ROUGE-L F1 against the transformers fp32 answer.
+Floor: weight bytes a one-token step reads / measured copy bandwidth.
+"""
+
+import dataclasses
+import json
+import pathlib
+import statistics
+import time
+
+import torch
+
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.stopping import StopCriteria
+
+FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
+           ('lean fp16', 'lean', 'float16'))
+DECODE_KV = (100, 1000, 3000)
+BATCH_SIZES = (1, 2, 4, 8)
+BATCH_KV = 100  # prompt tokens of every row of a batch
+PREFILL_TOKENS = (128, 512, 2048, 4096)
+AGREEMENT_PROMPTS = 6
+AGREEMENT_TOKENS = 64
+
+
+@dataclasses.dataclass
+class Row:
+    """One engine format's measurements (seconds, tokens)."""
+
+    name: str
+    decode_s: dict = dataclasses.field(default_factory=dict)   # n_kv -> [s/token per round]
+    prefill_s: dict = dataclasses.field(default_factory=dict)  # n_x -> [s per round]
+    agreement: list = dataclasses.field(default_factory=list)  # per prompt (same, rouge_l)
+    batch_s: dict = dataclasses.field(default_factory=dict)    # B -> [s/token per round]
+
+
+def _engines(formats, threads):
+    from timebill_ros.engine import LlmEngine
+    first = LlmEngine.load(EngineConfig(threads=threads, forward='transformers'),
+                           EvictionConfig())
+    engines = {}
+    for name, forward, decode_weights in formats:
+        config = EngineConfig(threads=threads, forward=forward, decode_weights=decode_weights)
+        engines[name] = LlmEngine(config, EvictionConfig(), model=first.model,
+                                  tokenizer=first.tokenizer)
+    return engines
+
+
+def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress):
+    for n_kv in n_kv_values:
+        states = {name: engine.prefill(engine.random_ids(n_kv), StopCriteria())
+                  for name, engine in engines.items()}
+        for _ in range(rounds):
+            for name, engine in engines.items():
+                out = engine.decode(states[name], steps + 1, StopCriteria(),
+                                    on_tokens=lambda n, text: None, feedback_every=4)
+                per_token = out.decode_s / (len(out.token_ids) - 1)
+                rows[name].decode_s.setdefault(n_kv, []).append(per_token)
+                progress(f'decode  {name:18s} N_kv={n_kv:5d}: {per_token * 1e3:6.1f} ms/token')
+
+
+def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
+    """Aggregate seconds per token of B goals decoding together (lean forward only)."""
+    lean = {name: e for name, e in engines.items() if e.forward.max_batch >= max(batch_sizes)}
+    for size in batch_sizes:
+        states = {name: [engine.prefill(engine.random_ids(BATCH_KV + row), StopCriteria())
+                         for row in range(size)] for name, engine in lean.items()}
+        for _ in range(rounds):
+            for name, engine in lean.items():
+                batch = engine.new_batch()
+                for state in states[name]:
+                    batch.join(state, steps + 2, StopCriteria())
+                batch.step()  # the first step: not timed
+                start = time.perf_counter()
+                for _ in range(steps):
+                    batch.step()
+                per_token = (time.perf_counter() - start) / (steps * size)
+                rows[name].batch_s.setdefault(size, []).append(per_token)
+                progress(f'batch   {name:18s} B={size}: {per_token * 1e3:6.1f} ms/token '
+                         f'(aggregate)')
+
+
+def _measure_prefill(engines, rows, n_x_values, rounds, progress):
+    for n_x in n_x_values:
+        for _ in range(rounds):
+            for name, engine in engines.items():
+                if engine.engine_config.decode_weights != 'float32':
+                    continue  # same prefill as the fp32 row of its forward
+                seconds = engine.measure_prefill_s(n_x)
+                rows[name].prefill_s.setdefault(n_x, []).append(seconds)
+                progress(f'prefill {name:18s} N_x={n_x:5d}: {seconds:6.2f} s')
+
+
+def _measure_agreement(engines, rows, n_prompts, n_tokens, progress):
+    from timebill_ros.bench import _rouge_l_scorer, rlp_test_prompts
+    rouge = _rouge_l_scorer()
+    reference_name = next(iter(engines))
+    for prompt_id, prompt in rlp_test_prompts(n_prompts):
+        answers = {}
+        for name, engine in engines.items():
+            state = engine.prefill(engine.encode(prompt), StopCriteria())
+            answers[name] = engine.decode(state, n_tokens, StopCriteria())
+        reference = answers[reference_name]
+        for name, answer in answers.items():
+            same = 0
+            for a, b in zip(answer.token_ids, reference.token_ids):
+                if a != b:
+                    break
+                same += 1
+            identical = answer.token_ids == reference.token_ids
+            rows[name].agreement.append(
+                {'prompt_id': prompt_id, 'identical': identical, 'same_prefix': same,
+                 'tokens': len(answer.token_ids), 'rouge_l': rouge(reference.text, answer.text)})
+        progress(f'agreement {prompt_id}: ' + ', '.join(
+            f'{n}: {rows[n].agreement[-1]["same_prefix"]}' for n in answers))
+
+
+def copy_bandwidth_gbs(megabytes=256, repeats=5) -> float:
+    """Return the best of ``repeats`` copies of a ``megabytes`` buffer: read + write, GB/s."""
+    source = torch.empty(megabytes * 2 ** 20 // 4, dtype=torch.float32).uniform_()
+    target = torch.empty_like(source)
+    best = float('inf')
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * 4 / best / 1e9
+
+
+def step_weight_bytes(engine) -> int:
+    """Bytes of weights one decoding step reads: every linear layer and the LM head."""
+    forward = engine.forward
+    total = 0
+    for layer in getattr(forward, 'layers', []):
+        for linear in (layer.qkv, layer.out, layer.gate_up, layer.down):
+            if linear.step_weight is not None:
+                total += linear.step_weight.numel() * linear.step_weight.element_size()
+            else:
+                total += sum(w.numel() * w.element_size() for w, _ in linear.parts)
+    head = forward.lm_head
+    weight = head.step_weight if head.step_weight is not None else head.parts[0][0]
+    return total + weight.numel() * weight.element_size()
+
+
+def _median_ms(values):
+    return f'{statistics.median(values) * 1e3:.1f}' if values else '-'
+
+
+def report(rows, meta) -> str:
+    """Return the markdown tables of a run."""
+    kvs = sorted({n for row in rows.values() for n in row.decode_s})
+    xs = sorted({n for row in rows.values() for n in row.prefill_s})
+    reference = next(iter(rows.values()))
+    lines = [f'# Engine speed ({meta["model"]}, {meta["threads"]} threads)', '',
+             f'Command: `{meta["command"]}`; {meta["rounds"]} interleaved rounds, medians; '
+             f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s.', '',
+             '| engine | ' + ' | '.join(f'decode ms/token @{n} KV' for n in kvs)
+             + ' | speed-up @' + str(kvs[0]) + ' | floor ms/token | '
+             + ' | '.join(f'prefill {n} tok (s)' for n in xs) + ' |',
+             '|' + '---|' * (len(kvs) + len(xs) + 3)]
+    for name, row in rows.items():
+        speedup = (statistics.median(reference.decode_s[kvs[0]])
+                   / statistics.median(row.decode_s[kvs[0]]))
+        prefill = [f'{statistics.median(row.prefill_s[n]):.2f}' if n in row.prefill_s
+                   else '(= fp32)' for n in xs]
+        lines.append(f'| {name} | ' + ' | '.join(_median_ms(row.decode_s.get(n)) for n in kvs)
+                     + f' | {speedup:.2f}x | {meta["floor_ms"][name]:.1f} | '
+                     + ' | '.join(prefill) + ' |')
+    sizes = sorted({b for row in rows.values() for b in row.batch_s})
+    base = statistics.median(reference.decode_s[kvs[0]])
+    lines += ['', f'Batched decoding, {BATCH_KV} prompt tokens a goal: aggregate ms per token '
+              f'(throughput vs {reference.name} at B=1, {kvs[0]} KV):', '',
+              '| engine | ' + ' | '.join(f'B={b}' for b in sizes) + ' |',
+              '|' + '---|' * (len(sizes) + 1)]
+    for name, row in rows.items():
+        if row.batch_s:
+            lines.append(f'| {name} | ' + ' | '.join(
+                f'{statistics.median(row.batch_s[b]) * 1e3:.1f} '
+                f'({base / statistics.median(row.batch_s[b]):.1f}x)' for b in sizes) + ' |')
+    lines += ['', f'Greedy agreement with {reference.name}, {meta["agreement_tokens"]} tokens, '
+              'held-out prompts (RLP test split):', '',
+              '| engine | answers identical | tokens equal until the first difference (each) '
+              '| mean ROUGE-L |', '|---|---|---|---|']
+    for name, row in rows.items():
+        if not row.agreement:
+            continue
+        same = ', '.join(str(a['same_prefix']) for a in row.agreement)
+        identical = sum(a['identical'] for a in row.agreement)
+        mean_rouge = statistics.mean(a['rouge_l'] for a in row.agreement)
+        lines.append(f'| {name} | {identical}/{len(row.agreement)} | {same} | '
+                     f'{mean_rouge:.3f} |')
+    lines += ['', 'llama.cpp row: ' + meta['llama_cpp']]
+    return '\n'.join(lines) + '\n'
+
+
+def run_enginebench(args, progress=print) -> int:
+    """Run the benchmark; write enginebench.md and enginebench.json under ``args.out``."""
+    torch.manual_seed(0)
+    engines = _engines(FORMATS, args.threads)
+    rows = {name: Row(name) for name in engines}
+    kvs = DECODE_KV[:2] if args.quick else DECODE_KV
+    xs = PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS
+    with torch.inference_mode():
+        _measure_decode(engines, rows, kvs, args.rounds, args.steps, progress)
+        _measure_batches(engines, rows, BATCH_SIZES, args.rounds, args.steps, progress)
+        _measure_prefill(engines, rows, xs, args.rounds, progress)
+    _measure_agreement(engines, rows, 2 if args.quick else AGREEMENT_PROMPTS,
+                       AGREEMENT_TOKENS, progress)
+    bandwidth = copy_bandwidth_gbs()
+    floor_ms = {name: step_weight_bytes(engines[name]) / (bandwidth * 1e9) * 1e3
+                if engines[name].forward.name == 'lean' else
+                step_weight_bytes(engines['lean fp32']) / (bandwidth * 1e9) * 1e3
+                for name in engines}
+    try:
+        import llama_cpp  # noqa: F401
+        llama_note = 'llama-cpp-python is installed, but its row is not built yet.'
+    except ImportError:
+        llama_note = 'skipped: llama-cpp-python is not installed.'
+    first = next(iter(engines.values()))
+    meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
+            'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
+            'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note,
+            'command': 'timebill enginebench' + (' --quick' if args.quick else '')}
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(rows, meta)
+    (out / 'enginebench.md').write_text(text)
+    (out / 'enginebench.json').write_text(json.dumps(
+        {'meta': meta, 'rows': [dataclasses.asdict(r) for r in rows.values()]}, indent=1))
+    progress(text)
+    return 0
