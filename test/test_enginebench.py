@@ -14,7 +14,7 @@ def test_step_weight_bytes_halve_with_fp16_decode_weights(make_tiny_engine):
     assert enginebench.step_weight_bytes(half) == 2 * (linear + head)
 
 
-def test_report_puts_formats_side_by_side():
+def test_report_puts_formats_side_by_side(tmp_path):
     rows = {'transformers fp32': enginebench.Row('transformers fp32', {100: [0.05, 0.052]},
                                                  {128: [0.2]}),
             'lean fp16': enginebench.Row('lean fp16', {100: [0.02, 0.021]}, {}, [
@@ -28,3 +28,23 @@ def test_report_puts_formats_side_by_side():
     assert '| lean fp16 | 20.5 | 2.49x | 7.5 | (= fp32) |' in text
     assert '| lean fp16 | 0/1 | 7 | 0.500 |' in text
     assert '| lean fp16 | 20.0 (2.6x) | 8.5 (6.0x) |' in text
+    enginebench.plot(rows, tmp_path / 'engine.png')
+    assert (tmp_path / 'engine.png').stat().st_size > 1000
+
+
+def test_a_saved_run_is_reported_again(tmp_path):
+    import argparse
+    import json
+    rows = {'transformers fp32': enginebench.Row('transformers fp32', {100: [0.05]}, {128: [0.2]},
+                                                 [], {}),
+            'lean fp16': enginebench.Row('lean fp16', {100: [0.02]}, {}, [], {8: [0.0085]})}
+    meta = {'model': 'm', 'threads': 2, 'command': 'c', 'rounds': 1, 'bandwidth_gbs': 30.0,
+            'floor_ms': {'transformers fp32': 15.0, 'lean fp16': 7.5},
+            'agreement_tokens': 64, 'llama_cpp': 'skipped'}
+    enginebench._write(tmp_path / 'a', rows, meta, lambda text: None)
+    args = argparse.Namespace(from_json=str(tmp_path / 'a' / 'enginebench.json'),
+                              out=str(tmp_path / 'b'))
+    assert enginebench.run_enginebench(args, progress=lambda text: None) == 0
+    assert (tmp_path / 'b' / 'enginebench.md').read_text() == \
+        (tmp_path / 'a' / 'enginebench.md').read_text()
+    assert json.loads((tmp_path / 'b' / 'enginebench.json').read_text())['meta'] == meta

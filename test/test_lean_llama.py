@@ -7,7 +7,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine, make_forward
 from timebill_ros.engine.hf_forward import TransformersForward
-from timebill_ros.engine.lean_llama import LeanLlamaForward
+from timebill_ros.engine.lean_llama import fbgemm_fp16_available, LeanLlamaForward
 from timebill_ros.stopping import StopCriteria
 
 PROMPT = 'List the steps to pick up the red cup from the table and put it in the sink.'
@@ -29,8 +29,8 @@ def tiny_qwen2(smollm2_tokenizer):
     return model
 
 
-def _engines(model, tokenizer, **engine_kwargs):
-    return [LlmEngine(EngineConfig(forward=forward, **engine_kwargs),
+def _engines(model, tokenizer, decode_weights='float32'):
+    return [LlmEngine(EngineConfig(forward=forward, decode_weights=decode_weights),
                       EvictionConfig(window_size=8), model=model, tokenizer=tokenizer)
             for forward in ('lean', 'transformers')]
 
@@ -69,12 +69,18 @@ def test_fp32_matches_transformers(request, smollm2_tokenizer, model_name, alpha
 def test_fp16_decode_weights_stay_close(tiny_model, smollm2_tokenizer):
     """16-bit copies serve the one-token steps only; the prefill stays in fp32."""
     half, = _engines(tiny_model, smollm2_tokenizer, decode_weights='float16')[:1]
-    full = LlmEngine(EngineConfig(forward='lean'), EvictionConfig(window_size=8),
+    full = LlmEngine(EngineConfig(forward='lean', decode_weights='float32'),
+                     EvictionConfig(window_size=8),
                      model=tiny_model, tokenizer=smollm2_tokenizer)
     layer = half.forward.layers[0]
-    assert layer.qkv.step_weight.dtype == torch.float16
-    assert layer.qkv.step_weight.shape[0] == sum(w.shape[0] for w, _ in layer.qkv.parts)
-    assert full.forward.layers[0].qkv.step_weight is None  # fp32: the model's own tensors
+    n_out = sum(w.shape[0] for w, _ in layer.qkv.parts)
+    assert layer.qkv.step_bytes == 2 * n_out * layer.qkv.parts[0][0].shape[1]
+    if fbgemm_fp16_available():
+        assert layer.qkv.kernel == 'fbgemm-fp16' and layer.qkv.step_weight is None
+    else:
+        assert layer.qkv.kernel == 'aten-float16'
+        assert layer.qkv.step_weight.dtype == torch.float16
+    assert full.forward.layers[0].qkv.kernel == 'model'  # fp32: the model's own tensors
     ids = half.encode(PROMPT)
     state_h = half.prefill(ids, StopCriteria())
     state_f = full.prefill(ids, StopCriteria())
@@ -84,6 +90,46 @@ def test_fp16_decode_weights_stay_close(tiny_model, smollm2_tokenizer):
         logits_f = full.forward.run([state_f.first_token], state_f.n_x, state_f.cache, True)
     assert not torch.equal(logits_h, logits_f)
     assert torch.allclose(logits_h, logits_f, atol=0.05, rtol=0.01)
+
+
+def test_the_rotate_matrix_is_rotate_half(tiny_model):
+    from timebill_ros.engine.lean_llama import _rotate_half
+    forward = LeanLlamaForward(tiny_model, torch.float16)
+    x = torch.randn(2, 1, 3, forward.head_dim)
+    assert torch.equal(torch.matmul(x, forward.rotate), _rotate_half(x))
+
+
+def test_fp16_steps_in_a_batch_match_each_goal_alone(tiny_model, smollm2_tokenizer):
+    """The fast step path: B rows together give each row's logits alone (to rounding)."""
+    engine = LlmEngine(EngineConfig(forward='lean', decode_weights='float16'),
+                       EvictionConfig(window_size=8), model=tiny_model,
+                       tokenizer=smollm2_tokenizer)
+    from timebill_ros.engine.forward import PassHooks
+    prompts = [PROMPT, 'Is the door open?', 'Report the battery level and the arm state.']
+    states = [engine.prefill(engine.encode(p), StopCriteria()) for p in prompts]
+    alone = [engine.prefill(engine.encode(p), StopCriteria()) for p in prompts]
+    with torch.inference_mode():
+        together, _ = engine.forward.run_step(
+            [s.first_token for s in states], [s.n_x for s in states],
+            [s.cache for s in states], [PassHooks() for _ in states])
+        for i, state in enumerate(alone):
+            logits, _ = engine.forward.run_step([state.first_token], [state.n_x],
+                                                [state.cache], [PassHooks()])
+            assert torch.allclose(logits[0], together[i], atol=1e-3)
+            assert int(logits[0].argmax()) == int(together[i].argmax())
+
+
+def test_aten_fp16_steps_where_fbgemm_is_absent(tiny_model, smollm2_tokenizer, monkeypatch):
+    """ARM and CUDA builds have no FBGEMM: aten's fp16 linear, outputs close to FBGEMM's."""
+    from timebill_ros.engine import lean_llama
+    fast = LeanLlamaForward(tiny_model, torch.float16)
+    monkeypatch.setattr(lean_llama, 'fbgemm_fp16_available', lambda: False)
+    plain = LeanLlamaForward(tiny_model, torch.float16)
+    assert plain.layers[0].qkv.kernel == 'aten-float16'
+    x = torch.randn(3, 1, tiny_model.config.hidden_size)
+    for a, b in zip(fast.layers[0].gate_up(x, True), plain.layers[0].gate_up(x, True)):
+        assert a.dtype == b.dtype == torch.float32
+        assert torch.allclose(a, b, atol=2e-2)
 
 
 def test_auto_picks_transformers_for_other_models(smollm2_tokenizer, tiny_model):

@@ -315,7 +315,7 @@ def test_profile_takes_key_fields_from_the_engine_config():
     engine = FakeEngine()
     engine.engine_config = EngineConfig(dtype='float16', threads=4)
     calibration = profiler.profile(engine, profiler.startup_grid())
-    assert (calibration.dtype, calibration.threads) == ('float16-auto-float32', 4)
+    assert (calibration.dtype, calibration.threads) == ('float16-auto-float16', 4)
     assert calibration.model_key == model_source.model_key(engine.engine_config)
     explicit = profiler.profile(FakeEngine(), profiler.startup_grid(),
                                 engine_config=EngineConfig(threads=1))

@@ -174,6 +174,8 @@ def build_parser():
     engine_bench.add_argument('--steps', type=int, default=16, help='decoding steps a round')
     engine_bench.add_argument('--quick', action='store_true',
                               help='KV 100/1000, prefill 128/512, 2 prompts')
+    engine_bench.add_argument('--from-json', default='', metavar='JSON',
+                              help='only re-make the table and plot of a saved run')
     engine_bench.set_defaults(func=cmd_enginebench)
     from timebill_ros.rlp import cli as rlp_cli
     rlp_cli.add_parser(sub)

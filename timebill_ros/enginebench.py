@@ -143,16 +143,12 @@ def copy_bandwidth_gbs(megabytes=256, repeats=5) -> float:
 def step_weight_bytes(engine) -> int:
     """Bytes of weights one decoding step reads: every linear layer and the LM head."""
     forward = engine.forward
-    total = 0
-    for layer in getattr(forward, 'layers', []):
-        for linear in (layer.qkv, layer.out, layer.gate_up, layer.down):
-            if linear.step_weight is not None:
-                total += linear.step_weight.numel() * linear.step_weight.element_size()
-            else:
-                total += sum(w.numel() * w.element_size() for w, _ in linear.parts)
-    head = forward.lm_head
-    weight = head.step_weight if head.step_weight is not None else head.parts[0][0]
-    return total + weight.numel() * weight.element_size()
+    if not hasattr(forward, 'layers'):
+        return 0
+    linears = [forward.lm_head]
+    for layer in forward.layers:
+        linears += [layer.qkv, layer.out, layer.gate_up, layer.down]
+    return sum(linear.step_bytes for linear in linears)
 
 
 def _median_ms(values):
@@ -206,8 +202,61 @@ def report(rows, meta) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def plot(rows, path) -> None:
+    """Write decode ms/token vs KV length and batched aggregate ms/token vs B to ``path``."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, row in rows.items():
+        kvs = sorted(row.decode_s)
+        left.plot(kvs, [statistics.median(row.decode_s[n]) * 1e3 for n in kvs], marker='o',
+                  label=name)
+        if row.batch_s:
+            sizes = sorted(row.batch_s)
+            right.plot(sizes, [statistics.median(row.batch_s[b]) * 1e3 for b in sizes],
+                       marker='o', label=name)
+    left.set(title='decode, one goal', xlabel='KV tokens', ylabel='ms per token')
+    right.set(title='batched decode (aggregate)', xlabel='goals per step B',
+              ylabel='ms per token')
+    for axis in (left, right):
+        axis.set_ylim(bottom=0)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _rows_from_json(data) -> dict:
+    """Return the rows of a saved enginebench.json (JSON keys back to ints)."""
+    rows = {}
+    for raw in data['rows']:
+        row = Row(raw['name'], agreement=raw['agreement'])
+        for field in ('decode_s', 'prefill_s', 'batch_s'):
+            setattr(row, field, {int(k): v for k, v in raw[field].items()})
+        rows[row.name] = row
+    return rows
+
+
+def _write(out, rows, meta, progress):
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(rows, meta)
+    (out / 'enginebench.md').write_text(text)
+    plot(rows, out / 'enginebench.png')
+    (out / 'enginebench.json').write_text(json.dumps(
+        {'meta': meta, 'rows': [dataclasses.asdict(r) for r in rows.values()]}, indent=1))
+    progress(text)
+
+
 def run_enginebench(args, progress=print) -> int:
-    """Run the benchmark; write enginebench.md and enginebench.json under ``args.out``."""
+    """Run the benchmark; write enginebench.md, .png and .json under ``args.out``.
+
+    With ``args.from_json`` only re-make the table and plot from a saved run.
+    """
+    if args.from_json:
+        data = json.loads(pathlib.Path(args.from_json).read_text())
+        _write(pathlib.Path(args.out), _rows_from_json(data), data['meta'], progress)
+        return 0
     torch.manual_seed(0)
     engines = _engines(FORMATS, args.threads)
     rows = {name: Row(name) for name in engines}
@@ -220,10 +269,9 @@ def run_enginebench(args, progress=print) -> int:
     _measure_agreement(engines, rows, 2 if args.quick else AGREEMENT_PROMPTS,
                        AGREEMENT_TOKENS, progress)
     bandwidth = copy_bandwidth_gbs()
-    floor_ms = {name: step_weight_bytes(engines[name]) / (bandwidth * 1e9) * 1e3
-                if engines[name].forward.name == 'lean' else
-                step_weight_bytes(engines['lean fp32']) / (bandwidth * 1e9) * 1e3
-                for name in engines}
+    lean_fp32 = step_weight_bytes(engines['lean fp32'])
+    floor_ms = {name: (step_weight_bytes(engine) or lean_fp32) / (bandwidth * 1e9) * 1e3
+                for name, engine in engines.items()}
     try:
         import llama_cpp  # noqa: F401
         llama_note = 'llama-cpp-python is installed, but its row is not built yet.'
@@ -234,11 +282,5 @@ def run_enginebench(args, progress=print) -> int:
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
             'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note,
             'command': 'timebill enginebench' + (' --quick' if args.quick else '')}
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(rows, meta)
-    (out / 'enginebench.md').write_text(text)
-    (out / 'enginebench.json').write_text(json.dumps(
-        {'meta': meta, 'rows': [dataclasses.asdict(r) for r in rows.values()]}, indent=1))
-    progress(text)
+    _write(pathlib.Path(args.out), rows, meta, progress)
     return 0
