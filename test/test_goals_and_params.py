@@ -77,6 +77,16 @@ def test_bad_parameters_name_the_culprit():
         params.config_from_flat({'overrun.default_policy': 'explode'})
 
 
+@pytest.mark.parametrize('make', [
+    lambda: config.EngineConfig(threads=True), lambda: config.EngineConfig(max_new_tokens=True),
+    lambda: config.EvictionConfig(window_size=True), lambda: config.StatsConfig(window=True),
+    lambda: config.RosConfig(result_timeout_s=True)])
+def test_a_bool_is_not_a_count(make):
+    # Python's True == 1: a YAML 'true' given for a count must not pass as one.
+    with pytest.raises(ValueError, match='must be an int'):
+        make()
+
+
 def test_node_section_matching(tmp_path):
     path = tmp_path / 'p.yaml'
     path.write_text('/**:\n  ros__parameters:\n    engine: {threads: 1}\n'

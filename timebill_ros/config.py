@@ -90,13 +90,12 @@ class EngineConfig:
         _check_choice('engine.forward', self.forward, FORWARDS)
         _check_choice('engine.decode_weights', self.decode_weights, WEIGHT_FORMATS)
         _check_nonneg('engine.stop_bound_s', self.stop_bound_s)
-        if not isinstance(self.threads, int) or self.threads < 0:
+        if (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                or self.threads < 0):
             raise ValueError(f'engine.threads must be an int >= 0, got {self.threads!r}')
         for name in ('max_new_tokens', 'max_model_new_tokens', 'prefill_chunk_tokens',
                      'feedback_every_tokens'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f'engine.{name} must be an int >= 1, got {value!r}')
+            _check_count(f'engine.{name}', getattr(self, name))
         if self.max_new_tokens > self.max_model_new_tokens:
             raise ValueError(
                 f'engine.max_new_tokens ({self.max_new_tokens}) exceeds '
@@ -117,8 +116,7 @@ class EvictionConfig:
 
     def __post_init__(self):
         _check_choice('eviction.scorer', self.scorer, SCORER_NAMES)
-        if not isinstance(self.window_size, int) or self.window_size < 1:
-            raise ValueError(f'eviction.window_size must be an int >= 1, got {self.window_size!r}')
+        _check_count('eviction.window_size', self.window_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,8 +313,7 @@ class StatsConfig:
     firm_k: int = 10
 
     def __post_init__(self):
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f'stats.window must be an int >= 1, got {self.window!r}')
+        _check_count('stats.window', self.window)
         _check_positive('stats.period_s', self.period_s)
         if not 0 <= self.miss_rate_warn <= self.miss_rate_error <= 1:
             raise ValueError(
@@ -356,9 +353,7 @@ class RosConfig:
     def __post_init__(self):
         _check_positive('ros.gil_switch_interval_s', self.gil_switch_interval_s)
         _check_count('ros.request_queue_depth', self.request_queue_depth)
-        if not isinstance(self.result_timeout_s, int) or self.result_timeout_s < 1:
-            raise ValueError(
-                f'ros.result_timeout_s must be an int >= 1, got {self.result_timeout_s!r}')
+        _check_count('ros.result_timeout_s', self.result_timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ fp32 output matches the transformers path (test_lean_llama.py).
 Shapes: n = tokens in the pass, H_q / H_kv = query / KV heads, D = head dim.
 """
 
+import warnings
 from typing import Optional
 
 import torch
@@ -20,6 +21,9 @@ from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
 from timebill_ros.engine.kv_cache import KvCache
 
 MODEL_TYPES = ('llama', 'qwen2')
+# torch 2.13 (pinned) warns that the two FBGEMM fp16 functions used below are deprecated, once
+# per process, into every server log; the aten fallback takes over if they go away.
+warnings.filterwarnings('ignore', message=r'fbgemm_\w+ is deprecated', category=UserWarning)
 
 
 def unsupported_reason(model) -> Optional[str]:
