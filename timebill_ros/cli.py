@@ -42,7 +42,7 @@ def cmd_profile(args, ros_args):
     from timebill_ros.engine import LlmEngine
     from timebill_ros.latency.few_shot import few_shot_profile
     from timebill_ros.timing.profiler import ProfileGrid, format_report, profile
-    from timebill_ros.timing.model import calibration_key, default_calibration_path
+    from timebill_ros.timing.model import default_calibration_path
     config = _load_config(args.params, args.set)
     engine = LlmEngine.load(config.engine, config.eviction)
     limit = args.time_limit or None
@@ -55,9 +55,14 @@ def cmd_profile(args, ros_args):
         else:
             grid = ProfileGrid.full_grid(engine.context_tokens, max_tokens=args.max_tokens)
         calibration = profile(engine, grid, time_limit_s=limit, progress=print)
+    if not args.no_batch and engine.forward.max_batch > 1:
+        import dataclasses
+        from timebill_ros.timing.batch import probe_batches
+        calibration = dataclasses.replace(
+            calibration, batch_points=tuple(probe_batches(engine, progress=print)))
     print(format_report(calibration))
-    out = args.out or default_calibration_path(calibration_key(
-        engine.model_key, config.engine.device, config.engine.dtype, config.engine.threads))
+    # The calibration's own key (profiler.key_fields): the one the server looks up.
+    out = args.out or default_calibration_path(calibration.key)
     calibration.save(out)
     print(f'saved {out}')
     return 0
@@ -137,6 +142,8 @@ def build_parser():
                       help='largest N_x / N_kv (few-shot: at most 2048)')
     prof.add_argument('--time-limit', type=float, default=0.0,
                       help='seconds; skip measurements that would exceed it (0 = none)')
+    prof.add_argument('--no-batch', action='store_true',
+                      help='skip the batched-decoding probes (B = 1, 2, 4, 8)')
     prof.set_defaults(func=cmd_profile)
     send = sub.add_parser('send', help=cmd_send.__doc__)
     send.add_argument('prompt')

@@ -283,6 +283,25 @@ class LlmEngine:
         # Token 1 comes from the prefill; each further token is one decoding step.
         return out.decode_s / (len(out.token_ids) - 1)
 
+    def measure_batch_step_s(self, batch_size: int, n_kv: int, steps: int = 4) -> float:
+        """Return the mean seconds of one decoding step of ``batch_size`` goals together.
+
+        Each goal is a prefill of ``n_kv`` random tokens (not timed); the first step is not
+        timed either; then ``steps`` steps of the engine's own batch.
+        """
+        _check_count('batch_size', batch_size, self.forward.max_batch)
+        _check_count('steps', steps)
+        _check_count('n_kv', n_kv, self.context_tokens - steps - 2)
+        batch = self.new_batch()
+        for _ in range(batch_size):
+            batch.join(self.prefill(self.random_ids(n_kv), StopCriteria()), steps + 2,
+                       StopCriteria())
+        batch.step()
+        start = self.clock()
+        for _ in range(steps):
+            batch.step()
+        return (self.clock() - start) / steps
+
     def measure_probe(self, n_in: int, n_out: int) -> Probe:
         """Time one generation of exactly ``n_out`` tokens after ``n_in`` random tokens.
 

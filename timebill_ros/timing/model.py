@@ -275,6 +275,20 @@ def _check_points(name, points):
     return tuple(checked)
 
 
+def _check_batch_points(points):
+    """Return ``[[B, S, seconds], ...]`` as a tuple of ``(int, int, float)`` triples."""
+    if isinstance(points, (str, bytes)) or not isinstance(points, Iterable):
+        raise TypeError(f'batch_points must be a list of [B, S, seconds], got {points!r}')
+    checked = []
+    for i, row in enumerate(points):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Iterable) or len(row) != 3:
+            raise ValueError(f'batch_points[{i}] must be [B, S, seconds], got {row!r}')
+        checked.append((check_int(f'batch_points[{i}][0]', row[0]),
+                        check_int(f'batch_points[{i}][1]', row[1]),
+                        check_nonneg_real(f'batch_points[{i}][2]', row[2])))
+    return tuple(checked)
+
+
 def _check_created(value):
     """Return an ISO 8601 time string; raise unless ``value`` parses as one."""
     if isinstance(value, datetime.datetime):
@@ -303,6 +317,8 @@ class Calibration:
     method, ``full_grid``, ``startup`` or ``few_shot``.
     Raw grid: prefill_points ``((n_x tokens, t_s seconds), ...)`` and decode_points
     ``((n_kv tokens, t_s seconds per step), ...)``; :func:`fit_coefficients` refits them.
+    batch_points: optional ``((B goals, S cached tokens in all, t_s seconds per step), ...)``
+    of batched decoding (timing/batch.py; empty when not probed); :attr:`batch_step` fits them.
     """
 
     coefficients: TimingCoefficients
@@ -318,6 +334,7 @@ class Calibration:
     method: str
     prefill_points: Tuple[Tuple[int, float], ...]
     decode_points: Tuple[Tuple[int, float], ...]
+    batch_points: Tuple[Tuple[int, int, float], ...] = ()
 
     def __post_init__(self):
         """Check every field, naming the bad one, and normalise types."""
@@ -336,6 +353,7 @@ class Calibration:
             'created': _check_created(self.created),
             'prefill_points': _check_points('prefill_points', self.prefill_points),
             'decode_points': _check_points('decode_points', self.decode_points),
+            'batch_points': _check_batch_points(self.batch_points),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -348,6 +366,14 @@ class Calibration:
                 'prefill_points and decode_points')
 
     @property
+    def batch_step(self):
+        """Return the fitted timing.batch.BatchStepCoefficients, or None without batch points."""
+        if not self.batch_points:
+            return None
+        from timebill_ros.timing.batch import fit_batch_step
+        return fit_batch_step(self.batch_points)
+
+    @property
     def key(self):
         """Return this calibration's :func:`calibration_key`."""
         return calibration_key(self.model_key, self.device, self.dtype, self.threads)
@@ -358,7 +384,7 @@ class Calibration:
         for field in dataclasses.fields(self):
             data[field.name] = getattr(self, field.name)
         data['coefficients'] = self.coefficients.as_dict()
-        for name in ('prefill_points', 'decode_points'):
+        for name in ('prefill_points', 'decode_points', 'batch_points'):
             data[name] = [list(pair) for pair in data[name]]
         return data
 
@@ -370,7 +396,8 @@ class Calibration:
         if data.get('format_version') != FORMAT_VERSION:
             raise ValueError(f'{source}: field format_version must be {FORMAT_VERSION}, got '
                              f'{data.get("format_version")!r}')
-        names = [field.name for field in dataclasses.fields(cls)]
+        names = [field.name for field in dataclasses.fields(cls)
+                 if field.name in data or field.default is dataclasses.MISSING]
         missing = [name for name in names if name not in data]
         if missing:
             raise ValueError(f'{source}: missing field(s) {", ".join(missing)}')

@@ -492,6 +492,13 @@ def format_report(calibration):
                    f'{len(cal.decode_points)} decode)'),
         ('profiling', f'{cal.profiling_s:.1f} s'),
     ]
+    batch = cal.batch_step
+    if batch is not None:
+        rows += [('batch step', 't(B, S) = q + r (B - 1) + p S, S = cached tokens of all B'),
+                 ('  q', f'{batch.q:.6e} s'), ('  r', f'{batch.r:.6e} s/goal'),
+                 ('  p', f'{batch.p:.6e} s/token'),
+                 ('  points', f'{len(cal.batch_points)} (B = '
+                  f'{", ".join(str(b) for b in sorted({b for b, _, _ in cal.batch_points}))})')]
     width = max(len(name) for name, _ in rows)
     lines = ['TimeBill timing calibration']
     lines += [f'  {name:<{width}}  {value}' for name, value in rows]

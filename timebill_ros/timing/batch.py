@@ -1,0 +1,79 @@
+"""The decoding step of B goals together: t_step(B, S) = q + r (B - 1) + p S.
+
+Eq. 4b (TimeBill) times one goal's step, t(N_kv) = p N_kv + q. With B goals decoding
+together (engine/decode_batch.py) the weights are read once a step, each extra row adds its
+own compute (r, seconds per extra goal) and attention reads every row's cache, so the step is
+linear in the batch's total cached tokens S = sum of the rows' N_kv (p, seconds per token).
+Fitted by least squares (numpy.linalg.lstsq) on probes at several B and KV lengths; the
+profiler measures them and the calibration file keeps the raw points.
+"""
+
+import dataclasses
+
+import numpy as np
+
+BATCH_SIZES = (1, 2, 4, 8)
+BATCH_KV = (128, 1024)  # cached tokens per row of a probe
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStepCoefficients:
+    """t_step(B, S) = q + r (B - 1) + p S; q, r in seconds, p in seconds per cached token."""
+
+    q: float
+    r: float
+    p: float
+
+    def step_s(self, batch_size: int, total_kv: int) -> float:
+        """Seconds of one step of ``batch_size`` goals holding ``total_kv`` cached tokens."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f'batch_size must be an int >= 1, got {batch_size!r}')
+        if total_kv < 0:
+            raise ValueError(f'total_kv must be >= 0, got {total_kv!r}')
+        return self.q + self.r * (batch_size - 1) + self.p * total_kv
+
+    def per_token_s(self, batch_size: int, total_kv: int) -> float:
+        """Seconds per generated token (the step shared by ``batch_size`` goals)."""
+        return self.step_s(batch_size, total_kv) / batch_size
+
+
+def fit_batch_step(points) -> BatchStepCoefficients:
+    """Fit q, r, p to ``points`` ``((B, S tokens, t_s seconds), ...)``.
+
+    Needs at least two batch sizes and two totals S; raises ValueError otherwise. Negative
+    fitted terms (noise) are clamped to 0 and the rest refitted.
+    """
+    rows = [(int(b), float(s), float(t)) for b, s, t in points]
+    if len({b for b, _, _ in rows}) < 2 or len({s for _, s, _ in rows}) < 2:
+        raise ValueError(f'need points at two or more batch sizes and totals, got {rows!r}')
+    design = np.array([[1.0, b - 1.0, s] for b, s, _ in rows])
+    times = np.array([t for _, _, t in rows])
+    keep = [0, 1, 2]
+    while True:
+        solution, *_ = np.linalg.lstsq(design[:, keep], times, rcond=None)
+        negative = [k for k, value in zip(keep, solution) if value < 0 and k != 0]
+        if not negative:
+            break
+        keep = [k for k in keep if k not in negative]
+    coefficients = dict.fromkeys((0, 1, 2), 0.0)
+    coefficients.update(zip(keep, (float(v) for v in solution)))
+    return BatchStepCoefficients(q=coefficients[0], r=coefficients[1], p=coefficients[2])
+
+
+def probe_batches(engine, sizes=BATCH_SIZES, kv_lengths=BATCH_KV, steps=4, progress=None):
+    """Measure one decoding step of B goals on ``engine``; return ``[(B, S, t_s)]``.
+
+    Each row of a probe is a prefill of ``n_kv`` random tokens (not timed); the steps run
+    through the engine's own batch (stop checks included). Sizes above the engine's forward
+    ``max_batch`` are skipped.
+    """
+    points = []
+    for n_kv in kv_lengths:
+        for size in sizes:
+            if size > engine.forward.max_batch:
+                continue
+            seconds = engine.measure_batch_step_s(size, n_kv, steps)
+            points.append((size, size * (n_kv + 1), seconds))
+            if progress is not None:
+                progress(f'batch B={size} N_kv={n_kv}: {seconds:.4f} s/step')
+    return points
