@@ -213,7 +213,11 @@ def test_a_goal_that_waited_too_long_is_rejected_when_dequeued(make_service, clo
             blocked.set()
             release.wait(30)
 
-    first = Goal(service, clock, GoalRequest('Hi.', budget_s=LONG), on_feedback=hold)
+    # Two tokens: once released, the first goal's last step moves the layer-hook clock
+    # only a little, so the second goal is judged before its deadline passes, whether the
+    # reaper or the executor's dequeue check gets to it first.
+    first = Goal(service, clock, GoalRequest('Hi.', budget_s=LONG, max_new_tokens=2),
+                 on_feedback=hold)
     assert blocked.wait(30)
     budget = 1.5 * TRUE.prefill_s(n_x)
     second = Goal(service, clock, GoalRequest(PROMPT, budget_s=budget))

@@ -74,16 +74,24 @@ class Recorder:
 def make_service(tiny_model, smollm2_tokenizer):
     services = []
 
-    def build(max_depth=4, predictor=None, default_policy='kill', **engine_kwargs):
-        from timebill_ros.config import OverrunConfig
+    def build(max_depth=4, predictor=None, default_policy='kill', scheduler=None,
+              tau_tokens=None, **engine_kwargs):
+        from timebill_ros.config import OverrunConfig, SchedulerConfig
         engine_cfg = EngineConfig(max_new_tokens=16, max_model_new_tokens=4096,
                                   prefill_chunk_tokens=64, feedback_every_tokens=1,
                                   **engine_kwargs)
         config = ServerConfig(engine=engine_cfg, queue=QueueConfig(max_depth=max_depth),
-                              overrun=OverrunConfig(default_policy=default_policy))
+                              overrun=OverrunConfig(default_policy=default_policy),
+                              scheduler=scheduler or SchedulerConfig())
         engine = CountingEngine(engine_cfg, config.eviction, model=tiny_model,
                                 tokenizer=smollm2_tokenizer)
-        service = TimeBillService(config, engine, predictor or FallbackPredictor(), COEFFS)
+        offload = None
+        if tau_tokens is not None:  # a second engine instance on the same tiny model
+            from timebill_ros.timing.online import TimeModel
+            offload = (CountingEngine(engine_cfg, config.eviction, model=tiny_model,
+                                      tokenizer=smollm2_tokenizer), TimeModel(COEFFS))
+        service = TimeBillService(config, engine, predictor or FallbackPredictor(), COEFFS,
+                                  offload=offload, tau_tokens=tau_tokens)
         service.start()
         services.append(service)
         return service
@@ -295,6 +303,113 @@ def test_fifo_follows_receipt_time_not_queue_arrival(make_service):
     first.release.set()
     assert late.wait().status == early.wait().status == status.COMPLETED
     assert order == ['early', 'late']
+
+
+class PromptLengthPredictor(LengthPredictor):
+    """Predicts the number in the prompt ("Count to 12." -> 12 tokens); records its calls."""
+
+    name = 'by-prompt'
+
+    def __init__(self):
+        self.calls = []
+
+    def predict(self, prompt, input_ids, n_max):
+        self.calls.append(prompt)
+        return min(n_max, int(''.join(c for c in prompt if c.isdigit()) or 0))
+
+
+def _run_in_order(service, prompts):
+    """Hold the executor on a first goal, queue ``prompts``, release; return the run order."""
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    order, recorders = [], []
+    for prompt in prompts:
+        rec = Recorder()
+        rec.on_done = lambda r, rec=rec, p=prompt: (order.append(p), Recorder.on_done(rec, r))
+        recorders.append(submit(service, GoalRequest(prompt, budget_s=LONG), rec))
+    for job in (rec.job for rec in recorders):
+        job.prediction.result(timeout=30)  # u_J known before the executor chooses
+    first.release.set()
+    results = [rec.wait() for rec in recorders]
+    assert first.wait().uncertainty_tokens == 0  # it started without waiting
+    return order, results
+
+
+def test_luf_runs_the_shortest_predicted_answer_first_and_reuses_u_j(make_service):
+    from timebill_ros.config import SchedulerConfig
+    predictor = PromptLengthPredictor()
+    service = make_service(predictor=predictor, scheduler=SchedulerConfig(policy='luf'))
+    order, results = _run_in_order(service, ['Count to 14.', 'Count to 3.', 'Count to 9.'])
+    assert order == ['Count to 3.', 'Count to 9.', 'Count to 14.']
+    for prompt, result in zip(['Count to 14.', 'Count to 3.', 'Count to 9.'], results):
+        assert result.status == status.COMPLETED, result.message
+        assert result.predictor == 'by-prompt (at admission)'
+        assert result.uncertainty_tokens == result.predicted_tokens == int(prompt[9:-1])
+        assert result.executor == 'primary'
+    # u_J was predicted once per queued goal, and reused as N^ when it ran.
+    assert sorted(predictor.calls) == sorted(['Plan.', 'Count to 14.', 'Count to 3.',
+                                              'Count to 9.'])
+
+
+def test_muf_and_uncertainty_none(make_service):
+    from timebill_ros.config import SchedulerConfig
+    service = make_service(predictor=PromptLengthPredictor(),
+                           scheduler=SchedulerConfig(policy='muf'))
+    order, _ = _run_in_order(service, ['Count to 3.', 'Count to 14.', 'Count to 9.'])
+    assert order == ['Count to 14.', 'Count to 9.', 'Count to 3.']
+    blind = make_service(predictor=PromptLengthPredictor(),
+                         scheduler=SchedulerConfig(policy='luf', uncertainty='none'))
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(blind, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    queued = submit(blind, GoalRequest('Count to 3.', budget_s=LONG))
+    assert queued.job.prediction is None and queued.job.uncertainty_tokens == 16
+    first.release.set()
+    result = queued.wait()
+    assert result.predictor == 'by-prompt' and result.uncertainty_tokens == 0
+
+
+def test_offload_takes_goals_above_tau_and_work_when_the_primary_is_busy(make_service):
+    from timebill_ros.config import SchedulerConfig
+    service = make_service(predictor=PromptLengthPredictor(), tau_tokens=8,
+                           scheduler=SchedulerConfig(policy='up'))
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan 1.', budget_s=LONG), first)  # u unknown -> primary
+    assert first.blocked.wait(30)
+    assert service.status().executors[0][:2] == ('primary', True)
+    long_rec = submit(service, GoalRequest('Count to 14.', budget_s=LONG))
+    short_rec = submit(service, GoalRequest('Count to 3.', budget_s=LONG))
+    long_result, short_result = long_rec.wait(), short_rec.wait()
+    # u_J = 14 > tau: the offload executor's own goal. u_J = 3 belongs to the primary, but
+    # the primary is held: the idle offload executor takes it rather than wait.
+    assert long_result.executor == 'offload' and long_result.uncertainty_tokens == 14
+    assert short_result.executor == 'offload' and short_result.uncertainty_tokens == 3
+    assert long_result.status == short_result.status == status.COMPLETED
+    assert service.engine.prefills == 1  # the primary ran only the held goal so far
+    first.release.set()
+    assert first.wait().executor == 'primary'
+    # Both idle: a goal whose u_J is unknown (it did not wait) runs on the primary.
+    again = submit(service, GoalRequest('Count to 2.', budget_s=LONG)).wait()
+    assert again.executor == 'primary' and again.status == status.COMPLETED
+    assert [name for name, _, _ in service.status().executors] == ['primary', 'offload']
+
+
+def test_offload_needs_tau(tiny_model, smollm2_tokenizer):
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=16))
+    engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
+                       tokenizer=smollm2_tokenizer)
+    with pytest.raises(ValueError, match='tau_tokens'):
+        TimeBillService(config, engine, FallbackPredictor(), COEFFS,
+                        offload=(engine, None))
+
+
+def test_stats_status_names_the_policy_and_the_executors(make_service):
+    from timebill_ros.config import SchedulerConfig
+    service = make_service(scheduler=SchedulerConfig(policy='up'))
+    serving = service.status()
+    assert serving.scheduler_policy == 'up'
+    assert serving.executors == (('primary', False, 0),)
 
 
 # --- failure isolation: a fault in a callback ends at most its own goal ------------------

@@ -1,4 +1,4 @@
-"""The ``timebill`` command: serve, profile, send, demo, bench, predictor, latency."""
+"""The ``timebill`` command: serve, profile, send, demo, bench, schedbench, predictor, latency."""
 
 import argparse
 import sys
@@ -100,6 +100,12 @@ def cmd_enginebench(args, ros_args):
     return run_enginebench(args)
 
 
+def cmd_schedbench(args, ros_args):
+    """Scheduling policies (RT-LM) under Poisson load with deadlines, through the real node."""
+    from timebill_ros.schedbench import run_schedbench
+    return run_schedbench(args)
+
+
 def cmd_bench(args, ros_args):
     """Run the TimeBill benchmark through the real node."""
     from timebill_ros.bench import run_bench
@@ -184,6 +190,33 @@ def build_parser():
     engine_bench.add_argument('--from-json', default='', metavar='JSON',
                               help='only re-make the table and plot of a saved run')
     engine_bench.set_defaults(func=cmd_enginebench)
+    sched = sub.add_parser('schedbench', help=cmd_schedbench.__doc__)
+    sched.add_argument('--out', default='benchmarks/results/sched')
+    sched.add_argument('--methods', default='',
+                       help='comma list of fifo,edf,luf,muf,slack,up,up+offload (default all)')
+    sched.add_argument('--subsets', default='', help='comma list of small,medium,large '
+                       '(default all)')
+    sched.add_argument('--loads', default='',
+                       help='offered loads x capacity, comma list (default 0.5,0.8,1.0,1.2)')
+    sched.add_argument('--goals', type=int, default=None, help='goals a subset (default 24)')
+    sched.add_argument('--repeats', type=int, default=None,
+                       help='traces a cell, each with its own seed (default 2)')
+    sched.add_argument('--slack', default='1.5,4.0',
+                       help='budget = t^_e2e x a factor uniform in LOW,HIGH')
+    sched.add_argument('--seed', type=int, default=0)
+    sched.add_argument('--n-max', type=int, default=128, help='N_max of every goal, tokens')
+    sched.add_argument('--max-prompt-tokens', type=int, default=1024,
+                       help='leave longer held-out prompts out of the pool (0 = keep all)')
+    sched.add_argument('--capacity-sample', type=int, default=6,
+                       help='goals a subset run alone to measure capacity')
+    sched.add_argument('--lengths', default='data/rlp/lengths.jsonl',
+                       help='measured response lengths of the corpus prompts')
+    sched.add_argument('--quick', action='store_true',
+                       help='smoke test: subset large, loads 0.8,1.2, 12 goals, 1 repeat, '
+                       'methods fifo,up (explicit options still win)')
+    sched.add_argument('--from-json', default='', metavar='RAW_JSON',
+                       help='only re-make md, png and calibration report of a saved run')
+    sched.set_defaults(func=cmd_schedbench)
     from timebill_ros.rlp import cli as rlp_cli
     rlp_cli.add_parser(sub)
     from timebill_ros.latency import cli as latency_cli

@@ -19,6 +19,8 @@ PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 
 
 STARTUP_METHODS = ('few_shot', 'grid')
+SCHEDULER_POLICIES = ('fifo', 'edf', 'luf', 'muf', 'slack', 'up')
+UNCERTAINTY_SOURCES = ('predictor', 'none')
 
 
 def _check_positive(name, value):
@@ -295,6 +297,62 @@ class QueueConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Which queued goal runs next (group ``scheduler``, RT-LM Sec. IV-A/B).
+
+    policy: ``fifo`` (order of receipt), ``edf`` (earliest deadline first; RT-LM's HPF with
+        the goal's deadline as its priority point), ``luf`` / ``muf`` (least / most
+        uncertainty first: smallest / largest u_J), ``slack`` (Eq. 2: least slack
+        d_J - now - t^_J first) or ``up`` (Eq. 3, uncertainty-aware priority; units made
+        consistent in server/scheduler/up.py).
+    up_alpha: alpha of Eq. 3, the weight of the normalised uncertainty u_J / N_max in [0, 1].
+    uncertainty: where u_J (predicted response tokens) comes from while a goal waits:
+        ``predictor`` (the configured length predictor, run at admission on a CPU thread
+        when the goal has to wait; its N^ is reused when the goal runs) or ``none`` (u_J
+        unknown while queued: policies that need it treat it as the goal's N_max).
+    """
+
+    policy: str = 'fifo'
+    up_alpha: float = 1.0
+    uncertainty: str = 'predictor'
+
+    def __post_init__(self):
+        _check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
+        _check_nonneg('scheduler.up_alpha', self.up_alpha)
+        _check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadConfig:
+    """Strategic offloading to a second executor (group ``offload``, RT-LM Sec. IV-D).
+
+    enabled: run a second executor with its own engine instance and time model; a goal
+        whose u_J (predicted response tokens, known while it waits) exceeds tau runs there,
+        the others on the primary. An idle executor takes the other's goal when that one is
+        busy rather than wait.
+    device: torch device of the offload engine (``cpu``; on a Jetson the primary is
+        ``cuda`` and this the ARM cores).
+    threads: torch intra-op threads of the offload engine (with both executors on one CPU,
+        give ``engine.threads`` the rest of the cores).
+    quantile: k of RT-LM's Eq. 4, in (0, 1): tau = the k-quantile of the predictor's
+        predictions over its training prompts (computed once, cached beside the predictor).
+    """
+
+    enabled: bool = False
+    device: str = 'cpu'
+    threads: int = 1
+    quantile: float = 0.9
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f'offload.enabled must be a bool, got {self.enabled!r}')
+        _check_count('offload.threads', self.threads)
+        _check_positive('offload.quantile', self.quantile)
+        if not self.quantile < 1:
+            raise ValueError(f'offload.quantile must be in (0, 1), got {self.quantile!r}')
+
+
+@dataclasses.dataclass(frozen=True)
 class StatsConfig:
     """Stats and diagnostics (group ``stats``).
 
@@ -368,5 +426,7 @@ class ServerConfig:
     overrun: OverrunConfig = dataclasses.field(default_factory=OverrunConfig)
     admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
     queue: QueueConfig = dataclasses.field(default_factory=QueueConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    offload: OffloadConfig = dataclasses.field(default_factory=OffloadConfig)
     stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
     ros: RosConfig = dataclasses.field(default_factory=RosConfig)

@@ -24,11 +24,50 @@ def build_service(config, log=print):
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     time_model = build_time_model(config, calibration, predictor,
                                   online_state_path(config.engine, config.timing), log)
+    offload, tau = None, None
+    if config.offload.enabled:
+        offload, tau = build_offload(config, engine, predictor, log)
     service = TimeBillService(config, engine, predictor, time_model, log=log,
-                              state_path=online_state_path(config.engine, config.timing))
+                              state_path=online_state_path(config.engine, config.timing),
+                              offload=offload, tau_tokens=tau)
     if config.timing.warm_up:
         service.warm_up()
     return service
+
+
+def build_offload(config, engine, predictor, log=print):
+    """Return ((engine, TimeModel), tau) of the offload executor (``offload.*``).
+
+    Its engine is a second instance on ``offload.device`` with ``offload.threads`` threads,
+    with its own calibration (the cache entry of that device and thread count, profiled at
+    start-up when missing; never the primary's ``timing.calibration_file``) and online state.
+    """
+    import dataclasses
+
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.predictors.threshold import offload_threshold
+    from timebill_ros.rlp.export import default_onnx_path
+    from timebill_ros.timing.profiler import load_or_calibrate, online_state_path
+    engine_config = dataclasses.replace(config.engine, device=config.offload.device,
+                                        threads=config.offload.threads)
+    timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
+    log(f'loading the offload engine ({engine_config.device}, '
+        f'{engine_config.threads} threads)')
+    offload_engine = LlmEngine.load(engine_config, config.eviction)
+    offload_engine.bind_thread()  # the calibration below runs on this thread
+    try:
+        calibration = load_or_calibrate(offload_engine, engine_config, timing_config, log=log)
+    finally:
+        engine.bind_thread()
+    model = build_time_model(config, calibration, predictor,
+                             online_state_path(engine_config, timing_config), log)
+    model_file = None
+    if config.predictor.kind == 'rlp':
+        model_file = config.predictor.model_file or default_onnx_path(
+            engine.model_key, config.engine.model_cache_dir or None)
+    tau = offload_threshold(predictor, engine.encode, config.offload.quantile,
+                            config.engine.max_new_tokens, model_file, log)
+    return (offload_engine, model), tau
 
 
 def build_time_model(config, calibration, predictor, state_path, log=print):

@@ -92,6 +92,10 @@ def _chunk_size(plan, begin: int, n_tokens: int) -> int:
     return min(size, n_tokens - begin)
 
 
+# torch's intra-op threads at import, before any engine sets its own (engine.threads: 0).
+DEFAULT_THREADS = torch.get_num_threads()
+
+
 class LlmEngine:
     """A causal LM with prefill / evict / decode steps for time-budgeted generation."""
 
@@ -123,6 +127,16 @@ class LlmEngine:
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
+
+    def bind_thread(self) -> None:
+        """Make torch ops started from the calling thread use ``engine.threads`` threads.
+
+        torch's intra-op thread count is per calling thread (a thread starts from the
+        process default, which is torch's own at import unless changed by the main thread),
+        so each executor thread binds its engine's count: two engines in one process can
+        then split the cores (the offload executor). 0 = the process default.
+        """
+        torch.set_num_threads(self.engine_config.threads or DEFAULT_THREADS)
 
     @classmethod
     def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig) -> 'LlmEngine':

@@ -54,7 +54,8 @@ def result_to_msg(result) -> Instruct.Result:
         total_time=s_to_duration(result.total_time_s),
         deadline_met=bool(result.deadline_met), predictor=result.predictor,
         truncated=bool(result.truncated), infeasible=bool(result.infeasible),
-        min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s))
+        min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s),
+        executor=result.executor, uncertainty_tokens=int(result.uncertainty_tokens))
 
 
 def feedback_to_msg(feedback) -> Instruct.Feedback:
@@ -78,4 +79,5 @@ def event_msg(result, stamp: Time) -> GoalEvent:
         response_tokens=result.response_tokens, deadline_met=bool(result.deadline_met),
         truncated=bool(result.truncated), infeasible=bool(result.infeasible),
         queue_time_s=float(result.queue_time_s),
-        kill_latency_s=float(result.kill_latency_s or 0.0))
+        kill_latency_s=float(result.kill_latency_s or 0.0), executor=result.executor,
+        uncertainty_tokens=int(result.uncertainty_tokens))

@@ -248,7 +248,11 @@ class TimeBillNode(Node):
             speed_factor_decode=float(serving.speed_factor_decode),
             speed_factor_prefill=float(serving.speed_factor_prefill),
             wcet_margin_decode=float(serving.wcet_margin_decode),
-            wcet_margin_prefill=float(serving.wcet_margin_prefill)))
+            wcet_margin_prefill=float(serving.wcet_margin_prefill),
+            scheduler_policy=serving.scheduler_policy,
+            executor_names=[name for name, _, _ in serving.executors],
+            executor_busy=[busy for _, busy, _ in serving.executors],
+            executor_queue_depth=[queued for _, _, queued in serving.executors]))
         level, message = diagnostic_level(snap, self.config.stats)
         self._diag_pub.publish(DiagnosticArray(header=Header(stamp=stamp), status=[
             DiagnosticStatus(level=LEVELS[level], name=f'{self.get_name()}: deadlines',
@@ -277,6 +281,10 @@ def diagnostic_values(snap, serving, stats_config):
         'wcet_margin': f'{serving.wcet_margin_decode:.3f}',
         'wcet_margin_prefill': f'{serving.wcet_margin_prefill:.3f}',
     }
+    values['scheduler_policy'] = serving.scheduler_policy
+    for name, busy, queued in serving.executors:
+        values[f'executor_{name}'] = 'busy' if busy else 'idle'
+        values[f'queue_depth_{name}'] = queued
     values.update({f'count_{name.lower()}': n for name, n in snap.by_status.items()})
     return values
 

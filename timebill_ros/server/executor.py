@@ -16,11 +16,14 @@ class Executor:
 
     on_dequeue(job) -> JobResult or None: a result ends the job without running it.
     after_job(job): called after each job, on this thread (persistence, bookkeeping).
-    log: one line of text per fault.
+    log: one line of text per fault. accept(job) -> bool: which queued jobs this executor
+    may take (None: all).
     """
 
-    def __init__(self, name, queue, runner, on_dequeue=None, after_job=None, log=print):
+    def __init__(self, name, queue, runner, on_dequeue=None, after_job=None, log=print,
+                 accept=None):
         self.name = name
+        self.accept = accept
         self.queue = queue
         self.runner = runner
         self.on_dequeue = on_dequeue or (lambda job: None)
@@ -48,9 +51,12 @@ class Executor:
         return self._thread.is_alive()
 
     def _loop(self):
+        bind = getattr(self.runner.engine, 'bind_thread', None)
+        if bind is not None:
+            bind()  # this engine's torch threads on this thread
         while not self._stop.is_set():
             try:
-                job = self.queue.pop(timeout_s=0.5)
+                job = self.queue.pop(timeout_s=0.5, accept=self.accept)
             except Exception:  # the queue's policy failed: log, keep the thread
                 self.log(f'executor {self.name}: taking a goal failed: {traceback.format_exc()}')
                 self._stop.wait(0.1)
@@ -58,6 +64,7 @@ class Executor:
             if job is None:
                 continue
             self.current = job
+            job.executor = self.name
             try:
                 self._run_one(job)
             except Exception as exc:  # never let one goal end the thread that runs them all

@@ -49,6 +49,8 @@ class JobResult:
     the goal was stopped early because it could no longer finish). stop_phase: where the
     goal ended ('queue', 'prefill', 'predictor', 'eviction', 'decode'); execution_time_s:
     start of its run to its end (queueing excluded), what t^_WCET bounds.
+    executor: the executor that ran it ('' if none did). uncertainty_tokens: u_J, the length
+    predicted while the goal was queued (tokens; 0 when it started without waiting).
     """
 
     status: int
@@ -76,6 +78,8 @@ class JobResult:
     queue_time_s: float = 0.0
     execution_time_s: float = 0.0
     stop_phase: str = ''
+    executor: str = ''
+    uncertainty_tokens: int = 0
 
     @property
     def status_name(self) -> str:

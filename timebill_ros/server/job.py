@@ -21,6 +21,11 @@ class Job:
     expires_s: when a queued job is re-checked by the reaper (service-clock seconds): the
     last moment it can start and still finish (Kill, Partial), or its deadline.
     log: one line of text when ``on_done`` raises (the fault is contained here).
+    predicted_tokens: u_J, the length predictor's N^ (tokens) once known while queued (the
+    run reuses it); prediction: that prediction while it runs (a Future of
+    (n_hat, start_s, end_s)). estimated_time_s: t^_J, the time model's execution time for
+    ``uncertainty_tokens`` (seconds), what slack-based scheduler policies use.
+    executor: the name of the executor that took the goal ('' while queued).
     """
 
     request: GoalRequest
@@ -39,6 +44,10 @@ class Job:
     admission_note: str = ''
     expires_s: Optional[float] = None
     cancel_reason: str = ''
+    predicted_tokens: Optional[int] = None
+    prediction: Optional[object] = None
+    estimated_time_s: float = 0.0
+    executor: str = ''
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = print
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -53,6 +62,11 @@ class Job:
     def n_x(self) -> int:
         """Return N_x, prompt tokens."""
         return len(self.input_ids)
+
+    @property
+    def uncertainty_tokens(self) -> int:
+        """Return u_J, tokens: the predicted response length, or N_max while unknown."""
+        return self.n_max if self.predicted_tokens is None else self.predicted_tokens
 
     @property
     def done(self) -> bool:
@@ -76,6 +90,9 @@ class Job:
             result.prompt_tokens = result.prompt_tokens or len(self.input_ids)
             result.min_time_s = result.min_time_s or self.min_time_s
             result.infeasible = result.infeasible or self.infeasible
+            result.executor = result.executor or self.executor
+            if self.predicted_tokens is not None:
+                result.uncertainty_tokens = self.predicted_tokens
             if not result.total_time_s:
                 result.total_time_s = self.clock() - self.received_s
             self._result = result

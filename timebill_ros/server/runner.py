@@ -32,7 +32,8 @@ def _planned(sizes):
     return lambda begin, n_tokens: by_begin.get(begin, MIN_CHUNK_TOKENS)
 
 
-def _timed_predict(predictor, prompt, input_ids, n_max, clock):
+def timed_predict(predictor, prompt, input_ids, n_max, clock):
+    """Return (N^, start_s, end_s) of one predictor call, service-clock seconds."""
     start = clock()
     n_hat = predictor.predict(prompt, input_ids, n_max)
     return int(n_hat), start, clock()
@@ -61,7 +62,7 @@ class JobRunner:
 
     def submit_prediction(self, prompt, input_ids, n_max):
         """Start the length predictor on its thread; return the future."""
-        return self._predict_pool.submit(_timed_predict, self.predictor, prompt, input_ids,
+        return self._predict_pool.submit(timed_predict, self.predictor, prompt, input_ids,
                                          n_max, self.clock)
 
     def run(self, job) -> JobResult:
@@ -131,25 +132,30 @@ class _GoalRun:
     def execute(self):
         job, model, result = self.job, self.model, self.result
         chunks = self._chunk_sizes()
+        # u_J predicted while the goal waited is reused as N^ (its call may still run).
+        prediction = job.prediction
+        if prediction is not None and prediction.cancel():
+            prediction = None  # still waiting for the admission thread: predict beside prefill
+        early = prediction is not None
         # t^_WCET's head is predicted before anything runs, so the WCET is a true forecast.
-        self.wcet_head_s = (model.prefill_s(job.n_x, WORST, len(chunks))
-                            + model.overhang_s(job.n_x, WORST))
+        overhang_s = 0.0 if early and prediction.done() else model.overhang_s(job.n_x, WORST)
+        self.wcet_head_s = model.prefill_s(job.n_x, WORST, len(chunks)) + overhang_s
         self._feedback(status.PHASE_PREFILL)
-        prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
-                                                   job.n_max)
+        if not early:
+            prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
+                                                       job.n_max)
         try:
             state = self.engine.prefill(job.input_ids, self._prefill_stop(),
                                         chunk_plan=_planned(chunks), interrupt=self.interrupt)
         except GenerationStopped as stop:
-            self.runner.predictor.abort()
-            prediction.cancel()
+            self._drop(prediction)
             self._stopped(stop.reason)
             return
         prefill_end = self.clock()
         result.prefill_time_s = state.prefill_s
         model.observe_prefill(job.n_x, state.prefill_s, state.n_chunks)
         self.phase = 'predictor'
-        n_hat = self._await_prediction(prediction, prefill_end)
+        n_hat = self._await_prediction(prediction, prefill_end, early)
         if n_hat is None:
             return
         decision = self._decide(n_hat)
@@ -204,11 +210,23 @@ class _GoalRun:
             begin += sizes[-1]
         return sizes
 
-    def _await_prediction(self, future, prefill_end):
+    def _drop(self, future):
+        """Give up a prediction: unstarted, it never runs; running, the predictor aborts.
+
+        The predictor's abort ends its call in flight; on the admission thread that may be
+        another waiting goal's u_J, which then stays N_max until that goal runs and predicts
+        again (harmless, and only when both calls overlap).
+        """
+        if not future.cancel() and not future.done():
+            self.runner.predictor.abort()
+
+    def _await_prediction(self, future, prefill_end, early=False):
         """Return N^ (the fallback N_max when late or broken), or None when the goal stopped.
 
         The wait re-checks cancel, the deadline and (Kill / Partial) whether one decoding
         step still fits, every POLL_S seconds; it gives up after predictor.timeout_s.
+        early: the prediction was started at admission (u_J); its time is not a
+        beside-the-prefill t_Predict, so the time model does not learn from it.
         """
         job, result = self.job, self.result
         limit = prefill_end + self.runner.config.predictor.timeout_s
@@ -216,8 +234,7 @@ class _GoalRun:
         while True:
             reason = self.interrupt.check(0, None) or self._cannot_decode(0.0)
             if reason is not None:
-                predictor.abort()
-                future.cancel()
+                self._drop(future)
                 self._stopped(reason)
                 return None
             if self.clock() >= limit and not future.done():
@@ -233,9 +250,10 @@ class _GoalRun:
                 result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
                 break
             if 0 <= n_hat <= job.n_max:
-                result.predictor = predictor.name
+                result.predictor = predictor.name + (' (at admission)' if early else '')
                 result.predict_time_s = end - start
-                self.model.observe_predict(job.n_x, end - start)
+                if not early:
+                    self.model.observe_predict(job.n_x, end - start)
                 return n_hat
             result.predictor = (f'fallback (predictor error: predicted {n_hat} tokens, '
                                 f'outside [0, {job.n_max}])')

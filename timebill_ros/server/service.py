@@ -4,6 +4,7 @@ No ROS here: the ROS adapter (``timebill_ros.ros``) turns action goals into
 :class:`GoalRequest` and results back into messages.
 """
 
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -15,11 +16,11 @@ from timebill_ros.server.admission import make_admission
 from timebill_ros.server.executor import Executor
 from timebill_ros.server.goals import GoalRejected, JobResult
 from timebill_ros.server.job import Job
-from timebill_ros.server.runner import JobRunner
-from timebill_ros.server.scheduler import FifoPolicy, JobQueue, QueueFull
+from timebill_ros.server.runner import JobRunner, timed_predict
+from timebill_ros.server.scheduler import JobQueue, QueueFull, make_scheduler_policy
 from timebill_ros.server.stats import ServerStats
 from timebill_ros.timing.model import TimingCoefficients
-from timebill_ros.timing.online import DECODE, PREFILL, TimeModel
+from timebill_ros.timing.online import DECODE, EXPECTED, PREFILL, TimeModel
 
 
 def _rejecting(queue_call, *args):
@@ -28,6 +29,10 @@ def _rejecting(queue_call, *args):
         return queue_call(*args)
     except (QueueFull, RuntimeError) as exc:
         raise GoalRejected(str(exc)) from exc
+
+
+PRIMARY = 'primary'
+OFFLOAD = 'offload'
 
 
 class GoalInfeasible(GoalRejected):
@@ -44,7 +49,8 @@ class ServiceStatus:
     """What the stats topic and /diagnostics show besides the goal window (see stats.py).
 
     active_goals: queued + running. speed factors and WCET margins: the time model's
-    decode and prefill phases (timing/online.py).
+    decode and prefill phases (timing/online.py). scheduler_policy: ``scheduler.policy``.
+    executors: ((name, busy, queued goals routed to it), ...) of every executor.
     """
 
     queue_depth: int
@@ -54,6 +60,8 @@ class ServiceStatus:
     speed_factor_prefill: float
     wcet_margin_decode: float
     wcet_margin_prefill: float
+    scheduler_policy: str = ''
+    executors: tuple = ()
 
 
 class TimeBillService:
@@ -64,10 +72,14 @@ class TimeBillService:
     TimeModel with the ``timing`` parameters). clock: monotonic seconds.
     state_path: where the time model's online state is saved (None: not saved).
     log: one line of text per event.
+    offload: (engine, TimeModel) of the offload executor (``offload.enabled``), or None.
+    tau_tokens: RT-LM's offload threshold tau, tokens: a goal whose u_J exceeds it runs on
+    the offload executor.
     """
 
     def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
-                 scheduler_policy=None, state_path=None, log=lambda line: None):
+                 scheduler_policy=None, state_path=None, log=lambda line: None,
+                 offload=None, tau_tokens=None):
         self.config = config
         self.engine = engine
         self.clock = clock
@@ -79,10 +91,25 @@ class TimeBillService:
         self.time_model = timing
         self.admission = make_admission(config.admission.policy, timing)
         self.stats = ServerStats(config.stats.window, config.stats.firm_k)
-        self.queue = JobQueue(config.queue.max_depth, scheduler_policy or FifoPolicy(), clock)
+        self.queue = JobQueue(config.queue.max_depth,
+                              scheduler_policy or make_scheduler_policy(config), clock)
+        # u_J of goals that must wait: the length predictor on its own CPU thread.
+        self._uncertainty_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix='timebill-uncertainty')
+        self.predictor = predictor
         self.runner = JobRunner(engine, predictor, timing, config, clock)
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
-                                   self._after_job, log)]
+                                   self._after_job, log,
+                                   accept=lambda job: self._accepts(PRIMARY, job))]
+        self.tau_tokens = tau_tokens
+        if offload is not None:
+            if tau_tokens is None:
+                raise ValueError('an offload executor needs tau_tokens')
+            offload_engine, offload_model = offload
+            runner = JobRunner(offload_engine, predictor, offload_model, config, clock)
+            self.executors.append(Executor(OFFLOAD, self.queue, runner, self._on_dequeue,
+                                           self._after_job, log,
+                                           accept=lambda job: self._accepts(OFFLOAD, job)))
         self.state_path = state_path
         self._last_save_s = clock()
         self._save_lock = threading.Lock()
@@ -122,6 +149,7 @@ class TimeBillService:
             self.queue.cond.notify_all()
         if self._reaper.is_alive():
             self._reaper.join(timeout_s)
+        self._uncertainty_pool.shutdown(wait=True, cancel_futures=True)
         self.save_state()
 
     def save_state(self):
@@ -154,12 +182,16 @@ class TimeBillService:
     def status(self) -> ServiceStatus:
         """Return the queue and time-model figures for stats and diagnostics."""
         depth = self.queue_depth
+        routed = [self.route(job) for job in self.queue.waiting()]
         running = sum(executor.current is not None for executor in self.executors)
         decode, prefill = (self.time_model.status(p) for p in (DECODE, PREFILL))
         return ServiceStatus(
             queue_depth=depth, active_goals=depth + running, busy=running > 0,
             speed_factor_decode=decode.speed_factor, speed_factor_prefill=prefill.speed_factor,
-            wcet_margin_decode=decode.upper_margin, wcet_margin_prefill=prefill.upper_margin)
+            wcet_margin_decode=decode.upper_margin, wcet_margin_prefill=prefill.upper_margin,
+            scheduler_policy=self.queue.policy.name,
+            executors=tuple((e.name, e.current is not None, routed.count(e.name))
+                            for e in self.executors))
 
     def submit(self, request, on_feedback, on_done, received_s=None):
         """Admit a goal; return its Job, or None when it was rejected (on_done already called).
@@ -216,10 +248,62 @@ class TimeBillService:
         if not verdict.admit:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
         self._apply(job, verdict)
+        job.estimated_time_s = self.estimated_time_s(job)
+        must_wait = self.busy or self.queue_depth > 0
         _rejecting(self.queue.push, job)
+        if must_wait:
+            self._predict_uncertainty(job)
         on_feedback(goals.Feedback(phase=status.PHASE_QUEUED,
                                    elapsed_s=self.clock() - received_s))
         return job
+
+    # --- executors ---------------------------------------------------------------------
+    def route(self, job):
+        """Return the executor a goal belongs to: OFFLOAD when its u_J is known and > tau."""
+        if (len(self.executors) > 1 and job.predicted_tokens is not None
+                and job.predicted_tokens > self.tau_tokens):
+            return OFFLOAD
+        return PRIMARY
+
+    def _accepts(self, name, job):
+        """Return True if executor ``name`` may take ``job``.
+
+        Its own goals, and another executor's while that one is busy (RT-LM Sec. IV-D: an
+        idle executor takes work rather than wait).
+        """
+        owner = self.route(job)
+        if owner == name:
+            return True
+        return any(e.name == owner and e.current is not None for e in self.executors)
+
+    def estimated_time_s(self, job):
+        """Return t^_J, seconds: prefill plus u_J decoding steps at the EXPECTED bound."""
+        model, n_x = self.time_model, job.n_x
+        steps = max(job.uncertainty_tokens - 1, 0)
+        return (model.prefill_s(n_x, EXPECTED)
+                + steps * model.step_s(n_x + steps // 2, EXPECTED))
+
+    def _predict_uncertainty(self, job):
+        """Start u_J for a goal that has to wait (``scheduler.uncertainty: predictor``).
+
+        The prediction runs on its own CPU thread; the run reuses it as N^ (runner.py).
+        """
+        if self.config.scheduler.uncertainty != 'predictor':
+            return
+        future = self._uncertainty_pool.submit(timed_predict, self.predictor,
+                                               job.request.prompt, job.input_ids, job.n_max,
+                                               self.clock)
+        job.prediction = future
+        future.add_done_callback(lambda done: self._uncertainty_known(job, done))
+
+    def _uncertainty_known(self, job, future):
+        """Record u_J and t^_J once the admission prediction is in (any thread)."""
+        if future.cancelled() or future.exception() is not None:
+            return  # the run predicts again; u_J stays N_max meanwhile
+        n_hat, _, _ = future.result()
+        if 0 <= n_hat <= job.n_max:
+            job.predicted_tokens = n_hat
+            job.estimated_time_s = self.estimated_time_s(job)
 
     def _apply(self, job, verdict):
         """Record an admitting verdict on the job: least time, note, queue expiry."""

@@ -8,6 +8,6 @@ class FifoPolicy(SchedulerPolicy):
 
     name = 'fifo'
 
-    def select(self, jobs, now_s):
-        """Return the goal received first (ties: the one queued first)."""
-        return min(range(len(jobs)), key=lambda i: jobs[i].received_s)
+    def key(self, job, now_s):
+        """Return the receipt time, seconds."""
+        return job.received_s

@@ -3,6 +3,8 @@
 import threading
 import time
 
+ACCEPT_POLL_S = 0.02  # seconds between re-checks while only other executors' jobs wait
+
 
 class QueueFull(RuntimeError):
     """The queue holds ``max_depth`` goals already."""
@@ -40,18 +42,35 @@ class JobQueue:
             self._jobs.append(job)
             self.cond.notify_all()
 
-    def pop(self, timeout_s=None):
-        """Remove and return the next job, waiting up to timeout_s; None if none or closed."""
+    def pop(self, timeout_s=None, accept=None):
+        """Remove and return the next job, waiting up to timeout_s; None if none or closed.
+
+        accept(job) -> bool: which waiting jobs the caller may take (an executor's share);
+        the policy chooses among those. While jobs wait but none is acceptable, acceptance
+        is re-checked every ACCEPT_POLL_S (it may depend on another executor getting busy).
+        """
         with self.cond:
             end = None if timeout_s is None else self.clock() + timeout_s
-            while not self._jobs and not self._closed:
+            while True:
+                if self._closed:
+                    return None
+                jobs = [job for job in self._jobs if accept is None or accept(job)]
+                if jobs:
+                    break
                 remaining = None if end is None else end - self.clock()
                 if remaining is not None and remaining <= 0:
                     return None
+                if self._jobs:
+                    remaining = min(remaining or ACCEPT_POLL_S, ACCEPT_POLL_S)
                 self.cond.wait(remaining)
-            if self._closed or not self._jobs:
-                return None
-            return self._jobs.pop(self.policy.select(list(self._jobs), self.clock()))
+            job = jobs[self.policy.select(jobs, self.clock())]
+            self._jobs.remove(job)
+            return job
+
+    def waiting(self):
+        """Return a snapshot list of the waiting jobs, in arrival order."""
+        with self.cond:
+            return list(self._jobs)
 
     def remove(self, job):
         """Remove a waiting job; return True if it was waiting."""
