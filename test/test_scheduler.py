@@ -146,6 +146,13 @@ def test_offload_tau_is_the_quantile_of_training_predictions_and_is_cached(tmp_p
         offload_threshold(_LengthOfPrompt(), lambda p: [], 1.0, 512)
 
 
+def test_the_fallback_predictor_offloads_nothing():
+    from timebill_ros.predictors import FallbackPredictor
+    from timebill_ros.predictors.threshold import offload_threshold
+    assert offload_threshold(FallbackPredictor(), lambda p: [], 0.9, 128,
+                             log=lambda line: None) == float('inf')
+
+
 def test_offload_config_is_checked():
     from timebill_ros.config import OffloadConfig
     with pytest.raises(ValueError, match='offload.quantile'):

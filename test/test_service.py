@@ -395,6 +395,31 @@ def test_offload_takes_goals_above_tau_and_work_when_the_primary_is_busy(make_se
     assert [name for name, _, _ in service.status().executors] == ['primary', 'offload']
 
 
+def test_offload_route_counts_the_top_bucket_when_tau_sits_at_the_cap(make_service):
+    import types
+    service = make_service(tau_tokens=16)  # N_max = 16: tau at the predictor's cap
+    for u_j, n_max, where in ((16, 16, 'offload'), (15, 16, 'primary'), (None, 16, 'primary'),
+                              (16, 64, 'primary'), (17, 64, 'offload')):
+        job = types.SimpleNamespace(predicted_tokens=u_j, n_max=n_max)
+        assert service.route(job) == where, (u_j, n_max)
+    assert make_service().route(types.SimpleNamespace(predicted_tokens=99, n_max=16)) == \
+        'primary'  # no offload executor
+
+
+def test_goals_ended_in_the_queue_report_their_queue_time(make_service):
+    service = make_service()
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    queued = submit(service, GoalRequest('Hi.', budget_s=LONG))
+    service.cancel(queued.job)
+    result = queued.wait()
+    first.release.set()
+    assert result.status == status.CANCELED
+    assert result.queue_time_s == result.total_time_s > 0
+    assert result.schedule_time_s >= 0 and first.wait().schedule_time_s > 0
+
+
 def test_offload_needs_tau(tiny_model, smollm2_tokenizer):
     config = ServerConfig(engine=EngineConfig(max_new_tokens=16))
     engine = LlmEngine(config.engine, config.eviction, model=tiny_model,

@@ -203,12 +203,18 @@ def build_parser():
                        help='traces a cell, each with its own seed (default 2)')
     sched.add_argument('--slack', default='1.5,4.0',
                        help='budget = t^_e2e x a factor uniform in LOW,HIGH')
+    sched.add_argument('--budget-basis', choices=('model', 'service'), default='model',
+                       help='what the slack factor multiplies: t^_e2e of the calibration, or '
+                       'the service time through the server fitted on the capacity sample')
     sched.add_argument('--seed', type=int, default=0)
     sched.add_argument('--n-max', type=int, default=128, help='N_max of every goal, tokens')
     sched.add_argument('--max-prompt-tokens', type=int, default=1024,
                        help='leave longer held-out prompts out of the pool (0 = keep all)')
     sched.add_argument('--capacity-sample', type=int, default=6,
                        help='goals a subset run alone to measure capacity')
+    sched.add_argument('--calibration', default='', metavar='YAML',
+                       help='use this calibration (timebill profile --out) instead of '
+                       'profiling at the start')
     sched.add_argument('--lengths', default='data/rlp/lengths.jsonl',
                        help='measured response lengths of the corpus prompts')
     sched.add_argument('--quick', action='store_true',

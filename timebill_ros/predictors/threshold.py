@@ -30,6 +30,10 @@ def offload_threshold(predictor, encode, quantile, n_max, model_file=None, log=p
     """
     if not 0 < quantile < 1:
         raise ValueError(f'quantile must be in (0, 1), got {quantile!r}')
+    if getattr(predictor, 'name', '').startswith('fallback'):
+        log('offload threshold: the fallback predictor says N_max for every goal, so no '
+            'goal is offloaded by its uncertainty (tau = infinity)')
+        return float('inf')
     cache, stamp = None, None
     if model_file is not None and pathlib.Path(model_file).is_file():
         stat = pathlib.Path(model_file).stat()

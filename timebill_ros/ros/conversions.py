@@ -55,7 +55,8 @@ def result_to_msg(result) -> Instruct.Result:
         deadline_met=bool(result.deadline_met), predictor=result.predictor,
         truncated=bool(result.truncated), infeasible=bool(result.infeasible),
         min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s),
-        executor=result.executor, uncertainty_tokens=int(result.uncertainty_tokens))
+        executor=result.executor, uncertainty_tokens=int(result.uncertainty_tokens),
+        schedule_time=s_to_duration(result.schedule_time_s))
 
 
 def feedback_to_msg(feedback) -> Instruct.Feedback:

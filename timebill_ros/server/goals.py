@@ -51,6 +51,7 @@ class JobResult:
     start of its run to its end (queueing excluded), what t^_WCET bounds.
     executor: the executor that ran it ('' if none did). uncertainty_tokens: u_J, the length
     predicted while the goal was queued (tokens; 0 when it started without waiting).
+    schedule_time_s: scheduling overhead of the goal (admission-time prediction + choosing).
     """
 
     status: int
@@ -80,6 +81,7 @@ class JobResult:
     stop_phase: str = ''
     executor: str = ''
     uncertainty_tokens: int = 0
+    schedule_time_s: float = 0.0
 
     @property
     def status_name(self) -> str:

@@ -26,6 +26,8 @@ class Job:
     (n_hat, start_s, end_s)). estimated_time_s: t^_J, the time model's execution time for
     ``uncertainty_tokens`` (seconds), what slack-based scheduler policies use.
     executor: the name of the executor that took the goal ('' while queued).
+    schedule_s: scheduling overhead spent on this goal, seconds (wall time, perf_counter):
+    the admission-time length prediction plus the policy's choices that picked it.
     """
 
     request: GoalRequest
@@ -48,6 +50,7 @@ class Job:
     prediction: Optional[object] = None
     estimated_time_s: float = 0.0
     executor: str = ''
+    schedule_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = print
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -95,6 +98,9 @@ class Job:
                 result.uncertainty_tokens = self.predicted_tokens
             if not result.total_time_s:
                 result.total_time_s = self.clock() - self.received_s
+            if self.started_s is None:  # ended while queued: all of it was queue time
+                result.queue_time_s = result.total_time_s
+            result.schedule_time_s = self.schedule_s
             self._result = result
         try:
             self.on_done(result)

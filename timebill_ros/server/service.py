@@ -94,6 +94,7 @@ class TimeBillService:
         self.queue = JobQueue(config.queue.max_depth,
                               scheduler_policy or make_scheduler_policy(config), clock)
         # u_J of goals that must wait: the length predictor on its own CPU thread.
+        # (Its time counts as the goal's scheduling overhead, schedule_time.)
         self._uncertainty_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-uncertainty')
         self.predictor = predictor
@@ -259,9 +260,16 @@ class TimeBillService:
 
     # --- executors ---------------------------------------------------------------------
     def route(self, job):
-        """Return the executor a goal belongs to: OFFLOAD when its u_J is known and > tau."""
-        if (len(self.executors) > 1 and job.predicted_tokens is not None
-                and job.predicted_tokens > self.tau_tokens):
+        """Return the executor a goal belongs to: OFFLOAD when its u_J is known and > tau.
+
+        A bucketed predictor puts many predictions at its cap (the RLP's top bucket, N_max):
+        when tau sits at that cap, no prediction exceeds it, so u_J >= tau counts there
+        (the top bucket means "at least this long").
+        """
+        u_j = job.predicted_tokens
+        if len(self.executors) < 2 or u_j is None:
+            return PRIMARY
+        if u_j > self.tau_tokens or (u_j >= self.tau_tokens >= job.n_max):
             return OFFLOAD
         return PRIMARY
 
@@ -300,7 +308,8 @@ class TimeBillService:
         """Record u_J and t^_J once the admission prediction is in (any thread)."""
         if future.cancelled() or future.exception() is not None:
             return  # the run predicts again; u_J stays N_max meanwhile
-        n_hat, _, _ = future.result()
+        n_hat, start, end = future.result()
+        job.schedule_s += end - start
         if 0 <= n_hat <= job.n_max:
             job.predicted_tokens = n_hat
             job.estimated_time_s = self.estimated_time_s(job)
