@@ -163,7 +163,7 @@ def test_rotate_and_method_selection():
     assert schedbench.rotate('abc', 5) == ['c', 'a', 'b']
     assert schedbench.rotate([], 3) == []
     assert [m[0] for m in schedbench.selected_methods('')] == \
-        ['fifo', 'edf', 'luf', 'muf', 'slack', 'up', 'up+offload']
+        ['fifo', 'edf', 'luf', 'muf', 'slack', 'up', 'up-1thread', 'up+offload']
     assert [m[0] for m in schedbench.selected_methods('up, fifo')] == ['fifo', 'up']
     assert [m[0] for m in schedbench.selected_methods(('up+offload',))] == ['up+offload']
     with pytest.raises(ValueError, match='unknown method'):
@@ -298,7 +298,7 @@ def test_quick_settings_and_explicit_options_win():
     full = schedbench._resolve(args())
     assert full['subsets'] == ('small', 'medium', 'large')
     assert (full['loads'], full['goals'], full['repeats']) == ((0.5, 0.8, 1.0, 1.2), 24, 2)
-    assert len(full['methods']) == 7 and full['slack'] == (1.5, 4.0)
+    assert len(full['methods']) == 8 and full['slack'] == (1.5, 4.0)
     quick = schedbench._resolve(args(quick=True))
     assert quick['subsets'] == ('large',) and quick['loads'] == (0.8, 1.2)
     assert (quick['goals'], quick['repeats']) == (12, 1)

@@ -193,7 +193,8 @@ def build_parser():
     sched = sub.add_parser('schedbench', help=cmd_schedbench.__doc__)
     sched.add_argument('--out', default='benchmarks/results/sched')
     sched.add_argument('--methods', default='',
-                       help='comma list of fifo,edf,luf,muf,slack,up,up+offload (default all)')
+                       help='comma list of fifo,edf,luf,muf,slack,up,up-1thread,up+offload '
+                            '(default all)')
     sched.add_argument('--subsets', default='', help='comma list of small,medium,large '
                        '(default all)')
     sched.add_argument('--loads', default='',

@@ -50,6 +50,8 @@ METHODS = (('fifo', {'scheduler.policy': 'fifo'}),
            ('muf', {'scheduler.policy': 'muf'}),
            ('slack', {'scheduler.policy': 'slack'}),
            ('up', {'scheduler.policy': 'up'}),
+           # Control for up+offload: one executor with the thread count each of those has.
+           ('up-1thread', {'scheduler.policy': 'up', 'engine.threads': 1}),
            # Both executors on this CPU: the primary gets 1 thread, the offload engine 1.
            ('up+offload', {'scheduler.policy': 'up', 'offload.enabled': True,
                            'engine.threads': 1, 'offload.threads': 1}))
