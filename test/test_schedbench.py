@@ -211,11 +211,19 @@ def test_cell_metrics():
     assert m['makespan_s'] == pytest.approx(5.0)  # first send 0, last result 1 + 4 = 2 + 3
     assert m['throughput_per_min'] == pytest.approx(60 * 2 / 5.0)
     assert m['queue_wait_mean'] == pytest.approx(0.5)  # the three that ran
-    assert m['sched_overhead_ms'] is None
+    assert m['sched_overhead_ms'] is None and m['sched_overhead_pct'] is None
+    assert m['admission_predict_ms'] is None
     assert m['offloaded'] == pytest.approx(1 / 3)
     only_long = schedbench.cell_metrics([_goal(1, 1.0, schedule=0.002)])
     assert only_long['miss_rate_short'] is None and only_long['offloaded'] is None
     assert only_long['sched_overhead_ms'] == pytest.approx(2.0)
+    assert only_long['sched_overhead_pct'] == pytest.approx(0.2)
+    predicted = schedbench.cell_metrics([
+        _goal(1, 2.0, schedule=0.001, predict_s=0.05, at_admission=True),
+        _goal(1, 3.0, schedule=0.003, predict_s=0.09, at_admission=False)])
+    assert predicted['sched_overhead_ms'] == pytest.approx(2.0)
+    assert predicted['sched_overhead_pct'] == pytest.approx(100 * 0.004 / 5.0)
+    assert predicted['admission_predict_ms'] == pytest.approx(50.0)  # only the admission one
     with pytest.raises(ValueError):
         schedbench.cell_metrics([])
 

@@ -7,6 +7,7 @@ how fast this machine is.
 """
 
 import threading
+import time
 
 import pytest
 
@@ -310,11 +311,13 @@ class PromptLengthPredictor(LengthPredictor):
 
     name = 'by-prompt'
 
-    def __init__(self):
+    def __init__(self, delay_s=0.0):
         self.calls = []
+        self.delay_s = delay_s
 
     def predict(self, prompt, input_ids, n_max):
         self.calls.append(prompt)
+        time.sleep(self.delay_s)
         return min(n_max, int(''.join(c for c in prompt if c.isdigit()) or 0))
 
 
@@ -338,7 +341,7 @@ def _run_in_order(service, prompts):
 
 def test_luf_runs_the_shortest_predicted_answer_first_and_reuses_u_j(make_service):
     from timebill_ros.config import SchedulerConfig
-    predictor = PromptLengthPredictor()
+    predictor = PromptLengthPredictor(delay_s=0.05)
     service = make_service(predictor=predictor, scheduler=SchedulerConfig(policy='luf'))
     order, results = _run_in_order(service, ['Count to 14.', 'Count to 3.', 'Count to 9.'])
     assert order == ['Count to 3.', 'Count to 9.', 'Count to 14.']
@@ -347,6 +350,8 @@ def test_luf_runs_the_shortest_predicted_answer_first_and_reuses_u_j(make_servic
         assert result.predictor == 'by-prompt (at admission)'
         assert result.uncertainty_tokens == result.predicted_tokens == int(prompt[9:-1])
         assert result.executor == 'primary'
+        # The admission prediction is the goal's t_Predict, not scheduling overhead.
+        assert result.schedule_time_s < 0.05 <= result.predict_time_s
     # u_J was predicted once per queued goal, and reused as N^ when it ran.
     assert sorted(predictor.calls) == sorted(['Plan.', 'Count to 14.', 'Count to 3.',
                                               'Count to 9.'])

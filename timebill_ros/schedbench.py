@@ -87,7 +87,9 @@ METRICS = (('miss_rate', 'miss rate', '{:.2f}'),
            ('resp_max_all', 'resp max (all) s', '{:.2f}'),
            ('throughput_per_min', 'done / min', '{:.1f}'),
            ('queue_wait_mean', 'queue wait (ran) s', '{:.2f}'),
-           ('sched_overhead_ms', 'sched overhead ms', '{:.2f}'),
+           ('sched_overhead_ms', 'sched overhead ms', '{:.3f}'),
+           ('sched_overhead_pct', 'sched overhead % of e2e', '{:.4f}'),
+           ('admission_predict_ms', 'u_J predict ms', '{:.0f}'),
            ('offloaded', 'offloaded', '{:.2f}'))
 
 
@@ -325,7 +327,10 @@ def cell_metrics(rows):
     result), over completed goals (``_done``) and over all goals with a result (``_all``).
     Throughput: completed goals per minute over the makespan (first send to last result).
     Queue wait: mean queue_time of the goals that started running. Scheduler overhead: mean
-    ``schedule_s`` where the result carried one (None otherwise). offloaded: the share of
+    ``schedule_s`` where the result carried one (None otherwise), and its sum as a share of
+    those goals' summed total_time, in percent. u_J predict: mean predict time of the goals
+    whose length was predicted at admission (the prediction their run reused; runs from
+    before the split of schedule_time counted it in ``schedule_s``). offloaded: the share of
     goals that ran on the ``offload`` executor (None when no result names an executor).
     Short goals: N below the subset's median (``short`` in the rows).
     """
@@ -338,7 +343,9 @@ def cell_metrics(rows):
     ran = [r for r in rows if _ran(r)]
     ends = [r['sent_s'] + r['total_s'] for r in answered]
     makespan = max(ends, default=0.0) - min(r['sent_s'] for r in rows)
-    overheads = [r['schedule_s'] for r in rows if r.get('schedule_s') is not None]
+    overheads = [r for r in rows if r.get('schedule_s') is not None]
+    early = [r['predict_s'] for r in rows if r.get('at_admission')]
+    overhead_total = sum(r['total_s'] for r in overheads)
     executors = [r.get('executor') or '' for r in ran]
     out = {'goals': n, 'met': sum(map(_met, rows)), 'completed': len(done),
            'miss_rate': 1.0 - sum(map(_met, rows)) / n,
@@ -347,7 +354,11 @@ def cell_metrics(rows):
            'makespan_s': makespan,
            'throughput_per_min': 60.0 * len(done) / makespan if makespan > 0 else None,
            'queue_wait_mean': statistics.mean(r['queue_s'] for r in ran) if ran else None,
-           'sched_overhead_ms': 1e3 * statistics.mean(overheads) if overheads else None,
+           'sched_overhead_ms': (1e3 * statistics.mean(r['schedule_s'] for r in overheads)
+                                 if overheads else None),
+           'sched_overhead_pct': (100.0 * sum(r['schedule_s'] for r in overheads)
+                                  / overhead_total if overhead_total > 0 else None),
+           'admission_predict_ms': 1e3 * statistics.mean(early) if early else None,
            'offloaded': (sum(e == 'offload' for e in executors) / len(executors)
                          if any(executors) else None),
            'no_result': n - len(answered)}
@@ -422,9 +433,11 @@ def report(data):
              'to result (total_time): "done" over completed goals, "all" over every goal. '
              '"short": goals whose measured response length is below their subset\'s median. '
              'Throughput: completed goals per minute over the makespan (first send to last '
-             'result). Queue wait: goals that started running. Sched overhead: only when '
-             'the result carries schedule_time. offloaded: share of the goals that ran on '
-             'the offload executor.', '']
+             'result). Queue wait: goals that started running. Sched overhead: the '
+             'scheduler\'s choices (schedule_time), mean ms a goal and as % of the summed '
+             'response times; u_J predict: the length prediction at admission that the run '
+             'reused (not an overhead: each goal is predicted once either way). offloaded: '
+             'share of the goals that ran on the offload executor.', '']
     ran = ', '.join(meta['methods']) or 'none'
     lines.append(f'Methods run: {ran}.')
     for name, why in meta.get('skipped', {}).items():
@@ -549,7 +562,7 @@ def _row(result, goal, info):
                     'total_s': 0.0, 'queue_s': 0.0, 'prefill_s': 0.0, 'decode_s': 0.0,
                     'response_tokens': 0, 'predicted_tokens': 0, 'uncertainty_tokens': 0,
                     'eviction_ratio': 0.0, 'executor': '', 'schedule_s': None,
-                    'infeasible': False})
+                    'predict_s': 0.0, 'at_admission': False, 'infeasible': False})
         return row
     schedule = getattr(result, 'schedule_time', None)
     row.update({'status': int(result.status),
@@ -565,6 +578,8 @@ def _row(result, goal, info):
                 'eviction_ratio': float(result.eviction_ratio),
                 'executor': str(getattr(result, 'executor', '')),
                 'schedule_s': None if schedule is None else duration_to_s(schedule),
+                'predict_s': duration_to_s(result.predict_time),
+                'at_admission': str(result.predictor).endswith('(at admission)'),
                 'infeasible': bool(result.infeasible), 'message': result.message})
     return row
 

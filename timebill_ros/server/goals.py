@@ -51,7 +51,8 @@ class JobResult:
     start of its run to its end (queueing excluded), what t^_WCET bounds.
     executor: the executor that ran it ('' if none did). uncertainty_tokens: u_J, the length
     predicted while the goal was queued (tokens; 0 when it started without waiting).
-    schedule_time_s: scheduling overhead of the goal (admission-time prediction + choosing).
+    schedule_time_s: scheduling overhead of the goal: the scheduler's choice that picked it
+    (seconds). An admission-time prediction is in predict_time_s, not here.
     """
 
     status: int

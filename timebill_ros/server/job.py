@@ -27,7 +27,9 @@ class Job:
     ``uncertainty_tokens`` (seconds), what slack-based scheduler policies use.
     executor: the name of the executor that took the goal ('' while queued).
     schedule_s: scheduling overhead spent on this goal, seconds (wall time, perf_counter):
-    the admission-time length prediction plus the policy's choices that picked it.
+    the policy's choice that picked it. The admission-time length prediction is not in it:
+    it is the goal's t_Predict (the run reuses it, so it replaces the beside-the-prefill
+    prediction rather than adding one).
     """
 
     request: GoalRequest

@@ -93,8 +93,8 @@ class TimeBillService:
         self.stats = ServerStats(config.stats.window, config.stats.firm_k)
         self.queue = JobQueue(config.queue.max_depth,
                               scheduler_policy or make_scheduler_policy(config), clock)
-        # u_J of goals that must wait: the length predictor on its own CPU thread.
-        # (Its time counts as the goal's scheduling overhead, schedule_time.)
+        # u_J of goals that must wait: the length predictor on its own CPU thread. Its time
+        # is the goal's t_Predict (predict_time): the run reuses it instead of predicting.
         self._uncertainty_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-uncertainty')
         self.predictor = predictor
@@ -308,8 +308,7 @@ class TimeBillService:
         """Record u_J and t^_J once the admission prediction is in (any thread)."""
         if future.cancelled() or future.exception() is not None:
             return  # the run predicts again; u_J stays N_max meanwhile
-        n_hat, start, end = future.result()
-        job.schedule_s += end - start
+        n_hat, _, _ = future.result()
         if 0 <= n_hat <= job.n_max:
             job.predicted_tokens = n_hat
             job.estimated_time_s = self.estimated_time_s(job)
