@@ -163,7 +163,8 @@ def test_rotate_and_method_selection():
     assert schedbench.rotate('abc', 5) == ['c', 'a', 'b']
     assert schedbench.rotate([], 3) == []
     assert [m[0] for m in schedbench.selected_methods('')] == \
-        ['fifo', 'edf', 'luf', 'muf', 'slack', 'up', 'up-1thread', 'up+offload']
+        ['fifo', 'edf', 'luf', 'muf', 'slack', 'up', 'up-1thread', 'up+offload',
+         'up+consolidation', 'rt-lm', 'fifo+consolidation', 'fifo+continuous']
     assert [m[0] for m in schedbench.selected_methods('up, fifo')] == ['fifo', 'up']
     assert [m[0] for m in schedbench.selected_methods(('up+offload',))] == ['up+offload']
     with pytest.raises(ValueError, match='unknown method'):
@@ -224,6 +225,10 @@ def test_cell_metrics():
     assert predicted['sched_overhead_ms'] == pytest.approx(2.0)
     assert predicted['sched_overhead_pct'] == pytest.approx(100 * 0.004 / 5.0)
     assert predicted['admission_predict_ms'] == pytest.approx(50.0)  # only the admission one
+    assert m['batched'] is None and predicted['batched'] is None  # no batch sizes carried
+    batches = schedbench.cell_metrics([_goal(1, 1.0, batch_size=2), _goal(1, 1.0, batch_size=2),
+                                       _goal(1, 1.0, batch_size=1), _goal(4, 0.0, sent=1.0)])
+    assert batches['batched'] == pytest.approx(2 / 3)  # of the three that ran
     with pytest.raises(ValueError):
         schedbench.cell_metrics([])
 
@@ -306,7 +311,7 @@ def test_quick_settings_and_explicit_options_win():
     full = schedbench._resolve(args())
     assert full['subsets'] == ('small', 'medium', 'large')
     assert (full['loads'], full['goals'], full['repeats']) == ((0.5, 0.8, 1.0, 1.2), 24, 2)
-    assert len(full['methods']) == 8 and full['slack'] == (1.5, 4.0)
+    assert len(full['methods']) == 12 and full['slack'] == (1.5, 4.0)
     quick = schedbench._resolve(args(quick=True))
     assert quick['subsets'] == ('large',) and quick['loads'] == (0.8, 1.2)
     assert (quick['goals'], quick['repeats']) == (12, 1)
@@ -316,3 +321,15 @@ def test_quick_settings_and_explicit_options_win():
     assert (mine['loads'], mine['goals']) == ((1.0,), 6)
     with pytest.raises(ValueError, match='slack'):
         schedbench._resolve(args(slack='4,1.5'))
+
+
+def test_the_benchmark_refuses_to_run_without_the_rlp(tmp_path):
+    from timebill_ros import params
+    missing = tmp_path / 'none.onnx'
+    config = params.config_from_flat({'predictor.model_file': str(missing)})
+    assert schedbench.missing_predictor(config) == \
+        f'no RLP at {missing} (make predictor builds it)'
+    missing.write_bytes(b'onnx')
+    assert schedbench.missing_predictor(config) is None
+    assert schedbench.missing_predictor(
+        params.config_from_flat({'predictor.kind': 'fallback'})) is None

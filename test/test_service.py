@@ -534,3 +534,123 @@ def test_the_reaper_and_the_executor_outlive_faults_of_their_own(make_service):
     assert any('reaper exploded' in line for line in lines)
     assert any('select exploded' in line for line in lines)
     assert service.healthy
+
+
+def _consolidating(make_service, **kwargs):
+    from timebill_ros.config import SchedulerConfig
+    return make_service(predictor=PromptLengthPredictor(), decode_weights='float32',
+                        scheduler=SchedulerConfig(policy='fifo', consolidation=True,
+                                                  batch_size=4), **kwargs)
+
+
+def test_consolidation_batches_goals_of_similar_length_with_the_answers_they_get_alone(
+        make_service):
+    prompts = ['Count to 5.', 'Count to 6.', 'Count to 14.']
+    order, results = _run_in_order(_consolidating(make_service), prompts)
+    # u_J 5 and 6 are within lambda = 1.5 of each other: one batch; 14 is not: alone.
+    assert [r.batch_size for r in results] == [2, 2, 1]
+    assert order[2] == 'Count to 14.'
+    for result in results:
+        assert result.status == status.COMPLETED, result.message
+        assert result.eviction_ratio == 0.0 and result.response_tokens > 0
+    alone = make_service(predictor=PromptLengthPredictor(), decode_weights='float32')
+    for prompt, batched in zip(prompts, results):
+        single = submit(alone, GoalRequest(prompt, budget_s=LONG)).wait()
+        assert single.batch_size == 1
+        assert (single.response, single.response_tokens) == \
+            (batched.response, batched.response_tokens)  # fp32, alpha* = 0: identical
+
+
+def _batch_of_two(service, second):
+    """Hold the executor, queue a goal and ``second`` (a Recorder) of similar u_J, release."""
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    other = submit(service, GoalRequest('Count to 6.', budget_s=LONG))
+    return first, other
+
+
+def test_a_goal_canceled_mid_batch_leaves_it_and_the_other_completes(make_service):
+    service = _consolidating(make_service)
+    first, other = _batch_of_two(service, None)
+    leaving = submit(service, GoalRequest('Count to 5.', budget_s=LONG),
+                     Recorder(cancel_phase=status.PHASE_DECODE))
+    for rec in (other, leaving):
+        rec.job.prediction.result(timeout=30)
+    first.release.set()
+    canceled, completed = leaving.wait(), other.wait()
+    assert canceled.status == status.CANCELED and canceled.message == 'canceled during decode'
+    assert completed.status == status.COMPLETED, completed.message
+    assert canceled.batch_size == completed.batch_size == 2
+    assert first.wait().status == status.COMPLETED
+
+
+def test_a_goal_that_comes_due_mid_batch_is_killed_and_the_other_completes(make_service):
+    import time
+    service = _consolidating(make_service)
+    first, other = _batch_of_two(service, None)
+    due = submit(service, GoalRequest('Count to 5.', budget_s=2.0),
+                 Recorder(block_phase=status.PHASE_DECODE))
+    for rec in (other, due):
+        rec.job.prediction.result(timeout=30)
+    first.release.set()
+    # The due goal is held as it joins the batch until its deadline has passed.
+    assert due.blocked.wait(30)
+    time.sleep(max(0.0, due.job.deadline_s - service.clock()) + 0.05)
+    due.release.set()
+    killed, completed = due.wait(), other.wait()
+    assert killed.status == status.KILLED and killed.stop_phase == 'decode', killed.message
+    assert completed.status == status.COMPLETED, completed.message
+    assert killed.batch_size == completed.batch_size == 2
+
+
+def test_goals_routed_to_the_offload_executor_never_join_a_batch(make_service):
+    service = _consolidating(make_service, tau_tokens=8)
+    # Both executors held: the primary by a first goal, the offload one by a long goal.
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    held = submit(service, GoalRequest('Count to 15.', budget_s=LONG),
+                  Recorder(block_phase=status.PHASE_DECODE))
+    held.job.prediction.result(timeout=30)
+    assert held.blocked.wait(30)
+    recs = [submit(service, GoalRequest(p, budget_s=LONG))
+            for p in ('Count to 12.', 'Count to 13.', 'Count to 3.', 'Count to 4.')]
+    for rec in recs:
+        rec.job.prediction.result(timeout=30)
+    first.release.set()
+    results = [rec.wait() for rec in recs]
+    held.release.set()
+    for result in results:
+        assert result.status == status.COMPLETED, result.message
+    # 12 and 13 are offload goals (u_J > tau = 8): the primary takes them (the offload
+    # executor is busy) but one at a time; 3 and 4 are the primary's own: one batch.
+    assert [r.batch_size for r in results] == [1, 1, 2, 2]
+    assert held.wait().status == status.COMPLETED
+
+
+def test_continuous_batching_lets_waiting_goals_join_between_steps(make_service):
+    from timebill_ros.config import SchedulerConfig
+    service = make_service(predictor=PromptLengthPredictor(), decode_weights='float32',
+                           scheduler=SchedulerConfig(continuous=True, batch_size=4))
+    prompts = ['Count to 5.', 'Count to 14.']
+    order, results = _run_in_order(service, prompts)
+    # fifo + continuous batching: any waiting goal joins the running one (no length cut).
+    assert [r.batch_size for r in results] == [3, 3]
+    alone = make_service(predictor=PromptLengthPredictor(), decode_weights='float32')
+    for prompt, batched in zip(prompts, results):
+        assert batched.status == status.COMPLETED, batched.message
+        single = submit(alone, GoalRequest(prompt, budget_s=LONG)).wait()
+        assert single.response == batched.response  # fp32, alpha* = 0: identical
+
+
+def test_continuous_batching_with_consolidation_admits_only_similar_lengths(make_service):
+    from timebill_ros.config import SchedulerConfig
+    service = make_service(predictor=PromptLengthPredictor(), decode_weights='float32',
+                           scheduler=SchedulerConfig(consolidation=True, continuous=True,
+                                                     batch_size=4))
+    # The held goal started without waiting: its u_J is N_max = 16. 12 joins it (16 / 12
+    # < 1.5); 3 does not and runs once the batch is done.
+    order, results = _run_in_order(service, ['Count to 12.', 'Count to 3.'])
+    assert [r.batch_size for r in results] == [2, 1]
+    assert order == ['Count to 12.', 'Count to 3.']

@@ -223,6 +223,8 @@ def build_parser():
                        'methods fifo,up (explicit options still win)')
     sched.add_argument('--from-json', default='', metavar='RAW_JSON',
                        help='only re-make md, png and calibration report of a saved run')
+    sched.add_argument('--allow-fallback', action='store_true',
+                       help='run even when the RLP is not built (u_J = N_max for every goal)')
     sched.set_defaults(func=cmd_schedbench)
     from timebill_ros.rlp import cli as rlp_cli
     rlp_cli.add_parser(sub)

@@ -310,16 +310,36 @@ class SchedulerConfig:
         ``predictor`` (the configured length predictor, run at admission on a CPU thread
         when the goal has to wait; its N^ is reused when the goal runs) or ``none`` (u_J
         unknown while queued: policies that need it treat it as the goal's N_max).
+    consolidation: RT-LM's consolidation (Sec. IV-C, Alg. 1): the primary executor runs
+        waiting goals of similar u_J together as one decoding batch (server/consolidation.py).
+    batch_size: C_f, the most goals in one batch (>= 1).
+    b: Alg. 1's b (>= 1): the batch is cut from the b x C_f goals of highest priority.
+    length_ratio: Alg. 1's lambda (>= 1): a goal joins only while its u_J is at most
+        length_ratio x the u_J next to it in the batch (``lambda`` is a Python keyword).
+    continuous: continuous batching (vLLM, llama.cpp's server): between decoding steps
+        waiting goals join the primary's batch up to batch_size (with consolidation only
+        those within length_ratio of a member's u_J); each joiner's prefill pauses the
+        batch's decoding.
     """
 
     policy: str = 'fifo'
     up_alpha: float = 1.0
     uncertainty: str = 'predictor'
+    consolidation: bool = False
+    batch_size: int = 4
+    b: float = 1.8
+    length_ratio: float = 1.5
+    continuous: bool = False
 
     def __post_init__(self):
         _check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
         _check_nonneg('scheduler.up_alpha', self.up_alpha)
         _check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
+        _check_count('scheduler.batch_size', self.batch_size)
+        for name, value in (('scheduler.b', self.b),
+                            ('scheduler.length_ratio', self.length_ratio)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+                raise ValueError(f'{name} must be a number >= 1, got {value!r}')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,32 @@ def build_service(config, log=print):
         offload, tau = build_offload(config, engine, predictor, log)
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
-                              offload=offload, tau_tokens=tau)
+                              offload=offload, tau_tokens=tau,
+                              batch_step=build_batch_step(config, engine, calibration, log))
     if config.timing.warm_up:
         service.warm_up()
     return service
+
+
+def build_batch_step(config, engine, calibration, log=print):
+    """Return the batched-step fit goals in a batch budget with, or None.
+
+    Only with ``scheduler.consolidation``: the calibration's ``batch_points`` when it has
+    them (``timebill profile`` measures them), else probed now (B = 1, 2, 4, 8 at 128 and
+    1,024 tokens a goal; ~30 s here) and used for this run only (``timebill profile``
+    keeps them).
+    """
+    if not config.scheduler.consolidation or engine.forward.max_batch < 2:
+        return None
+    from timebill_ros.timing.batch import fit_batch_step, probe_batches
+    points = calibration.batch_points
+    if not points:
+        log('scheduler.consolidation: the calibration has no batched-step points; probing')
+        points = probe_batches(engine, progress=log)
+    fit = fit_batch_step(points)
+    log(f'batched step: t_step(B, S) = {fit.q * 1e3:.1f} ms + {fit.r * 1e3:.2f} ms (B - 1) '
+        f'+ {fit.p * 1e6:.2f} us/token S')
+    return fit
 
 
 def build_offload(config, engine, predictor, log=print):

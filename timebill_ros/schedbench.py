@@ -54,7 +54,18 @@ METHODS = (('fifo', {'scheduler.policy': 'fifo'}),
            ('up-1thread', {'scheduler.policy': 'up', 'engine.threads': 1}),
            # Both executors on this CPU: the primary gets 1 thread, the offload engine 1.
            ('up+offload', {'scheduler.policy': 'up', 'offload.enabled': True,
-                           'engine.threads': 1, 'offload.threads': 1}))
+                           'engine.threads': 1, 'offload.threads': 1}),
+           # Consolidation (Sec. IV-C): similar-length goals decode as one batch.
+           ('up+consolidation', {'scheduler.policy': 'up', 'scheduler.consolidation': True}),
+           # RT-LM as a whole: up + consolidation + offload (1 + 1 threads as above).
+           ('rt-lm', {'scheduler.policy': 'up', 'scheduler.consolidation': True,
+                      'offload.enabled': True, 'engine.threads': 1, 'offload.threads': 1}),
+           # Batching without priorities: the receipt-order goal plus whoever is similar.
+           ('fifo+consolidation', {'scheduler.policy': 'fifo',
+                                   'scheduler.consolidation': True}),
+           # The strong baseline a vLLM or llama.cpp user expects: receipt order, and waiting
+           # goals join the decoding batch between steps.
+           ('fifo+continuous', {'scheduler.policy': 'fifo', 'scheduler.continuous': True}))
 # Run instead when a method's own parameters are refused: a server without scheduler.policy
 # runs its goals in order of receipt.
 FALLBACK_PARAMS = {'fifo': {}}
@@ -90,7 +101,8 @@ METRICS = (('miss_rate', 'miss rate', '{:.2f}'),
            ('sched_overhead_ms', 'sched overhead ms', '{:.3f}'),
            ('sched_overhead_pct', 'sched overhead % of e2e', '{:.4f}'),
            ('admission_predict_ms', 'u_J predict ms', '{:.0f}'),
-           ('offloaded', 'offloaded', '{:.2f}'))
+           ('offloaded', 'offloaded', '{:.2f}'),
+           ('batched', 'batched', '{:.2f}'))
 
 
 # --- workload (pure) -------------------------------------------------------------------------
@@ -332,6 +344,8 @@ def cell_metrics(rows):
     whose length was predicted at admission (the prediction their run reused; runs from
     before the split of schedule_time counted it in ``schedule_s``). offloaded: the share of
     goals that ran on the ``offload`` executor (None when no result names an executor).
+    batched: the share of the goals that ran in a batch of two or more (None when no
+    result carries a batch size).
     Short goals: N below the subset's median (``short`` in the rows).
     """
     if not rows:
@@ -361,6 +375,8 @@ def cell_metrics(rows):
            'admission_predict_ms': 1e3 * statistics.mean(early) if early else None,
            'offloaded': (sum(e == 'offload' for e in executors) / len(executors)
                          if any(executors) else None),
+           'batched': (sum(r.get('batch_size', 0) > 1 for r in ran) / len(ran)
+                       if any(r.get('batch_size') for r in ran) else None),
            'no_result': n - len(answered)}
     for suffix, group in (('done', done), ('all', answered)):
         mean, p95, peak = _stats([r['total_s'] for r in group])
@@ -437,7 +453,8 @@ def report(data):
              'scheduler\'s choices (schedule_time), mean ms a goal and as % of the summed '
              'response times; u_J predict: the length prediction at admission that the run '
              'reused (not an overhead: each goal is predicted once either way). offloaded: '
-             'share of the goals that ran on the offload executor.', '']
+             'share of the goals that ran on the offload executor. batched: share of the goals '
+             'that ran in a decoding batch of two or more (scheduler.consolidation).', '']
     ran = ', '.join(meta['methods']) or 'none'
     lines.append(f'Methods run: {ran}.')
     for name, why in meta.get('skipped', {}).items():
@@ -561,7 +578,7 @@ def _row(result, goal, info):
         row.update({'status': NO_RESULT, 'status_name': 'NO_RESULT', 'deadline_met': False,
                     'total_s': 0.0, 'queue_s': 0.0, 'prefill_s': 0.0, 'decode_s': 0.0,
                     'response_tokens': 0, 'predicted_tokens': 0, 'uncertainty_tokens': 0,
-                    'eviction_ratio': 0.0, 'executor': '', 'schedule_s': None,
+                    'eviction_ratio': 0.0, 'executor': '', 'schedule_s': None, 'batch_size': 0,
                     'predict_s': 0.0, 'at_admission': False, 'infeasible': False})
         return row
     schedule = getattr(result, 'schedule_time', None)
@@ -577,6 +594,7 @@ def _row(result, goal, info):
                 'uncertainty_tokens': int(getattr(result, 'uncertainty_tokens', 0)),
                 'eviction_ratio': float(result.eviction_ratio),
                 'executor': str(getattr(result, 'executor', '')),
+                'batch_size': int(getattr(result, 'batch_size', 0)),
                 'schedule_s': None if schedule is None else duration_to_s(schedule),
                 'predict_s': duration_to_s(result.predict_time),
                 'at_admission': str(result.predictor).endswith('(at admission)'),
@@ -694,6 +712,20 @@ def _resolve(args):
             'slack': slack}
 
 
+def missing_predictor(config=None):
+    """Return why the servers would run without the RLP (text), or None when it is there."""
+    from timebill_ros import model_source, params
+    from timebill_ros.rlp.export import default_onnx_path
+    config = config or params.config_from_flat({})
+    if config.predictor.kind != 'rlp':
+        return None
+    path = pathlib.Path(config.predictor.model_file or default_onnx_path(
+        model_source.model_key(config.engine), config.engine.model_cache_dir or None))
+    if path.expanduser().is_file():
+        return None
+    return f'no RLP at {path} (make predictor builds it)'
+
+
 def run_schedbench(args, progress=print, argv=None):
     """Run the benchmark; write its outputs under ``args.out``.
 
@@ -728,6 +760,11 @@ def run_schedbench(args, progress=print, argv=None):
     if not runnable:
         progress('no method can run')
         return 1
+    missing = missing_predictor()
+    if missing and not getattr(args, 'allow_fallback', False):
+        progress(f'{missing}; without it every u_J is N_max and the uncertainty-aware methods '
+                 'have nothing to go on (--allow-fallback runs anyway)')
+        return 2
 
     from timebill_ros.timing.profiler import format_report
     calibration = _calibration(args.calibration, n_max, progress)

@@ -53,6 +53,9 @@ class JobResult:
     predicted while the goal was queued (tokens; 0 when it started without waiting).
     schedule_time_s: scheduling overhead of the goal: the scheduler's choice that picked it
     (seconds). An admission-time prediction is in predict_time_s, not here.
+    batch_size: the most goals decoding together with it at one step
+    (``scheduler.consolidation``; 1 = alone, 0 = it never ran; a goal that ended before
+    decoding: the goals taken with it).
     """
 
     status: int
@@ -83,6 +86,7 @@ class JobResult:
     executor: str = ''
     uncertainty_tokens: int = 0
     schedule_time_s: float = 0.0
+    batch_size: int = 0
 
     @property
     def status_name(self) -> str:

@@ -16,6 +16,7 @@ from timebill_ros import stopping
 from timebill_ros.engine import GenerationStopped
 from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, JobResult
+from timebill_ros.timing.batch import ScaledSteps, step_scale
 from timebill_ros.timing.budget import decide_remaining
 from timebill_ros.timing.online import EXPECTED, LEAST, WORST
 
@@ -43,15 +44,19 @@ class JobRunner:
     """Runs jobs on an engine and returns their JobResult (never raises for job faults).
 
     engine: LlmEngine. predictor: LengthPredictor. time_model: timing.online.TimeModel.
-    clock: monotonic seconds (the service's).
+    clock: monotonic seconds (the service's). batch_step: the engine's batched-step fit
+    (timing.batch.BatchStepCoefficients) when the calibration has one, else None (a goal
+    in a batch of B then budgets B x its step alone).
     """
 
-    def __init__(self, engine, predictor, time_model, server_config, clock=time.monotonic):
+    def __init__(self, engine, predictor, time_model, server_config, clock=time.monotonic,
+                 batch_step=None):
         self.engine = engine
         self.predictor = predictor
         self.time_model = time_model
         self.config = server_config
         self.clock = clock
+        self.batch_step = batch_step
         self._predict_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-predict')
 
@@ -67,21 +72,74 @@ class JobRunner:
 
     def run(self, job) -> JobResult:
         """Run ``job`` to a terminal JobResult."""
-        job.started_s = self.clock()
-        result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
-                           queue_time_s=job.started_s - job.received_s)
-        goal = _GoalRun(self, job, result)
+        goal = self._start(job)
         try:
             goal.execute()
         except Exception as exc:  # a model or predictor fault ends this goal only
-            result.status = status.FAILED
-            result.message = f'engine error: {type(exc).__name__}: {exc}'
-            result.response = ''
-            result.stop_phase = goal.phase
-        end = self.clock()
-        result.execution_time_s = end - job.started_s
-        result.total_time_s = end - job.received_s
-        return result
+            goal.failed(exc)
+        return goal.ended()
+
+    def run_batch(self, jobs, finish, more=None, capacity=None) -> None:
+        """Run ``jobs`` as one decoding batch; ``finish(job, result)`` as each one ends.
+
+        Each goal is prefilled (predictor beside it), budgeted and evicted in turn, as
+        :meth:`run` does, with alpha* from the time model scaled to the batch's step
+        (timing.batch.step_scale); then the prepared goals decode together, each under its
+        own stop criteria, and leave the batch when they end. A fault in one goal's
+        preparation ends that goal; a fault in a shared step ends every goal still in it.
+        more(room, members) -> jobs: continuous batching, goals that join between steps (at
+        most ``room``; ``members`` the jobs decoding); each joiner's prefill pauses the
+        batch. capacity: the most goals at once (C_f); with ``more`` the step scale assumes
+        a full batch, since goals may join after a goal's alpha* was chosen.
+        """
+        size = len(jobs) if more is None else max(len(jobs), capacity or len(jobs))
+        scale = step_scale(self.batch_step, size)
+        batch, rows = self.engine.new_batch(), {}
+        self._prepare_into(batch, rows, jobs, scale, finish)
+        while rows:
+            if more is not None and len(rows) < size:
+                joining = more(size - len(rows), [goal.job for goal in rows.values()])
+                if joining:
+                    self._prepare_into(batch, rows, joining, scale, finish)
+                    continue
+            for goal in rows.values():
+                goal.result.batch_size = max(goal.result.batch_size, len(rows))
+            try:
+                ended = batch.step()
+            except Exception as exc:  # a shared step failed: every goal in it fails
+                for goal in rows.values():
+                    goal.failed(exc)
+                    finish(goal.job, goal.ended())
+                return
+            for row_id, out in ended:
+                goal = rows.pop(row_id)
+                try:
+                    goal.decoded(out)
+                except Exception as exc:
+                    goal.failed(exc)
+                finish(goal.job, goal.ended())
+
+    def _prepare_into(self, batch, rows, jobs, scale, finish):
+        """Prepare ``jobs`` in turn and join them to ``batch`` (rows: row id -> _GoalRun)."""
+        # A goal's decoding starts once the goals after it are prefilled: its budget says so.
+        prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED) for job in jobs]
+        for index, job in enumerate(jobs):
+            goal = self._start(job, batch_size=len(jobs), step_scale=scale,
+                               wait_s=sum(prefills_s[index + 1:]))
+            try:
+                prepared = goal.prepare()
+                if prepared is not None:
+                    rows[goal.join(batch, *prepared)] = goal
+                    continue
+            except Exception as exc:
+                goal.failed(exc)
+            finish(job, goal.ended())
+
+    def _start(self, job, batch_size=1, step_scale=1.0, wait_s=0.0):
+        job.started_s = self.clock()
+        result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
+                           queue_time_s=job.started_s - job.received_s, batch_size=batch_size)
+        return _GoalRun(self, job, result, step_scale, wait_s)
 
     def warm_up(self, n_x=WARM_UP_TOKENS, steps=WARM_UP_STEPS, alpha=WARM_UP_ALPHA):
         """Run one synthetic goal as goals run and feed its times to the time model.
@@ -114,12 +172,22 @@ class JobRunner:
 
 
 class _GoalRun:
-    """The state of one goal while it runs (phase, criteria, timings)."""
+    """The state of one goal while it runs (phase, criteria, timings).
 
-    def __init__(self, runner, job, result):
+    step_scale: the decoding step of the batch it runs in over a goal's step alone (1.0
+    alone); the budget math and the early stop use the step so scaled. wait_s: expected
+    seconds between its eviction and its first batched step (the prefills of the goals
+    after it in the batch); alpha* and t^_WCET count them.
+    """
+
+    def __init__(self, runner, job, result, step_scale=1.0, wait_s=0.0):
         self.runner = runner
         self.engine = runner.engine
         self.model = runner.time_model
+        self.step_scale = step_scale
+        self.wait_s = wait_s
+        self.decode_model = (self.model if step_scale == 1.0
+                             else ScaledSteps(self.model, step_scale))
         self.clock = runner.clock
         self.job = job
         self.result = result
@@ -130,6 +198,13 @@ class _GoalRun:
 
     # --- the pipeline ------------------------------------------------------------------
     def execute(self):
+        """Run the goal alone: prepare, then decode."""
+        prepared = self.prepare()
+        if prepared is not None:
+            self._decode(*prepared)
+
+    def prepare(self):
+        """Prefill, predict, budget and evict; return (state, alpha) or None when it ended."""
         job, model, result = self.job, self.model, self.result
         chunks = self._chunk_sizes()
         # u_J predicted while the goal waited is reused as N^ (its call may still run).
@@ -157,13 +232,28 @@ class _GoalRun:
         self.phase = 'predictor'
         n_hat = self._await_prediction(prediction, prefill_end, early)
         if n_hat is None:
-            return
+            return None
         decision = self._decide(n_hat)
         self.phase = 'eviction'
         if not self._evict(state, decision.alpha):
-            return
+            return None
         self.phase = 'decode'
-        self._decode(state, decision.alpha)
+        return state, decision.alpha
+
+    def failed(self, exc):
+        """Record a model or predictor fault as this goal's FAILED result."""
+        result = self.result
+        result.status = status.FAILED
+        result.message = f'engine error: {type(exc).__name__}: {exc}'
+        result.response = ''
+        result.stop_phase = self.phase
+
+    def ended(self):
+        """Stamp the run's end on the result and return it."""
+        end, job, result = self.clock(), self.job, self.result
+        result.execution_time_s = end - job.started_s
+        result.total_time_s = end - job.received_s
+        return result
 
     def _feedback(self, phase, tokens=0, text='', alpha=0.0):
         self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
@@ -174,7 +264,7 @@ class _GoalRun:
         """Interrupts, plus (Kill / Partial) stop once the rest of the prefill cannot fit."""
         criteria = list(self.interrupt.criteria)
         if self.job.policy.stops_early:
-            n_x, model = self.job.n_x, self.model
+            n_x, model = self.job.n_x, self.decode_model
 
             def least_rest_s(n_done):
                 return model.prefill_rest_s(n_done, n_x, LEAST) + model.step_s(n_x, LEAST)
@@ -266,7 +356,7 @@ class _GoalRun:
         job = self.job
         if not job.policy.stops_early:
             return None
-        need_s = extra_s + self.model.step_s(job.n_x, LEAST)
+        need_s = extra_s + self.decode_model.step_s(job.n_x, LEAST)
         if self.clock() + need_s > job.deadline_s:
             return stopping.CANNOT_FINISH
         return None
@@ -275,7 +365,8 @@ class _GoalRun:
         """Choose alpha* for the time left; fill the budget fields of the result."""
         job, cfg = self.job, self.runner.config.budget
         fixed = cfg.fixed_alpha if cfg.mode == 'fixed' else None
-        decision = decide_remaining(self.model, job.deadline_s - self.clock(), job.n_x, n_hat,
+        decision = decide_remaining(self.decode_model,
+                                    job.deadline_s - self.clock() - self.wait_s, job.n_x, n_hat,
                                     job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
                                     fixed_alpha=fixed,
                                     fallback_bound=EXPECTED if cfg.expected_fallback else None,
@@ -283,7 +374,7 @@ class _GoalRun:
         self.result.predicted_tokens = decision.n_hat
         self.result.pessimistic_tokens = decision.n_w
         self.result.eviction_ratio = decision.alpha
-        self.result.predicted_wcet_s = self.wcet_head_s + decision.remaining_s
+        self.result.predicted_wcet_s = self.wcet_head_s + self.wait_s + decision.remaining_s
         return decision
 
     def _evict(self, state, alpha):
@@ -304,12 +395,28 @@ class _GoalRun:
         return True
 
     def _decode(self, state, alpha):
-        job, result, model = self.job, self.result, self.model
-        n_kv_first = state.n_kv
-        timer = stopping.StepTimer(self.clock)
+        """Decode alone on the engine, then record the outcome."""
+        stop, on_tokens = self._decode_criteria(state, alpha)
+        out = self.engine.decode(state, self.job.n_max, stop, on_tokens,
+                                 self.runner.config.engine.feedback_every_tokens,
+                                 interrupt=self.interrupt)
+        self.decoded(out)
+
+    def join(self, batch, state, alpha):
+        """Join ``batch`` (engine DecodeBatch) under this goal's criteria; return the row id."""
+        stop, on_tokens = self._decode_criteria(state, alpha)
+        return batch.join(state, self.job.n_max, stop, on_tokens,
+                          self.runner.config.engine.feedback_every_tokens,
+                          interrupt=self.interrupt)
+
+    def _decode_criteria(self, state, alpha):
+        """Return (stop criteria, feedback callback) of the decoding phase."""
+        job, model = self.job, self.decode_model
+        self.n_kv_first = n_kv_first = state.n_kv
+        self.timer = stopping.StepTimer(self.clock)
         # The timer first: check() returns at the first criterion that fires, and the
         # boundary after the last step must still be recorded.
-        criteria = [timer, stopping.EosStop(self.engine.eos_token_ids),
+        criteria = [self.timer, stopping.EosStop(self.engine.eos_token_ids),
                     stopping.MaxTokensStop(job.n_max)] + list(self.interrupt.criteria)
         if job.policy.stops_early:
             # Kill stops only when the step surely cannot finish (LEAST); an anytime
@@ -326,11 +433,14 @@ class _GoalRun:
         def on_tokens(n_generated, text):
             self._feedback(status.PHASE_DECODE, n_generated, text, alpha)
 
-        out = self.engine.decode(state, job.n_max, stopping.StopCriteria(criteria), on_tokens,
-                                 self.runner.config.engine.feedback_every_tokens,
-                                 interrupt=self.interrupt)
-        steps = timer.step_durations_s()
-        model.observe_decode(n_kv_first, len(steps), sum(steps))
+        return stopping.StopCriteria(criteria), on_tokens
+
+    def decoded(self, out):
+        """Record the decoding phase's outcome ``out`` (engine DecodeResult)."""
+        result = self.result
+        steps = self.timer.step_durations_s()
+        if self.step_scale == 1.0:  # the online model learns a goal's step alone
+            self.model.observe_decode(self.n_kv_first, len(steps), sum(steps))
         result.decode_time_s = out.decode_s
         result.response_tokens = len(out.token_ids)
         self._decoded(out)

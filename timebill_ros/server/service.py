@@ -18,6 +18,7 @@ from timebill_ros.server.goals import GoalRejected, JobResult
 from timebill_ros.server.job import Job
 from timebill_ros.server.runner import JobRunner, timed_predict
 from timebill_ros.server.scheduler import JobQueue, QueueFull, make_scheduler_policy
+from timebill_ros.server.scheduler.consolidation import cut_batch, join_batch
 from timebill_ros.server.stats import ServerStats
 from timebill_ros.timing.model import TimingCoefficients
 from timebill_ros.timing.online import DECODE, EXPECTED, PREFILL, TimeModel
@@ -75,11 +76,13 @@ class TimeBillService:
     offload: (engine, TimeModel) of the offload executor (``offload.enabled``), or None.
     tau_tokens: RT-LM's offload threshold tau, tokens: a goal whose u_J exceeds it runs on
     the offload executor.
+    batch_step: the primary engine's batched-step fit (timing.batch.BatchStepCoefficients)
+    that goals decoding in a batch budget with (``scheduler.consolidation``), or None.
     """
 
     def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
                  scheduler_policy=None, state_path=None, log=lambda line: None,
-                 offload=None, tau_tokens=None):
+                 offload=None, tau_tokens=None, batch_step=None):
         self.config = config
         self.engine = engine
         self.clock = clock
@@ -98,10 +101,14 @@ class TimeBillService:
         self._uncertainty_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-uncertainty')
         self.predictor = predictor
-        self.runner = JobRunner(engine, predictor, timing, config, clock)
+        self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step)
+        batching = config.scheduler
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,
-                                   accept=lambda job: self._accepts(PRIMARY, job))]
+                                   accept=lambda job: self._accepts(PRIMARY, job),
+                                   cut=self._cut if batching.consolidation else None,
+                                   join=self._join if batching.continuous else None,
+                                   capacity=batching.batch_size)]
         self.tau_tokens = tau_tokens
         if offload is not None:
             if tau_tokens is None:
@@ -141,8 +148,8 @@ class TimeBillService:
             job.finish(JobResult(status=status.FAILED, stop_phase='queue',
                                  message='server shutting down; goal was still queued'))
         for executor in self.executors:
-            if executor.current is not None:
-                executor.current.cancel('shutdown')
+            for job in executor.running:
+                job.cancel('shutdown')
         for executor in self.executors:
             executor.stop(timeout_s)
         self._reaper_stop.set()
@@ -184,7 +191,7 @@ class TimeBillService:
         """Return the queue and time-model figures for stats and diagnostics."""
         depth = self.queue_depth
         routed = [self.route(job) for job in self.queue.waiting()]
-        running = sum(executor.current is not None for executor in self.executors)
+        running = sum(len(executor.running) for executor in self.executors)
         decode, prefill = (self.time_model.status(p) for p in (DECODE, PREFILL))
         return ServiceStatus(
             queue_depth=depth, active_goals=depth + running, busy=running > 0,
@@ -272,6 +279,36 @@ class TimeBillService:
         if u_j > self.tau_tokens or (u_j >= self.tau_tokens >= job.n_max):
             return OFFLOAD
         return PRIMARY
+
+    def _cut(self, jobs, now_s):
+        """Consolidation (scheduler.consolidation): the primary's batch among ``jobs``.
+
+        The policy's first choice always runs; goals routed to the offload executor never
+        join a batch (RT-LM Sec. IV-D), so when the primary takes one of them (the offload
+        executor being busy) it runs alone.
+        """
+        first = self.queue.policy.select(jobs, now_s)
+        own = [i for i, job in enumerate(jobs) if self.route(job) == PRIMARY]
+        if first not in own:
+            return [first]
+        cfg = self.config.scheduler
+        picked = cut_batch([jobs[i] for i in own], now_s, self.queue.policy, cfg.batch_size,
+                           cfg.b, cfg.length_ratio)
+        return [own[i] for i in picked]
+
+    def _join(self, jobs, now_s, room, members):
+        """Continuous batching (scheduler.continuous): which of ``jobs`` join the batch now.
+
+        None joins a batch that holds a goal routed to the offload executor, and no such
+        goal joins one; with consolidation, only goals of similar u_J join.
+        """
+        if any(self.route(member) != PRIMARY for member in members):
+            return []
+        own = [i for i, job in enumerate(jobs) if self.route(job) == PRIMARY]
+        cfg = self.config.scheduler
+        picked = join_batch([jobs[i] for i in own], now_s, self.queue.policy, room, members,
+                            cfg.length_ratio if cfg.consolidation else None)
+        return [own[i] for i in picked]
 
     def _accepts(self, name, job):
         """Return True if executor ``name`` may take ``job``.
@@ -383,10 +420,8 @@ class TimeBillService:
         longer fit before its deadline; KILLED when the deadline passed. None: the time
         model got faster meanwhile and the goal fits again (its expiry moves).
         """
-        for executor in self.executors:
-            running = executor.current
-            if (running is not None and running.policy.name == 'skip_next'
-                    and running.deadline_s < now):
+        for running in (job for executor in self.executors for job in executor.running):
+            if running.policy.name == 'skip_next' and running.deadline_s < now:
                 return JobResult(
                     status=status.SKIPPED, kill_latency_s=None, stop_phase='queue',
                     message=f'skipped: came due while goal {running.goal_id} overran '

@@ -77,3 +77,53 @@ def probe_batches(engine, sizes=BATCH_SIZES, kv_lengths=BATCH_KV, steps=4, progr
             if progress is not None:
                 progress(f'batch B={size} N_kv={n_kv}: {seconds:.4f} s/step')
     return points
+
+
+def step_scale(coefficients, batch_size, kv_lengths=BATCH_KV) -> float:
+    """Return how much longer one goal's decoding step is in a batch of ``batch_size``.
+
+    The ratio t_step(B, B n) / t_step(1, n) (dimensionless, >= 1 for a sane fit), the
+    largest over the per-goal KV lengths n of ``kv_lengths``: a batch's goals may hold any
+    of them, and a budget must not count on the smallest slow-down. Without a fit
+    (``coefficients`` None) it is ``batch_size``: no gain from batching is assumed.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f'batch_size must be an int >= 1, got {batch_size!r}')
+    if batch_size == 1:
+        return 1.0
+    if coefficients is None:
+        return float(batch_size)
+    ratios = [coefficients.step_s(batch_size, batch_size * n) / coefficients.step_s(1, n)
+              for n in kv_lengths if coefficients.step_s(1, n) > 0]
+    return max([1.0] + ratios)
+
+
+class ScaledSteps:
+    """A time model (timing.online.TimeModel) whose decoding steps take ``scale`` x longer.
+
+    What a goal in a decoding batch budgets with: step_s, decode_s and decode_coefficients
+    are scaled; every other estimate (prefill, predictor, eviction) is the model's own.
+    """
+
+    def __init__(self, model, scale: float):
+        """Wrap ``model``; ``scale`` > 0 (dimensionless)."""
+        if not scale > 0:
+            raise ValueError(f'scale must be > 0, got {scale!r}')
+        self.model = model
+        self.scale = float(scale)
+
+    def step_s(self, n_kv, bound='expected'):
+        """Seconds of one decoding step with ``n_kv`` cached tokens, in the batch."""
+        return self.scale * self.model.step_s(n_kv, bound)
+
+    def decode_s(self, n_x, alpha, n_tokens, bound='expected'):
+        """Seconds of an ``n_tokens`` decoding phase at eviction ratio ``alpha``, batched."""
+        return self.scale * self.model.decode_s(n_x, alpha, n_tokens, bound)
+
+    def decode_coefficients(self, bound='worst'):
+        """Eq. 4 with the decoding coefficients p, q scaled (what alpha* is solved with)."""
+        co = self.model.decode_coefficients(bound)
+        return dataclasses.replace(co, p=co.p * self.scale, q=co.q * self.scale)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)

@@ -49,26 +49,43 @@ class JobQueue:
         the policy chooses among those. While jobs wait but none is acceptable, acceptance
         is re-checked every ACCEPT_POLL_S (it may depend on another executor getting busy).
         """
+        jobs = self.pop_batch(timeout_s, accept)
+        return jobs[0] if jobs else None
+
+    def pop_batch(self, timeout_s=None, accept=None, cut=None):
+        """As :meth:`pop`, but return a list of jobs (empty if none or closed).
+
+        cut(jobs, now_s) -> indices: which of the acceptable jobs run together (a
+        consolidation rule, highest priority first; none: nothing is taken); None: the
+        policy's one choice.
+        The time of the choice is the scheduling overhead of the first job returned.
+        """
         with self.cond:
             end = None if timeout_s is None else self.clock() + timeout_s
             while True:
                 if self._closed:
-                    return None
+                    return []
                 jobs = [job for job in self._jobs if accept is None or accept(job)]
                 if jobs:
                     break
                 remaining = None if end is None else end - self.clock()
                 if remaining is not None and remaining <= 0:
-                    return None
+                    return []
                 if self._jobs:
                     remaining = min(remaining or ACCEPT_POLL_S, ACCEPT_POLL_S)
                 self.cond.wait(remaining)
             start = time.perf_counter()
-            job = jobs[self.policy.select(jobs, self.clock())]
+            if cut is None:
+                chosen = [jobs[self.policy.select(jobs, self.clock())]]
+            else:
+                chosen = [jobs[i] for i in cut(jobs, self.clock())]
+                if not chosen:  # the rule takes none of them (continuous batching)
+                    return []
             # The overhead of choosing, wall time (the queue clock may be a test's fake).
-            job.schedule_s += time.perf_counter() - start
-            self._jobs.remove(job)
-            return job
+            chosen[0].schedule_s += time.perf_counter() - start
+            for job in chosen:
+                self._jobs.remove(job)
+            return chosen
 
     def waiting(self):
         """Return a snapshot list of the waiting jobs, in arrival order."""
