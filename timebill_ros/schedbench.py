@@ -657,12 +657,13 @@ def calibration_fit_pct(calibration):
     return max(values) if values else None
 
 
-def _calibration(path, n_max, progress):
+def _calibration(path, n_max, progress, batches=False):
     """Return the calibration all budgets and servers use: ``path``'s, else a fresh one.
 
     A fresh one is profiled (start-up grid) in the machine state of the runs; when its
     held-out fit error exceeds CALIBRATION_MAPE_PCT (a busy machine), it is profiled once more
-    and the better of the two kept.
+    and the better of the two kept. batches: also probe the batched step (consolidating
+    servers budget with it; probed here once, not by each server while the others start).
     """
     from timebill_ros.timing.model import Calibration
     if path:
@@ -683,6 +684,11 @@ def _calibration(path, n_max, progress):
             break
         progress(f'calibration: held-out MAPE {error:.0f} % > {CALIBRATION_MAPE_PCT:.0f} % '
                  '(is the machine busy?); profiling once more')
+    if batches and not best.batch_points:
+        import dataclasses
+        from timebill_ros.timing.batch import probe_batches
+        best = dataclasses.replace(best, batch_points=tuple(probe_batches(engine,
+                                                                          progress=progress)))
     return best
 
 
@@ -767,7 +773,9 @@ def run_schedbench(args, progress=print, argv=None):
         return 2
 
     from timebill_ros.timing.profiler import format_report
-    calibration = _calibration(args.calibration, n_max, progress)
+    batches = any(flat.get('scheduler.consolidation') or flat.get('scheduler.continuous')
+                  for _, flat in runnable)
+    calibration = _calibration(args.calibration, n_max, progress, batches)
     out_dir.mkdir(parents=True, exist_ok=True)
     calibration.save(out_dir / 'calibration.yaml')  # for --calibration of a later run
     coefficients = calibration.coefficients
