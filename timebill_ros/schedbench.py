@@ -509,29 +509,36 @@ def report(data):
 
 
 def plot(data, path):
-    """Write miss rate vs load: one panel per subset, one line per method (sd as bars)."""
+    """Write miss rate (top) and throughput (bottom) vs load: a column per subset, a line a method.
+
+    Error bars are the sample sd over repeats; throughput is completed goals per minute.
+    """
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     table = summarize(data['rows'])
     subsets = [s for s in data['meta']['subsets'] if any(e['subset'] == s for e in table)]
-    fig, axes = plt.subplots(1, max(1, len(subsets)), figsize=(5 * max(1, len(subsets)), 4),
-                             squeeze=False, sharey=True)
-    for axis, subset in zip(axes[0], subsets):
+    fig, axes = plt.subplots(2, max(1, len(subsets)), figsize=(5 * max(1, len(subsets)), 7),
+                             squeeze=False, sharex=True)
+    for column, subset in enumerate(subsets):
         methods = []
         for e in table:
             if e['subset'] == subset and e['method'] not in methods:
                 methods.append(e['method'])
-        for method in methods:
-            pts = [(e['load'], *e['miss_rate']) for e in table
-                   if e['subset'] == subset and e['method'] == method]
-            axis.errorbar([p[0] for p in pts], [p[1] for p in pts],
-                          yerr=[p[2] or 0.0 for p in pts], marker='o', capsize=3,
-                          label=method)
-        axis.set(title=f'{subset} variance', xlabel='offered load (x capacity)',
-                 ylim=(-0.02, 1.02))
-        axis.legend(fontsize=8)
+        for row, key in enumerate(('miss_rate', 'throughput_per_min')):
+            axis = axes[row][column]
+            for method in methods:
+                pts = [(e['load'], *e[key]) for e in table
+                       if e['subset'] == subset and e['method'] == method
+                       and e[key][0] is not None]
+                axis.errorbar([p[0] for p in pts], [p[1] for p in pts],
+                              yerr=[p[2] or 0.0 for p in pts], marker='o', capsize=3,
+                              label=method)
+        axes[0][column].set(title=f'{subset} variance', ylim=(-0.02, 1.02))
+        axes[1][column].set(xlabel='offered load (x capacity)')
+        axes[0][column].legend(fontsize=8)
     axes[0][0].set_ylabel('deadline-miss rate')
+    axes[1][0].set_ylabel('completed goals / min')
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
