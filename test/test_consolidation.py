@@ -4,11 +4,15 @@ import types
 
 import pytest
 
-from timebill_ros.config import SchedulerConfig
+from timebill_ros.config import SchedulerConfig, ServerConfig
+from timebill_ros.factory import build_batch_step
 from timebill_ros.server.scheduler import EdfPolicy, FifoPolicy
 from timebill_ros.server.scheduler.consolidation import cut_batch
-from timebill_ros.timing.batch import BatchStepCoefficients, ScaledSteps, step_scale
-from timebill_ros.timing.model import TimingCoefficients
+from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.batch import (BatchStepCoefficients, ScaledSteps, choose_batch_size,
+                                       step_scale)
+from timebill_ros.timing.model import (CACHE_ENV, Calibration, TimingCoefficients,
+                                       default_calibration_path)
 from timebill_ros.timing.online import TimeModel
 
 
@@ -52,9 +56,11 @@ def test_cut_batch_needs_a_job():
         cut_batch([], 0.0, FifoPolicy(), 4, 1.8, 1.5)
 
 
-@pytest.mark.parametrize('field, value', [('batch_size', 0), ('batch_size', True),
+@pytest.mark.parametrize('field, value', [('batch_size', -1), ('batch_size', True),
                                           ('batch_size', 2.0), ('b', 0.5), ('b', True),
-                                          ('length_ratio', 0.9), ('length_ratio', 'x')])
+                                          ('length_ratio', 0.9), ('length_ratio', 'x'),
+                                          ('batch_gain', 0), ('batch_gain', 1.0),
+                                          ('batch_gain', True)])
 def test_consolidation_parameters_are_checked(field, value):
     with pytest.raises(ValueError, match=f'scheduler.{field}'):
         SchedulerConfig(**{field: value})
@@ -64,6 +70,68 @@ def test_defaults_follow_the_paper():
     config = SchedulerConfig()
     assert not config.consolidation
     assert (config.batch_size, config.b, config.length_ratio) == (4, 1.8, 1.5)
+    assert SchedulerConfig(batch_size=0).batch_size == 0  # chosen at start-up
+
+
+def test_batch_size_is_chosen_where_the_per_token_cost_stops_falling():
+    # Per-token cost (q - r) / B + r + p n: 30, 16, 9, 5.5, 3.75 ms at B = 1..16 (p = 0).
+    fit = BatchStepCoefficients(q=0.030, r=0.002, p=0.0)
+    sizes = (1, 2, 4, 8, 16)
+    assert choose_batch_size(fit, sizes, 0.1) == 16  # every doubling still saves > 10 %
+    assert choose_batch_size(fit, sizes, 0.35) == 8  # 8 -> 16 saves 32 %
+    assert choose_batch_size(fit, sizes, 0.45) == 2  # 2 -> 4 saves 44 %
+    assert choose_batch_size(fit, (1, 2), 0.1) == 2  # never past the probed sizes
+    # A flat per-token cost (each goal adds a full step): batching never pays.
+    assert choose_batch_size(BatchStepCoefficients(q=0.03, r=0.03, p=0.0), sizes, 0.1) == 1
+    with pytest.raises(ValueError, match='gain_share'):
+        choose_batch_size(fit, sizes, 0.0)
+    with pytest.raises(ValueError, match='sizes'):
+        choose_batch_size(fit, (), 0.1)
+
+
+def _calibration(batch_points=()):
+    return Calibration(
+        coefficients=TimingCoefficients(a=0.0, b=1e-3, c=0.01, p=1e-6, q=0.03),
+        model_key='tiny', device='cpu', dtype='float32', threads=0, prefill_mape_pct=None,
+        decode_mape_pct=None, n_points=0, profiling_s=0.0,
+        created='2026-11-24T00:00:00+00:00', method='few_shot', prefill_points=(),
+        decode_points=(), batch_points=batch_points)
+
+
+POINTS = ((1, 129, 0.030), (2, 258, 0.032), (4, 516, 0.036), (8, 1032, 0.044),
+          (1, 1025, 0.034), (2, 2050, 0.040), (4, 4100, 0.052), (8, 8200, 0.076))
+
+
+def test_the_factory_resolves_batch_size_zero_from_the_calibration(make_tiny_engine):
+    engine = make_tiny_engine()
+    config = ServerConfig(scheduler=SchedulerConfig(continuous=True, batch_size=0))
+    log = []
+    fit, resolved = build_batch_step(config, engine, _calibration(POINTS), log.append)
+    assert fit is not None and fit.r > 0
+    assert resolved.scheduler.batch_size == choose_batch_size(fit, (1, 2, 4, 8), 0.1)
+    assert any('C_f =' in line for line in log)
+    # Nothing batches: no fit needed, and C_f 0 means one goal at a time.
+    fit, resolved = build_batch_step(ServerConfig(scheduler=SchedulerConfig(batch_size=0)),
+                                     engine, _calibration(), log.append)
+    assert fit is None and resolved.scheduler.batch_size == 1
+
+
+def test_probed_batch_points_are_cached_with_the_calibration(make_tiny_engine, tmp_path,
+                                                             monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    engine = make_tiny_engine()
+    calibration = _calibration()
+    config = ServerConfig(scheduler=SchedulerConfig(consolidation=True))
+    fit, resolved = build_batch_step(config, engine, calibration, lambda line: None)
+    assert fit is not None and resolved.scheduler.batch_size == 4
+    saved = Calibration.load(default_calibration_path(calibration.key))
+    assert {b for b, _, _ in saved.batch_points} == {1, 2, 4, 8}
+
+
+def test_the_service_refuses_an_unresolved_batch_size(make_tiny_engine):
+    config = ServerConfig(scheduler=SchedulerConfig(continuous=True, batch_size=0))
+    with pytest.raises(ValueError, match='batch_size 0'):
+        TimeBillService(config, make_tiny_engine(), None, None)
 
 
 def test_step_scale_from_the_batched_step_fit():

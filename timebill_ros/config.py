@@ -312,7 +312,11 @@ class SchedulerConfig:
         unknown while queued: policies that need it treat it as the goal's N_max).
     consolidation: RT-LM's consolidation (Sec. IV-C, Alg. 1): the primary executor runs
         waiting goals of similar u_J together as one decoding batch (server/consolidation.py).
-    batch_size: C_f, the most goals in one batch (>= 1).
+    batch_size: C_f, the most goals in one batch (>= 1), or 0: chosen at start-up from the
+        batched-step fit as the smallest probed B whose per-token cost stops falling by more
+        than batch_gain at the next probed size (timing.batch.choose_batch_size).
+    batch_gain: the share (0, 1) by which the per-token cost must still fall at the next
+        batch size for batch_size 0 to grow past a size.
     b: Alg. 1's b (>= 1): the batch is cut from the b x C_f goals of highest priority.
     length_ratio: Alg. 1's lambda (>= 1): a goal joins only while its u_J is at most
         length_ratio x the u_J next to it in the batch (``lambda`` is a Python keyword).
@@ -327,6 +331,7 @@ class SchedulerConfig:
     uncertainty: str = 'predictor'
     consolidation: bool = False
     batch_size: int = 4
+    batch_gain: float = 0.1
     b: float = 1.8
     length_ratio: float = 1.5
     continuous: bool = False
@@ -335,7 +340,13 @@ class SchedulerConfig:
         _check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
         _check_nonneg('scheduler.up_alpha', self.up_alpha)
         _check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
-        _check_count('scheduler.batch_size', self.batch_size)
+        if (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
+                or self.batch_size < 0):
+            raise ValueError('scheduler.batch_size must be an int >= 0 (0 = chosen at '
+                             f'start-up), got {self.batch_size!r}')
+        if (isinstance(self.batch_gain, bool) or not isinstance(self.batch_gain, (int, float))
+                or not 0 < self.batch_gain < 1):
+            raise ValueError(f'scheduler.batch_gain must be in (0, 1), got {self.batch_gain!r}')
         for name, value in (('scheduler.b', self.b),
                             ('scheduler.length_ratio', self.length_ratio)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:

@@ -24,37 +24,66 @@ def build_service(config, log=print):
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     time_model = build_time_model(config, calibration, predictor,
                                   online_state_path(config.engine, config.timing), log)
+    batch_step, config = build_batch_step(config, engine, calibration, log)
     offload, tau = None, None
     if config.offload.enabled:
         offload, tau = build_offload(config, engine, predictor, log)
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
-                              batch_step=build_batch_step(config, engine, calibration, log))
+                              batch_step=batch_step)
     if config.timing.warm_up:
         service.warm_up()
     return service
 
 
 def build_batch_step(config, engine, calibration, log=print):
-    """Return the batched-step fit goals in a batch budget with, or None.
+    """Return ``(fit, config)``: the batched-step fit goals in a batch budget with, or None.
 
-    Only with ``scheduler.consolidation``: the calibration's ``batch_points`` when it has
-    them (``timebill profile`` measures them), else probed now (B = 1, 2, 4, 8 at 128 and
-    1,024 tokens a goal; ~30 s here) and used for this run only (``timebill profile``
-    keeps them).
+    Only when the primary batches (``scheduler.consolidation`` or ``scheduler.continuous``)
+    on an engine that can: the calibration's ``batch_points`` when it has them, else probed
+    now (B = 1, 2, 4, 8 at 128 and 1,024 tokens a goal; ~30 s here) and saved with the cached
+    calibration (not into an explicit ``timing.calibration_file``). The config returned has
+    ``scheduler.batch_size`` 0 resolved (timing.batch.choose_batch_size; 1 when nothing
+    batches).
     """
-    if not config.scheduler.consolidation or engine.forward.max_batch < 2:
-        return None
+    import dataclasses
+    scheduler = config.scheduler
+    batches = scheduler.consolidation or scheduler.continuous
+    fit, points = None, ()
+    if batches and engine.forward.max_batch >= 2:
+        fit, points = _batch_fit(config, engine, calibration, log)
+    if scheduler.batch_size == 0:
+        from timebill_ros.timing.batch import choose_batch_size
+        size = 1
+        if fit is not None:
+            sizes = [b for b in {b for b, _, _ in points} if b <= engine.forward.max_batch]
+            size = choose_batch_size(fit, sizes, scheduler.batch_gain)
+        log(f'scheduler.batch_size 0: C_f = {size} (per-token cost stops falling by more '
+            f'than {scheduler.batch_gain:.0%} past it)')
+        config = dataclasses.replace(
+            config, scheduler=dataclasses.replace(scheduler, batch_size=size))
+    return fit, config
+
+
+def _batch_fit(config, engine, calibration, log):
+    """Return (fit, points): the calibration's batch points, probed (and cached) if none."""
+    import dataclasses
+
     from timebill_ros.timing.batch import fit_batch_step, probe_batches
     points = calibration.batch_points
     if not points:
-        log('scheduler.consolidation: the calibration has no batched-step points; probing')
-        points = probe_batches(engine, progress=log)
+        log('batching: the calibration has no batched-step points; probing')
+        points = tuple(probe_batches(engine, progress=log))
+        if not config.timing.calibration_file:
+            from timebill_ros.timing.model import default_calibration_path
+            path = default_calibration_path(calibration.key)
+            dataclasses.replace(calibration, batch_points=points).save(path)
+            log(f'batched-step points saved with the calibration ({path})')
     fit = fit_batch_step(points)
     log(f'batched step: t_step(B, S) = {fit.q * 1e3:.1f} ms + {fit.r * 1e3:.2f} ms (B - 1) '
         f'+ {fit.p * 1e6:.2f} us/token S')
-    return fit
+    return fit, points
 
 
 def build_offload(config, engine, predictor, log=print):

@@ -83,6 +83,10 @@ class TimeBillService:
     def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
                  scheduler_policy=None, state_path=None, log=lambda line: None,
                  offload=None, tau_tokens=None, batch_step=None):
+        batching = config.scheduler
+        if batching.batch_size == 0 and (batching.consolidation or batching.continuous):
+            raise ValueError('scheduler.batch_size 0 must be resolved before the service is '
+                             'built (factory.build_batch_step)')
         self.config = config
         self.engine = engine
         self.clock = clock
@@ -102,7 +106,6 @@ class TimeBillService:
             max_workers=1, thread_name_prefix='timebill-uncertainty')
         self.predictor = predictor
         self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step)
-        batching = config.scheduler
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,
                                    accept=lambda job: self._accepts(PRIMARY, job),

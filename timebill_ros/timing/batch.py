@@ -98,6 +98,31 @@ def step_scale(coefficients, batch_size, kv_lengths=BATCH_KV) -> float:
     return max([1.0] + ratios)
 
 
+def choose_batch_size(coefficients, sizes, gain_share, kv_lengths=BATCH_KV) -> int:
+    """Return C_f for ``scheduler.batch_size: 0``: where batching stops paying.
+
+    The CPU analogue of RT-LM's "smallest batch at which the GPU is fully used" (Sec. V): the
+    smallest B of ``sizes`` (the batch sizes probed, ascending) whose per-token cost
+    t_step(B', B' n) / B' at the next size B' falls by less than ``gain_share`` (in (0, 1))
+    of its own, for every per-goal KV length n of ``kv_lengths``; the largest size when every
+    step still pays. Only probed sizes are candidates: the fit is not trusted beyond them.
+    """
+    if not 0 < gain_share < 1:
+        raise ValueError(f'gain_share must be in (0, 1), got {gain_share!r}')
+    sizes = sorted(set(sizes))
+    if not sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes):
+        raise ValueError(f'sizes must be ints >= 1, got {sizes!r}')
+    for size, bigger in zip(sizes, sizes[1:]):
+        pays = False
+        for n in kv_lengths:
+            now = coefficients.per_token_s(size, size * n)
+            if now > 0 and coefficients.per_token_s(bigger, bigger * n) < (1 - gain_share) * now:
+                pays = True
+        if not pays:
+            return size
+    return sizes[-1]
+
+
 class ScaledSteps:
     """A time model (timing.online.TimeModel) whose decoding steps take ``scale`` x longer.
 
