@@ -17,7 +17,8 @@ After RT-LM Sec. V, adapted to one CPU and to deadlines:
   drew.
 - Arrivals: Poisson at ``load x capacity`` goals/s. Each goal's deadline is a time budget
   t^_e2e x s with t^_e2e = prefill(N_x) + N decoding steps from the calibration taken at the
-  start, and s uniform in ``--slack``; overrun policy Kill, N_max = 128. With
+  start, and s uniform in ``--slack``; overrun policy Kill (``--overrun skip_next``: late
+  goals run to the end), N_max = 128. With
   ``--budget-basis service`` the factor multiplies the goal's service time through the server
   instead (the capacity sample's fit scale x t^_e2e + overhead: the time model leaves out
   what a goal costs beyond prefill and decoding, which short goals feel most). For one subset and
@@ -83,6 +84,7 @@ CAPACITY_BUDGET_S = 600.0
 CALIBRATION_MAPE_PCT = 25.0  # a fit worse than this (held out) is profiled again / flagged
 RESULT_GRACE_S = 120.0  # beyond the longest budget of a trace, seconds
 POLICY_KILL = 1
+OVERRUN_POLICIES = {'kill': POLICY_KILL, 'skip_next': 2}  # action codes (msg Instruct)
 COMPLETED = 1
 NO_RESULT = 0  # status of a row whose goal was not accepted or got no result
 DEFAULT_LENGTHS = 'data/rlp/lengths.jsonl'
@@ -429,6 +431,7 @@ def _fmt(pair, fmt):
     return fmt.format(mean) + ('' if sd is None else ' ± ' + fmt.format(sd))
 
 
+_OVERRUN_TEXT = {'kill': 'Kill', 'skip_next': 'Skip-Next (late goals run to the end)'}
 _BASIS_TEXT = {'model': 't^_e2e (calibration)',
                'service': 'the service fit (scale x t^_e2e + overhead)'}
 
@@ -441,7 +444,8 @@ def report(data):
              f'Command: `{meta["command"]}`', '',
              f'Run {meta.get("started", "?")}, {meta.get("runtime_s", 0) / 60:.1f} min; '
              f'seed {meta["seed"]}; {meta["repeats"]} repeat(s) a cell (values: mean ± sample '
-             'sd over repeats); overrun policy Kill; N_max '
+             f'sd over repeats); overrun policy {_OVERRUN_TEXT[meta.get("overrun", "kill")]}; '
+             'N_max '
              f'{meta["n_max"]}; budget = {_BASIS_TEXT[meta.get("budget_basis", "model")]} '
              f'x slack, slack uniform in [{meta["slack"][0]}, {meta["slack"][1]}]; Poisson '
              'arrivals at load x capacity.',
@@ -613,7 +617,8 @@ def play_trace(client, goals, n_max=N_MAX, policy=POLICY_KILL):
     """Send ``goals`` ([{prompt, arrival_s, budget_s}]) at their arrival times; wait for all.
 
     Returns [(sent_s, Instruct.Result or None, note)] in the order of ``goals``; sent_s is
-    the send time relative to the trace's start.
+    the send time relative to the trace's start. Under Kill a result comes by the longest
+    budget; under Skip-Next goals run late, so each may take the sum of the budgets.
     """
     from timebill_ros.ros.client import make_goal
     handles = []
@@ -624,6 +629,8 @@ def play_trace(client, goals, n_max=N_MAX, policy=POLICY_KILL):
         handles.append((sent_s, client.send(make_goal(
             goal['prompt'], budget_s=goal['budget_s'], max_new_tokens=n_max, policy=policy))))
     timeout_s = max(g['budget_s'] for g in goals) + RESULT_GRACE_S
+    if policy != POLICY_KILL:
+        timeout_s += sum(g['budget_s'] for g in goals)
     out = []
     for sent_s, handle in handles:
         if handle is None or not handle.accepted:
@@ -793,6 +800,7 @@ def run_schedbench(args, progress=print, argv=None):
             'seed': args.seed, 'goals': settings['goals'], 'loads': list(settings['loads']),
             'repeats': settings['repeats'], 'slack': list(settings['slack']), 'n_max': n_max,
             'max_prompt_tokens': args.max_prompt_tokens, 'budget_basis': args.budget_basis,
+            'overrun': getattr(args, 'overrun', 'kill'),
             'pool': f'{len(pool)} held-out prompts ('
                     + ', '.join(f'{s} {sum(e.split == s for e in pool)}'
                                 for s in ('test', 'val') if any(e.split == s for e in pool))
@@ -846,7 +854,8 @@ def run_schedbench(args, progress=print, argv=None):
                         progress(f'{subset} load {load:.2f} repeat {repeat} {name}: '
                                  f'{len(goals)} goals over {trace[-1]["arrival_s"]:.0f} s')
                         for goal, (sent_s, result, note) in zip(
-                                goals, play_trace(client, goals, n_max)):
+                                goals, play_trace(client, goals, n_max,
+                                                  OVERRUN_POLICIES[meta['overrun']])):
                             e = items[goal['index']]
                             lags.append(sent_s - goal['arrival_s'])
                             rows.append(_row(result, goal, {
