@@ -3,7 +3,9 @@
     python benchmarks/ab_speed.py --tree before=/path/to/old --tree after=. [--rounds 3]
     python benchmarks/ab_speed.py --tree after=. --tree no-warm-up=.,timing.warm_up=false
 
-A tree may carry server parameters after its path (``PATH,NAME=VALUE,...``, values in YAML).
+A tree may carry server parameters after its path (``PATH,NAME=VALUE,...``, values in YAML)
+and environment variables of its process (``env:OMP_WAIT_POLICY=PASSIVE``), e.g.
+``--tree spin=. --tree passive=.,env:OMP_WAIT_POLICY=PASSIVE``.
 
 For each round and each tree (alternating, the order flipped every round) a fresh process
 imports that tree's ``timebill_ros``, builds the server core as the node does
@@ -65,8 +67,10 @@ def _run_tree(spec):
     import yaml
     path, *overrides = spec.split(',')
     env = dict(os.environ)
-    env['AB_SPEED_PARAMS'] = json.dumps(
-        {name: yaml.safe_load(value) for name, value in (o.split('=', 1) for o in overrides)})
+    pairs = [o.split('=', 1) for o in overrides]
+    env.update({name[len('env:'):]: value for name, value in pairs if name.startswith('env:')})
+    env['AB_SPEED_PARAMS'] = json.dumps({name: yaml.safe_load(value) for name, value in pairs
+                                         if not name.startswith('env:')})
     if path != '.':
         env['PYTHONPATH'] = os.path.abspath(path)
     out = subprocess.run([sys.executable, os.path.abspath(__file__), '--child'], env=env,

@@ -12,7 +12,8 @@ Prompts: the 12 held-out RLP prompts of the smallest response-length variance
 (``schedbench.make_subsets``: similar lengths, the goals consolidation batches).
 1. Reference: each prompt alone with a 600 s budget (alpha* = 0): its text and t_e2e.
 2. For each budget factor f: budget = f x the prompt's reference t_e2e + the blocker's time.
-   "alone": a blocker goal (a 2-token answer) starts, then the goal is queued behind it;
+   "alone": a blocker goal (an answer of at most 8 tokens) starts on the idle server, then
+   the goal is queued behind it;
    "batched": a blocker starts, then four goals are queued behind it and leave the queue as
    one batch. Both modes wait for the same blocker, so the budgets mean the same; the modes
    alternate group by group. f = 0 stands for the 600 s budget (agreement at alpha* = 0).
@@ -28,9 +29,10 @@ import statistics
 import threading
 import time
 
-FACTORS = (0.0, 1.5, 1.0, 0.8)
+FACTORS = (0.0, 3.0, 2.0, 1.5, 1.0)
 GENEROUS_S = 600.0
 BLOCKER = 'Reply with one word: OK.'
+BLOCKER_N = 8  # tokens: long enough for four goals to be queued before it ends
 GROUP = 4
 TIMEOUT_S = 600.0
 
@@ -67,13 +69,29 @@ def _wait(goals):
     return [goal.result for goal in goals]
 
 
+def _wait_idle(service):
+    """Wait until no executor holds a goal (the last result may come before it frees)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(e.current is not None for e in service.executors):
+        if time.monotonic() > deadline:
+            raise RuntimeError('the server did not become idle')
+        time.sleep(0.005)
+
+
 def run_group(service, GoalRequest, kill, prompts, budgets):
-    """Start a blocker, queue ``prompts`` behind it; return (blocker result, results)."""
-    blocker = _submit(service, GoalRequest, kill, BLOCKER, GENEROUS_S, max_new_tokens=2)
+    """Start a blocker, queue ``prompts`` behind it; return (blocker result, results).
+
+    The blocker starts on an idle server, so it runs alone and the goals queue behind it.
+    """
+    _wait_idle(service)
+    blocker = _submit(service, GoalRequest, kill, BLOCKER, GENEROUS_S, max_new_tokens=BLOCKER_N)
     if not blocker.started.wait(TIMEOUT_S):
         raise RuntimeError('the blocker did not start')
     goals = [_submit(service, GoalRequest, kill, p, b) for p, b in zip(prompts, budgets)]
-    return _wait([blocker])[0], _wait(goals)
+    blocker, results = _wait([blocker])[0], _wait(goals)
+    if blocker.batch_size != 1:
+        raise RuntimeError(f'the blocker ran in a batch of {blocker.batch_size}')
+    return blocker, results
 
 
 def _row(result, prompt_id, factor, mode, budget_s):

@@ -7,7 +7,7 @@ import pytest
 from timebill_ros.config import SchedulerConfig, ServerConfig
 from timebill_ros.factory import build_batch_step
 from timebill_ros.server.scheduler import EdfPolicy, FifoPolicy
-from timebill_ros.server.scheduler.consolidation import cut_batch
+from timebill_ros.server.scheduler.consolidation import cut_batch, keep_on_time
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.batch import (BatchStepCoefficients, ScaledSteps, choose_batch_size,
                                        step_scale)
@@ -169,3 +169,28 @@ def test_joining_a_decoding_batch_takes_priority_order_and_similar_lengths():
     # With lambda = 1.5 only u_J within 1.5x of a member's (10, or 28 when it is there).
     assert join_batch(jobs, 0.0, FifoPolicy(), 4, members, 1.5) == [0]
     assert join_batch(jobs, 0.0, FifoPolicy(), 4, _jobs([10, 28]), 1.5) == [0, 3]
+
+
+def _due(deadline_s, n_x=100, tokens=50):
+    return types.SimpleNamespace(deadline_s=deadline_s, n_x=n_x, tokens=tokens)
+
+
+def test_a_goal_joins_only_while_every_member_stays_on_time():
+    # prefill 1 s each, decoding alone 10 s each, a batch of B makes each step 1 + (B-1)/2 x.
+    prefill, decode = (lambda job: 1.0), (lambda job: 0.2 * job.tokens)
+    scale = (lambda size: 1.0 + (size - 1) / 2)
+    jobs = [_due(30.0), _due(30.0), _due(30.0), _due(30.0)]
+    # B = 2: 2 + 1.5 x 10 = 17; B = 3: 3 + 20 = 23; B = 4: 4 + 25 = 29 <= 30: all four.
+    assert keep_on_time(jobs, 0.0, prefill, decode, scale) == [0, 1, 2, 3]
+    # The second goal's deadline allows a pair, not a triple: the third and fourth wait.
+    jobs[1] = _due(20.0)
+    assert keep_on_time(jobs, 0.0, prefill, decode, scale) == [0, 1]
+    # A goal that fits alone (11 s) but not in any batch stays first and alone.
+    jobs = [_due(12.0), _due(60.0), _due(60.0)]
+    assert keep_on_time(jobs, 0.0, prefill, decode, scale) == [0]
+    # One late even alone (deadline 5 s) does not keep the others out; time passes too.
+    jobs = [_due(60.0), _due(5.0), _due(60.0)]
+    assert keep_on_time(jobs, 0.0, prefill, decode, scale) == [0, 1, 2]
+    assert keep_on_time(jobs, 40.0, prefill, decode, scale) == [0, 1]
+    with pytest.raises(ValueError):
+        keep_on_time([], 0.0, prefill, decode, scale)

@@ -561,6 +561,25 @@ def test_consolidation_batches_goals_of_similar_length_with_the_answers_they_get
             (batched.response, batched.response_tokens)  # fp32, alpha* = 0: identical
 
 
+def test_consolidation_leaves_out_a_goal_the_batch_would_make_late(make_service):
+    from timebill_ros.server import overrun
+    from timebill_ros.server.job import Job
+    service = _consolidating(make_service)
+    model = service.time_model
+
+    def job(tokens, budget_s):
+        return Job(GoalRequest('x'), 'g', 0.0, budget_s, overrun.policy_by_name('kill'), 16,
+                   [1] * 100, lambda fb: None, lambda r: None, predicted_tokens=tokens)
+
+    # Without a batched-step fit a goal's step in a batch of 2 is 2x: a goal whose budget
+    # holds its prefill and decoding alone, but not twice the decoding, is left out.
+    alone_s = model.prefill_s(100) + model.decode_s(100, 0.0, 10)
+    tight, easy = job(10, 1.01 * alone_s), job(10, 100.0)
+    assert service._cut([tight, easy], 0.0) == [0]
+    roomy = job(10, 100.0)
+    assert service._cut([roomy, easy], 0.0) == [0, 1]
+
+
 def _batch_of_two(service, second):
     """Hold the executor, queue a goal and ``second`` (a Recorder) of similar u_J, release."""
     first = Recorder(block_phase=status.PHASE_DECODE)

@@ -18,8 +18,9 @@ from timebill_ros.server.goals import GoalRejected, JobResult
 from timebill_ros.server.job import Job
 from timebill_ros.server.runner import JobRunner, timed_predict
 from timebill_ros.server.scheduler import JobQueue, QueueFull, make_scheduler_policy
-from timebill_ros.server.scheduler.consolidation import cut_batch, join_batch
+from timebill_ros.server.scheduler.consolidation import cut_batch, join_batch, keep_on_time
 from timebill_ros.server.stats import ServerStats
+from timebill_ros.timing.batch import step_scale
 from timebill_ros.timing.model import TimingCoefficients
 from timebill_ros.timing.online import DECODE, EXPECTED, PREFILL, TimeModel
 
@@ -295,9 +296,23 @@ class TimeBillService:
         if first not in own:
             return [first]
         cfg = self.config.scheduler
-        picked = cut_batch([jobs[i] for i in own], now_s, self.queue.policy, cfg.batch_size,
-                           cfg.b, cfg.length_ratio)
-        return [own[i] for i in picked]
+        picked = [own[i] for i in cut_batch([jobs[i] for i in own], now_s, self.queue.policy,
+                                            cfg.batch_size, cfg.b, cfg.length_ratio)]
+        if len(picked) == 1:
+            return picked
+        kept = keep_on_time([jobs[i] for i in picked], now_s, self._prefill_alone_s,
+                            self._decode_alone_s,
+                            lambda size: step_scale(self.runner.batch_step, size))
+        return [picked[i] for i in kept]
+
+    def _prefill_alone_s(self, job):
+        """Return the goal's expected prefill, seconds (primary time model)."""
+        return self.time_model.prefill_s(job.n_x, EXPECTED)
+
+    def _decode_alone_s(self, job):
+        """Return the goal's expected decoding alone, seconds: u_J tokens at alpha 0."""
+        tokens = min(job.n_max, max(1, job.uncertainty_tokens))
+        return self.time_model.decode_s(job.n_x, 0.0, tokens, EXPECTED)
 
     def _join(self, jobs, now_s, room, members):
         """Continuous batching (scheduler.continuous): which of ``jobs`` join the batch now.

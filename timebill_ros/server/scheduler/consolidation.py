@@ -68,3 +68,31 @@ def join_batch(jobs, now_s, policy, room, members, length_ratio=None):
                  if any(_close(*sorted((jobs[i], member), key=_tokens), length_ratio)
                         for member in members)]
     return order[:max(0, room)]
+
+
+def keep_on_time(jobs, now_s, prefill_s, decode_s, step_scale):
+    """Return the indices of ``jobs`` that may decode together without making a goal late.
+
+    jobs: a cut batch, highest priority first; the first always stays (it runs, alone if
+    need be). Then each next goal joins while every member, the newcomer included, is still
+    expected to end by its deadline: now_s + the members' prefills (all run before the
+    batch decodes) + step_scale(B) x its decoding alone <= its ``deadline_s``. A goal that
+    would end late in the batch stays queued (run later, alone or in another batch):
+    consolidation must not turn a goal that fits alone into a miss. Goals already late
+    alone do not stop others from joining.
+    prefill_s(job), decode_s(job): seconds alone (expected, its predicted answer);
+    step_scale(B): a goal's decoding step in a batch of B over alone (timing.batch).
+    """
+    if not jobs:
+        raise ValueError('keep_on_time needs at least one job')
+    alone = {i: now_s + prefill_s(job) + decode_s(job) <= job.deadline_s
+             for i, job in enumerate(jobs)}
+    kept = [0]
+    for i in range(1, len(jobs)):
+        trial = kept + [i]
+        start_s = now_s + sum(prefill_s(jobs[k]) for k in trial)
+        scale = step_scale(len(trial))
+        if all(start_s + scale * decode_s(jobs[k]) <= jobs[k].deadline_s
+               for k in trial if alone[k]):
+            kept = trial
+    return kept
