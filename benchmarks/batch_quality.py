@@ -41,16 +41,15 @@ class _Goal:
     """Collects one goal's result (on_done is called exactly once)."""
 
     def __init__(self):
-        self.started = threading.Event()
         self.done = threading.Event()
         self.result = None
+        self.job = None
 
     def on_feedback(self, feedback):
-        self.started.set()
+        pass
 
     def on_done(self, result):
         self.result = result
-        self.started.set()
         self.done.set()
 
 
@@ -58,7 +57,7 @@ def _submit(service, GoalRequest, kill, prompt, budget_s, max_new_tokens=0):
     goal = _Goal()
     request = GoalRequest(prompt, budget_s=budget_s, max_new_tokens=max_new_tokens,
                           overrun_policy=kill)
-    service.submit(request, goal.on_feedback, goal.on_done)
+    goal.job = service.submit(request, goal.on_feedback, goal.on_done)
     return goal
 
 
@@ -85,8 +84,11 @@ def run_group(service, GoalRequest, kill, prompts, budgets):
     """
     _wait_idle(service)
     blocker = _submit(service, GoalRequest, kill, BLOCKER, GENEROUS_S, max_new_tokens=BLOCKER_N)
-    if not blocker.started.wait(TIMEOUT_S):
-        raise RuntimeError('the blocker did not start')
+    deadline = time.monotonic() + TIMEOUT_S
+    while blocker.job is not None and blocker.job.started_s is None:  # not yet taken
+        if time.monotonic() > deadline:
+            raise RuntimeError('the blocker did not start')
+        time.sleep(0.002)
     goals = [_submit(service, GoalRequest, kill, p, b) for p, b in zip(prompts, budgets)]
     blocker, results = _wait([blocker])[0], _wait(goals)
     if blocker.batch_size != 1:

@@ -9,8 +9,8 @@ from timebill_ros.factory import build_batch_step
 from timebill_ros.server.scheduler import EdfPolicy, FifoPolicy
 from timebill_ros.server.scheduler.consolidation import cut_batch, keep_on_time
 from timebill_ros.server.service import TimeBillService
-from timebill_ros.timing.batch import (BatchStepCoefficients, ScaledSteps, choose_batch_size,
-                                       step_scale)
+from timebill_ros.timing.batch import (BatchScale, BatchStepCoefficients, ScaledSteps,
+                                       choose_batch_size, step_scale)
 from timebill_ros.timing.model import (CACHE_ENV, Calibration, TimingCoefficients,
                                        default_calibration_path)
 from timebill_ros.timing.online import TimeModel
@@ -194,3 +194,22 @@ def test_a_goal_joins_only_while_every_member_stays_on_time():
     assert keep_on_time(jobs, 40.0, prefill, decode, scale) == [0, 1]
     with pytest.raises(ValueError):
         keep_on_time([], 0.0, prefill, decode, scale)
+
+
+def test_the_batch_scale_rises_to_what_batches_showed_and_never_below_the_fit():
+    fit = BatchStepCoefficients(q=0.020, r=0.002, p=1e-6)
+    scale = BatchScale(fit, weight=0.5)
+    assert scale.scale(1) == 1.0 and scale.scale(4) == step_scale(fit, 4)
+    scale.observe(4, 2.0)  # the first observation is taken as it is
+    assert scale.scale(4) == 2.0 and scale.scale(2) == step_scale(fit, 2)
+    scale.observe(4, 3.0)  # then an average with weight 0.5
+    assert scale.scale(4) == pytest.approx(2.5)
+    scale.observe(4, 0.1)
+    scale.observe(4, 0.1)
+    assert scale.scale(4) == step_scale(fit, 4)  # faster than the fit: the fit stands
+    scale.observe(1, 5.0)  # a step alone is not a batch
+    scale.observe(4, float('nan'))
+    assert 1 not in scale.learned and scale.learned[4] == pytest.approx(0.7)
+    assert BatchScale(None).scale(3) == 3.0  # no fit, nothing seen: B x
+    with pytest.raises(ValueError, match='weight'):
+        BatchScale(fit, weight=0.0)

@@ -546,9 +546,11 @@ def _consolidating(make_service, **kwargs):
 def test_consolidation_batches_goals_of_similar_length_with_the_answers_they_get_alone(
         make_service):
     prompts = ['Count to 5.', 'Count to 6.', 'Count to 14.']
-    order, results = _run_in_order(_consolidating(make_service), prompts)
+    service = _consolidating(make_service)
+    order, results = _run_in_order(service, prompts)
     # u_J 5 and 6 are within lambda = 1.5 of each other: one batch; 14 is not: alone.
     assert [r.batch_size for r in results] == [2, 2, 1]
+    assert service.runner.batch_scale.learned[2] > 0  # the batch's steps were measured
     assert order[2] == 'Count to 14.'
     for result in results:
         assert result.status == status.COMPLETED, result.message

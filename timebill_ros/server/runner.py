@@ -16,7 +16,7 @@ from timebill_ros import stopping
 from timebill_ros.engine import GenerationStopped
 from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, JobResult
-from timebill_ros.timing.batch import ScaledSteps, step_scale
+from timebill_ros.timing.batch import BatchScale, ScaledSteps
 from timebill_ros.timing.budget import decide_remaining
 from timebill_ros.timing.online import EXPECTED, LEAST, WORST
 
@@ -57,6 +57,7 @@ class JobRunner:
         self.config = server_config
         self.clock = clock
         self.batch_step = batch_step
+        self.batch_scale = BatchScale(batch_step)
         self._predict_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-predict')
 
@@ -93,14 +94,14 @@ class JobRunner:
         a full batch, since goals may join after a goal's alpha* was chosen.
         """
         size = len(jobs) if more is None else max(len(jobs), capacity or len(jobs))
-        scale = step_scale(self.batch_step, size)
+        scale = self.batch_scale.scale(size)
         batch, rows = self.engine.new_batch(), {}
-        self._prepare_into(batch, rows, jobs, scale, finish)
+        self._prepare_into(batch, rows, jobs, scale, finish, size)
         while rows:
             if more is not None and len(rows) < size:
                 joining = more(size - len(rows), [goal.job for goal in rows.values()])
                 if joining:
-                    self._prepare_into(batch, rows, joining, scale, finish)
+                    self._prepare_into(batch, rows, joining, scale, finish, size)
                     continue
             for goal in rows.values():
                 goal.result.batch_size = max(goal.result.batch_size, len(rows))
@@ -119,13 +120,17 @@ class JobRunner:
                     goal.failed(exc)
                 finish(goal.job, goal.ended())
 
-    def _prepare_into(self, batch, rows, jobs, scale, finish):
-        """Prepare ``jobs`` in turn and join them to ``batch`` (rows: row id -> _GoalRun)."""
+    def _prepare_into(self, batch, rows, jobs, scale, finish, size):
+        """Prepare ``jobs`` in turn and join them to ``batch`` (rows: row id -> _GoalRun).
+
+        scale: their step scale, that of a batch of ``size`` goals.
+        """
         # A goal's decoding starts once the goals after it are prefilled: its budget says so.
         prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED) for job in jobs]
         for index, job in enumerate(jobs):
             goal = self._start(job, batch_size=len(jobs), step_scale=scale,
                                wait_s=sum(prefills_s[index + 1:]))
+            goal.scale_size = size
             try:
                 prepared = goal.prepare()
                 if prepared is not None:
@@ -188,6 +193,7 @@ class _GoalRun:
         self.wait_s = wait_s
         self.decode_model = (self.model if step_scale == 1.0
                              else ScaledSteps(self.model, step_scale))
+        self.scale_size = 1  # the batch size its step scale is for (run_batch sets it)
         self.clock = runner.clock
         self.job = job
         self.result = result
@@ -441,6 +447,11 @@ class _GoalRun:
         steps = self.timer.step_durations_s()
         if self.step_scale == 1.0:  # the online model learns a goal's step alone
             self.model.observe_decode(self.n_kv_first, len(steps), sum(steps))
+        elif steps:  # the batch scale learns how much slower its step was in the batch
+            alone_s = self.model.step_s(self.n_kv_first + len(steps) // 2, EXPECTED)
+            if alone_s > 0:
+                self.runner.batch_scale.observe(self.scale_size,
+                                                sum(steps) / len(steps) / alone_s)
         result.decode_time_s = out.decode_s
         result.response_tokens = len(out.token_ids)
         self._decoded(out)

@@ -20,7 +20,6 @@ from timebill_ros.server.runner import JobRunner, timed_predict
 from timebill_ros.server.scheduler import JobQueue, QueueFull, make_scheduler_policy
 from timebill_ros.server.scheduler.consolidation import cut_batch, join_batch, keep_on_time
 from timebill_ros.server.stats import ServerStats
-from timebill_ros.timing.batch import step_scale
 from timebill_ros.timing.model import TimingCoefficients
 from timebill_ros.timing.online import DECODE, EXPECTED, PREFILL, TimeModel
 
@@ -302,7 +301,7 @@ class TimeBillService:
             return picked
         kept = keep_on_time([jobs[i] for i in picked], now_s, self._prefill_alone_s,
                             self._decode_alone_s,
-                            lambda size: step_scale(self.runner.batch_step, size))
+                            self.runner.batch_scale.scale)
         return [picked[i] for i in kept]
 
     def _prefill_alone_s(self, job):
