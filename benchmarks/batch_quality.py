@@ -26,6 +26,7 @@ import argparse
 import json
 import pathlib
 import statistics
+import tempfile
 import threading
 import time
 
@@ -114,8 +115,7 @@ def run(out):
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     examples = make_subsets(load_pool(goals=12), goals=12, names=('small',))['small']
-    state = out / 'batch_quality.online.yaml'
-    state.unlink(missing_ok=True)
+    state = pathlib.Path(tempfile.mkdtemp()) / 'batch_quality.online.yaml'  # a fresh state
     config = params.config_from_flat({
         'engine.max_new_tokens': 128, 'scheduler.consolidation': True,
         'scheduler.batch_size': GROUP, 'scheduler.length_ratio': 1000.0,
