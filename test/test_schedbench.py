@@ -289,7 +289,7 @@ def test_report_has_the_command_a_table_per_subset_and_the_warnings():
     assert 'overrun policy Kill;' in text  # runs before --overrun were Kill
     data = _data()
     data['meta']['overrun'] = 'skip_next'
-    assert 'overrun policy Skip-Next (late goals run to the end);' in schedbench.report(data)
+    assert 'overrun policy Skip-Next (a running goal finishes late' in schedbench.report(data)
 
 
 def test_outputs_are_written_and_rerendered_from_json(tmp_path):

@@ -225,8 +225,8 @@ def build_parser():
                        help='only re-make md, png and calibration report of a saved run')
     sched.add_argument('--overrun', choices=('kill', 'skip_next'), default='kill',
                        help='every goal\'s overrun policy: kill (a late goal ends at its '
-                       'deadline) or skip_next (it runs to the end, late; RT-LM\'s setting, '
-                       'where every task completes)')
+                       'deadline) or skip_next (a running goal finishes late; goals that come '
+                       'due in the queue meanwhile are SKIPPED)')
     sched.add_argument('--allow-fallback', action='store_true',
                        help='run even when the RLP is not built (u_J = N_max for every goal)')
     sched.set_defaults(func=cmd_schedbench)

@@ -17,9 +17,9 @@ After RT-LM Sec. V, adapted to one CPU and to deadlines:
   drew.
 - Arrivals: Poisson at ``load x capacity`` goals/s. Each goal's deadline is a time budget
   t^_e2e x s with t^_e2e = prefill(N_x) + N decoding steps from the calibration taken at the
-  start, and s uniform in ``--slack``; overrun policy Kill (``--overrun skip_next``: late
-  goals run to the end), N_max = 128. With
-  ``--budget-basis service`` the factor multiplies the goal's service time through the server
+  start, and s uniform in ``--slack``; overrun policy Kill (``--overrun skip_next``: a
+  running goal finishes late, queued goals that come due meanwhile are SKIPPED), N_max = 128.
+  With ``--budget-basis service`` the factor multiplies the goal's service time through the server
   instead (the capacity sample's fit scale x t^_e2e + overhead: the time model leaves out
   what a goal costs beyond prefill and decoding, which short goals feel most). For one subset and
   repeat, every load uses the same goal order, slack factors and unit exponential gaps, the
@@ -431,7 +431,9 @@ def _fmt(pair, fmt):
     return fmt.format(mean) + ('' if sd is None else ' ± ' + fmt.format(sd))
 
 
-_OVERRUN_TEXT = {'kill': 'Kill', 'skip_next': 'Skip-Next (late goals run to the end)'}
+_OVERRUN_TEXT = {'kill': 'Kill',
+                 'skip_next': 'Skip-Next (a running goal finishes late; queued goals that '
+                              'come due meanwhile are SKIPPED)'}
 _BASIS_TEXT = {'model': 't^_e2e (calibration)',
                'service': 'the service fit (scale x t^_e2e + overhead)'}
 
@@ -618,7 +620,8 @@ def play_trace(client, goals, n_max=N_MAX, policy=POLICY_KILL):
 
     Returns [(sent_s, Instruct.Result or None, note)] in the order of ``goals``; sent_s is
     the send time relative to the trace's start. Under Kill a result comes by the longest
-    budget; under Skip-Next goals run late, so each may take the sum of the budgets.
+    budget; under Skip-Next a running goal finishes late, so a result may take up to the sum
+    of the budgets.
     """
     from timebill_ros.ros.client import make_goal
     handles = []
