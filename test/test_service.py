@@ -76,7 +76,7 @@ def make_service(tiny_model, smollm2_tokenizer):
     services = []
 
     def build(max_depth=4, predictor=None, default_policy='kill', scheduler=None,
-              tau_tokens=None, **engine_kwargs):
+              tau_tokens=None, clock=None, **engine_kwargs):
         from timebill_ros.config import OverrunConfig, SchedulerConfig
         engine_cfg = EngineConfig(max_new_tokens=16, max_model_new_tokens=4096,
                                   prefill_chunk_tokens=64, feedback_every_tokens=1,
@@ -84,15 +84,16 @@ def make_service(tiny_model, smollm2_tokenizer):
         config = ServerConfig(engine=engine_cfg, queue=QueueConfig(max_depth=max_depth),
                               overrun=OverrunConfig(default_policy=default_policy),
                               scheduler=scheduler or SchedulerConfig())
+        timing = {} if clock is None else {'clock': clock}  # injected, or real time
         engine = CountingEngine(engine_cfg, config.eviction, model=tiny_model,
-                                tokenizer=smollm2_tokenizer)
+                                tokenizer=smollm2_tokenizer, **timing)
         offload = None
         if tau_tokens is not None:  # a second engine instance on the same tiny model
             from timebill_ros.timing.online import TimeModel
             offload = (CountingEngine(engine_cfg, config.eviction, model=tiny_model,
                                       tokenizer=smollm2_tokenizer), TimeModel(COEFFS))
         service = TimeBillService(config, engine, predictor or FallbackPredictor(), COEFFS,
-                                  offload=offload, tau_tokens=tau_tokens)
+                                  offload=offload, tau_tokens=tau_tokens, **timing)
         service.start()
         services.append(service)
         return service
@@ -606,9 +607,22 @@ def test_a_goal_canceled_mid_batch_leaves_it_and_the_other_completes(make_servic
     assert first.wait().status == status.COMPLETED
 
 
+class ManualClock:
+    """Service seconds that move only when a test advances them."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
 def test_a_goal_that_comes_due_mid_batch_is_killed_and_the_other_completes(make_service):
-    import time
-    service = _consolidating(make_service)
+    clock = ManualClock()  # injected: nothing comes due unless the test moves time
+    service = _consolidating(make_service, clock=clock)
     first, other = _batch_of_two(service, None)
     due = submit(service, GoalRequest('Count to 5.', budget_s=2.0),
                  Recorder(block_phase=status.PHASE_DECODE))
@@ -617,7 +631,7 @@ def test_a_goal_that_comes_due_mid_batch_is_killed_and_the_other_completes(make_
     first.release.set()
     # The due goal is held as it joins the batch until its deadline has passed.
     assert due.blocked.wait(30)
-    time.sleep(max(0.0, due.job.deadline_s - service.clock()) + 0.05)
+    clock.advance(due.job.deadline_s - clock() + 0.05)
     due.release.set()
     killed, completed = due.wait(), other.wait()
     assert killed.status == status.KILLED and killed.stop_phase == 'decode', killed.message
