@@ -69,13 +69,13 @@ def _wait(goals):
     return [goal.result for goal in goals]
 
 
-def _wait_idle(service):
-    """Wait until no executor holds a goal (the last result may come before it frees)."""
+def _poll(condition, what):
+    """Wait until ``condition()`` is true (RuntimeError naming ``what`` after TIMEOUT_S)."""
     deadline = time.monotonic() + TIMEOUT_S
-    while any(e.current is not None for e in service.executors):
+    while not condition():
         if time.monotonic() > deadline:
-            raise RuntimeError('the server did not become idle')
-        time.sleep(0.005)
+            raise RuntimeError(f'{what} did not happen')
+        time.sleep(0.002)
 
 
 def run_group(service, GoalRequest, kill, prompts, budgets):
@@ -83,13 +83,11 @@ def run_group(service, GoalRequest, kill, prompts, budgets):
 
     The blocker starts on an idle server, so it runs alone and the goals queue behind it.
     """
-    _wait_idle(service)
+    # The last result may come before its executor frees: wait for an idle server.
+    _poll(lambda: all(e.current is None for e in service.executors), 'an idle server')
     blocker = _submit(service, GoalRequest, kill, BLOCKER, GENEROUS_S, max_new_tokens=BLOCKER_N)
-    deadline = time.monotonic() + TIMEOUT_S
-    while blocker.job is not None and blocker.job.started_s is None:  # not yet taken
-        if time.monotonic() > deadline:
-            raise RuntimeError('the blocker did not start')
-        time.sleep(0.002)
+    _poll(lambda: blocker.job is None or blocker.job.started_s is not None,
+          'the blocker\'s start')
     goals = [_submit(service, GoalRequest, kill, p, b) for p, b in zip(prompts, budgets)]
     blocker, results = _wait([blocker])[0], _wait(goals)
     if blocker.batch_size != 1:

@@ -50,7 +50,7 @@ def quantize(src, dst, **options):
         bare.unlink(missing_ok=True)
     proto = onnx.load(str(dst))
     have = {p.key for p in proto.metadata_props}
-    for prop in onnx.load(str(src), load_external_data=False).metadata_props:
+    for prop in plain.metadata_props:  # the source's metadata (value_info aside, as loaded)
         if prop.key not in have:
             proto.metadata_props.add(key=prop.key, value=prop.value)
     onnx.save(proto, str(dst))

@@ -37,10 +37,10 @@ def _check_nonneg(name, value):
         raise ValueError(f'{name} must be finite and >= 0, got {value!r}')
 
 
-def _check_count(name, value):
-    """Raise ValueError unless ``value`` is an int >= 1 (a bool is not one)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+def _check_count(name, value, minimum=1):
+    """Raise ValueError unless ``value`` is an int >= ``minimum`` (a bool is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f'{name} must be an int >= {minimum}, got {value!r}')
 
 
 def _check_choice(name, value, choices):
@@ -340,10 +340,7 @@ class SchedulerConfig:
         _check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
         _check_nonneg('scheduler.up_alpha', self.up_alpha)
         _check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
-        if (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
-                or self.batch_size < 0):
-            raise ValueError('scheduler.batch_size must be an int >= 0 (0 = chosen at '
-                             f'start-up), got {self.batch_size!r}')
+        _check_count('scheduler.batch_size', self.batch_size, minimum=0)  # 0: at start-up
         if (isinstance(self.batch_gain, bool) or not isinstance(self.batch_gain, (int, float))
                 or not 0 < self.batch_gain < 1):
             raise ValueError(f'scheduler.batch_gain must be in (0, 1), got {self.batch_gain!r}')

@@ -84,7 +84,6 @@ CAPACITY_BUDGET_S = 600.0
 CALIBRATION_MAPE_PCT = 25.0  # a fit worse than this (held out) is profiled again / flagged
 RESULT_GRACE_S = 120.0  # beyond the longest budget of a trace, seconds
 POLICY_KILL = 1
-OVERRUN_POLICIES = {'kill': POLICY_KILL, 'skip_next': 2}  # action codes (msg Instruct)
 COMPLETED = 1
 NO_RESULT = 0  # status of a row whose goal was not accepted or got no result
 DEFAULT_LENGTHS = 'data/rlp/lengths.jsonl'
@@ -824,6 +823,7 @@ def run_schedbench(args, progress=print, argv=None):
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         calibration.save(pathlib.Path(tmp) / 'calibration.yaml')
         from timebill_ros.demo import served
+        from timebill_ros.server.status import POLICY_CODES
         clients = []
         log_dir = out_dir / 'logs'
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -858,7 +858,7 @@ def run_schedbench(args, progress=print, argv=None):
                                  f'{len(goals)} goals over {trace[-1]["arrival_s"]:.0f} s')
                         for goal, (sent_s, result, note) in zip(
                                 goals, play_trace(client, goals, n_max,
-                                                  OVERRUN_POLICIES[meta['overrun']])):
+                                                  POLICY_CODES[meta['overrun']])):
                             e = items[goal['index']]
                             lags.append(sent_s - goal['arrival_s'])
                             rows.append(_row(result, goal, {

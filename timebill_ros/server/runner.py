@@ -56,7 +56,6 @@ class JobRunner:
         self.time_model = time_model
         self.config = server_config
         self.clock = clock
-        self.batch_step = batch_step
         self.batch_scale = BatchScale(batch_step)
         self._predict_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-predict')
@@ -129,8 +128,7 @@ class JobRunner:
         prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED) for job in jobs]
         for index, job in enumerate(jobs):
             goal = self._start(job, batch_size=len(jobs), step_scale=scale,
-                               wait_s=sum(prefills_s[index + 1:]))
-            goal.scale_size = size
+                               wait_s=sum(prefills_s[index + 1:]), scale_size=size)
             try:
                 prepared = goal.prepare()
                 if prepared is not None:
@@ -140,11 +138,11 @@ class JobRunner:
                 goal.failed(exc)
             finish(job, goal.ended())
 
-    def _start(self, job, batch_size=1, step_scale=1.0, wait_s=0.0):
+    def _start(self, job, batch_size=1, step_scale=1.0, wait_s=0.0, scale_size=1):
         job.started_s = self.clock()
         result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
                            queue_time_s=job.started_s - job.received_s, batch_size=batch_size)
-        return _GoalRun(self, job, result, step_scale, wait_s)
+        return _GoalRun(self, job, result, step_scale, wait_s, scale_size)
 
     def warm_up(self, n_x=WARM_UP_TOKENS, steps=WARM_UP_STEPS, alpha=WARM_UP_ALPHA):
         """Run one synthetic goal as goals run and feed its times to the time model.
@@ -182,10 +180,11 @@ class _GoalRun:
     step_scale: the decoding step of the batch it runs in over a goal's step alone (1.0
     alone); the budget math and the early stop use the step so scaled. wait_s: expected
     seconds between its eviction and its first batched step (the prefills of the goals
-    after it in the batch); alpha* and t^_WCET count them.
+    after it in the batch); alpha* and t^_WCET count them. scale_size: the batch size
+    step_scale is for (what the batch scale learns this goal's measured steps as).
     """
 
-    def __init__(self, runner, job, result, step_scale=1.0, wait_s=0.0):
+    def __init__(self, runner, job, result, step_scale=1.0, wait_s=0.0, scale_size=1):
         self.runner = runner
         self.engine = runner.engine
         self.model = runner.time_model
@@ -193,7 +192,7 @@ class _GoalRun:
         self.wait_s = wait_s
         self.decode_model = (self.model if step_scale == 1.0
                              else ScaledSteps(self.model, step_scale))
-        self.scale_size = 1  # the batch size its step scale is for (run_batch sets it)
+        self.scale_size = scale_size
         self.clock = runner.clock
         self.job = job
         self.result = result
