@@ -313,7 +313,7 @@ def test_key_fields_follow_model_source():
 def test_profile_takes_key_fields_from_the_engine_config():
     """Without engine_config, profile() uses engine.engine_config when the engine has one."""
     engine = FakeEngine()
-    engine.engine_config = EngineConfig(dtype='float16', threads=4)
+    engine.engine_config = EngineConfig(dtype='float16', threads=4, decode_weights='float16')
     calibration = profiler.profile(engine, profiler.startup_grid())
     assert (calibration.dtype, calibration.threads) == ('float16-auto-float16', 4)
     assert calibration.model_key == model_source.model_key(engine.engine_config)

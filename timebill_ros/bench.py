@@ -51,10 +51,23 @@ COMPLETED = 1
 RLP_TEST_PROMPTS = 8
 
 
+def decode_weights_of(calibration_file) -> str:
+    """Return the step format a calibration was taken with (its dtype's last field).
+
+    Servers of a benchmark run use it rather than each resolving ``auto`` on its own. A file
+    that does not exist (yet) gives ``auto``; the server then refuses the missing file itself.
+    """
+    from timebill_ros.timing.model import Calibration
+    if not pathlib.Path(calibration_file).is_file():
+        return 'auto'
+    return Calibration.load(calibration_file).dtype.rsplit('-', 1)[-1]
+
+
 def _server_params(name, mode, fixed_alpha, kind, folder, calibration_file, n_max):
     flat = {'engine.max_new_tokens': n_max, 'budget.mode': mode,
             'budget.fixed_alpha': fixed_alpha, 'predictor.kind': kind,
             'timing.calibration_file': calibration_file,
+            'engine.decode_weights': decode_weights_of(calibration_file),
             # Each server keeps its own online state: methods must not learn from each other.
             'timing.state_file': str(pathlib.Path(folder) / f'{name}.online.yaml')}
     flat.update(METHOD_PARAMS.get(name, {}))

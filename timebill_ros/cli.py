@@ -40,11 +40,13 @@ def cmd_serve(args, ros_args):
 def cmd_profile(args, ros_args):
     """Profile prefill and decode-step times, fit Eq. 4, print the report, save the YAML."""
     from timebill_ros.engine import LlmEngine
+    from timebill_ros.factory import resolved_engine
     from timebill_ros.latency.few_shot import few_shot_profile
     from timebill_ros.timing.profiler import ProfileGrid, format_report, profile
     from timebill_ros.timing.model import default_calibration_path
     config = _load_config(args.params, args.set)
     engine = LlmEngine.load(config.engine, config.eviction)
+    config = resolved_engine(config, engine)
     limit = args.time_limit or None
     if args.few_shot:
         calibration = few_shot_profile(engine, engine_config=config.engine, time_limit_s=limit,

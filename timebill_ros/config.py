@@ -12,6 +12,8 @@ POLICY_NAMES = ('kill', 'skip_next', 'partial')
 ADMISSION_POLICIES = ('feasibility', 'none')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
 WEIGHT_FORMATS = ('float32', 'float16', 'bfloat16')
+# Formats of the one-token steps' weights: the model formats and weight-only int8.
+DECODE_FORMATS = ('auto',) + WEIGHT_FORMATS + ('int8',)
 FORWARDS = ('auto', 'lean', 'transformers')
 BUDGET_MODES = ('timebill', 'fixed')
 PREDICTOR_KINDS = ('rlp', 'fallback')
@@ -59,9 +61,11 @@ class EngineConfig:
     forward: ``auto`` (the lean Llama forward on a preallocated KV cache for Llama-family
         models, transformers' modules for every other), ``lean`` or ``transformers``.
     decode_weights: the weight format of one-token decoding steps on the lean forward
-        (``float32``, ``float16``, ``bfloat16``); a format other than ``dtype`` keeps a copy
-        of the linear weights in it. float16 by default: on held-out prompts its greedy
-        answers match fp32's (README, engine benchmark) at about half the step time.
+        (``float32``, ``float16``, ``bfloat16``, ``int8`` weight-only with bf16 activations,
+        or ``auto``); a format other than ``dtype`` keeps a copy of the linear weights in
+        it. ``auto`` (default) times fp32 and fp16 steps at start-up and keeps the faster,
+        fp32 unless fp16 is >= 10 % faster (engine/step_format.py): both answer like fp32
+        on held-out prompts, bf16 and int8 do not (README, engine benchmark).
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens.
     max_model_new_tokens: N_model, the most tokens a goal may ask for, tokens.
@@ -79,7 +83,7 @@ class EngineConfig:
     device: str = 'cpu'
     dtype: str = 'float32'
     forward: str = 'auto'
-    decode_weights: str = 'float16'
+    decode_weights: str = 'auto'
     threads: int = 0
     max_new_tokens: int = 128
     max_model_new_tokens: int = 2048
@@ -90,7 +94,7 @@ class EngineConfig:
     def __post_init__(self):
         _check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
         _check_choice('engine.forward', self.forward, FORWARDS)
-        _check_choice('engine.decode_weights', self.decode_weights, WEIGHT_FORMATS)
+        _check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
         _check_nonneg('engine.stop_bound_s', self.stop_bound_s)
         if (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                 or self.threads < 0):

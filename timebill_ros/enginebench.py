@@ -13,6 +13,8 @@ same cache (it grows by the round's steps, a few percent of N_KV at most).
 Greedy agreement: held-out prompts (RLP test split) answered greedily by each format; tokens
 identical until the first difference, and ROUGE-L F1 against the transformers fp32 answer.
 Floor: weight bytes a one-token step reads / measured copy bandwidth.
+``llama.cpp Q4_1``: the same model file on llama.cpp (enginebench_llama_cpp.py), when
+llama-cpp-python is installed (``make bench-deps``); its decode is the bare model step.
 """
 
 import dataclasses
@@ -27,7 +29,7 @@ from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.stopping import StopCriteria
 
 FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
-           ('lean fp16', 'lean', 'float16'))
+           ('lean fp16', 'lean', 'float16'), ('lean int8', 'lean', 'int8'))
 DECODE_KV = (100, 1000, 3000)
 BATCH_SIZES = (1, 2, 4, 8)
 BATCH_KV = 100  # prompt tokens of every row of a batch
@@ -59,15 +61,21 @@ def _engines(formats, threads):
     return engines
 
 
-def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress):
+def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress, llama=None):
     for n_kv in n_kv_values:
         states = {name: engine.prefill(engine.random_ids(n_kv), StopCriteria())
                   for name, engine in engines.items()}
+        if llama is not None:
+            llama.start_decode(n_kv)
         for _ in range(rounds):
+            times = {}
             for name, engine in engines.items():
                 out = engine.decode(states[name], steps + 1, StopCriteria(),
                                     on_tokens=lambda n, text: None, feedback_every=4)
-                per_token = out.decode_s / (len(out.token_ids) - 1)
+                times[name] = out.decode_s / (len(out.token_ids) - 1)
+            if llama is not None:
+                times[llama.name] = llama.decode_s(steps)
+            for name, per_token in times.items():
                 rows[name].decode_s.setdefault(n_kv, []).append(per_token)
                 progress(f'decode  {name:18s} N_kv={n_kv:5d}: {per_token * 1e3:6.1f} ms/token')
 
@@ -93,37 +101,55 @@ def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
                          f'(aggregate)')
 
 
-def _measure_prefill(engines, rows, n_x_values, rounds, progress):
+def _measure_prefill(engines, rows, n_x_values, rounds, progress, llama=None):
     for n_x in n_x_values:
         for _ in range(rounds):
-            for name, engine in engines.items():
-                if engine.engine_config.decode_weights != 'float32':
-                    continue  # same prefill as the fp32 row of its forward
-                seconds = engine.measure_prefill_s(n_x)
+            times = {name: engine.measure_prefill_s(n_x) for name, engine in engines.items()
+                     # other decode weights: the same prefill as the fp32 row of their forward
+                     if engine.engine_config.decode_weights == 'float32'}
+            if llama is not None:
+                times[llama.name] = llama.prefill_s(n_x)
+            for name, seconds in times.items():
                 rows[name].prefill_s.setdefault(n_x, []).append(seconds)
                 progress(f'prefill {name:18s} N_x={n_x:5d}: {seconds:6.2f} s')
 
 
-def _measure_agreement(engines, rows, n_prompts, n_tokens, progress):
+def _llama_answer(llama, reference_engine, input_ids, n_tokens):
+    """Return llama.cpp's greedy answer as (token_ids, text), cut after the first EOS."""
+    token_ids = llama.greedy(input_ids, n_tokens)
+    for i, token in enumerate(token_ids):
+        if token in reference_engine.eos_token_ids:
+            token_ids = token_ids[:i + 1]
+            break
+    text = reference_engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+    return token_ids, text
+
+
+def _measure_agreement(engines, rows, n_prompts, n_tokens, progress, llama=None):
     from timebill_ros.bench import _rouge_l_scorer, rlp_test_prompts
     rouge = _rouge_l_scorer()
     reference_name = next(iter(engines))
+    reference_engine = engines[reference_name]
     for prompt_id, prompt in rlp_test_prompts(n_prompts):
         answers = {}
         for name, engine in engines.items():
             state = engine.prefill(engine.encode(prompt), StopCriteria())
-            answers[name] = engine.decode(state, n_tokens, StopCriteria())
-        reference = answers[reference_name]
-        for name, answer in answers.items():
+            out = engine.decode(state, n_tokens, StopCriteria())
+            answers[name] = (out.token_ids, out.text)
+        if llama is not None:
+            answers[llama.name] = _llama_answer(llama, reference_engine,
+                                                reference_engine.encode(prompt), n_tokens)
+        reference_ids, reference_text = answers[reference_name]
+        for name, (token_ids, text) in answers.items():
             same = 0
-            for a, b in zip(answer.token_ids, reference.token_ids):
+            for a, b in zip(token_ids, reference_ids):
                 if a != b:
                     break
                 same += 1
-            identical = answer.token_ids == reference.token_ids
             rows[name].agreement.append(
-                {'prompt_id': prompt_id, 'identical': identical, 'same_prefix': same,
-                 'tokens': len(answer.token_ids), 'rouge_l': rouge(reference.text, answer.text)})
+                {'prompt_id': prompt_id, 'identical': token_ids == reference_ids,
+                 'same_prefix': same, 'tokens': len(token_ids),
+                 'rouge_l': rouge(reference_text, text)})
         progress(f'agreement {prompt_id}: ' + ', '.join(
             f'{n}: {rows[n].agreement[-1]["same_prefix"]}' for n in answers))
 
@@ -199,6 +225,8 @@ def report(rows, meta) -> str:
         lines.append(f'| {name} | {identical}/{len(row.agreement)} | {same} | '
                      f'{mean_rouge:.3f} |')
     lines += ['', 'llama.cpp row: ' + meta['llama_cpp']]
+    if meta.get('auto'):
+        lines += ['', '`engine.decode_weights: auto` on this machine: ' + meta['auto']]
     return '\n'.join(lines) + '\n'
 
 
@@ -208,14 +236,15 @@ def plot(rows, path) -> None:
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, row in rows.items():
+    for index, (name, row) in enumerate(rows.items()):
+        color = f'C{index}'  # one colour per engine in both panels
         kvs = sorted(row.decode_s)
         left.plot(kvs, [statistics.median(row.decode_s[n]) * 1e3 for n in kvs], marker='o',
-                  label=name)
+                  label=name, color=color)
         if row.batch_s:
             sizes = sorted(row.batch_s)
             right.plot(sizes, [statistics.median(row.batch_s[b]) * 1e3 for b in sizes],
-                       marker='o', label=name)
+                       marker='o', label=name, color=color)
     left.set(title='decode, one goal', xlabel='KV tokens', ylabel='ms per token')
     right.set(title='batched decode (aggregate)', xlabel='goals per step B',
               ylabel='ms per token')
@@ -248,6 +277,28 @@ def _write(out, rows, meta, progress):
     progress(text)
 
 
+def _auto_choice(engine, threads) -> str:
+    """Return what ``decode_weights: auto`` chooses on this machine, with its step times."""
+    from timebill_ros.engine import LlmEngine
+    auto = LlmEngine(EngineConfig(threads=threads, decode_weights='auto'), EvictionConfig(),
+                     model=engine.model, tokenizer=engine.tokenizer)
+    probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms/step'
+                      for name, seconds in auto.step_format_probe.items())
+    return f'{auto.engine_config.decode_weights} ({probe})'
+
+
+def _llama(args, kvs, xs):
+    """Return (the llama.cpp engine or None, the report's note on its row)."""
+    from timebill_ros import enginebench_llama_cpp
+    if not enginebench_llama_cpp.available():
+        return None, 'skipped: llama-cpp-python is not installed (`make bench-deps`).'
+    context = max(max(xs), max(kvs) + args.rounds * (args.steps + 1)) + 16
+    llama = enginebench_llama_cpp.LlamaCppEngine(args.threads or torch.get_num_threads(),
+                                                 context)
+    return llama, ('llama-cpp-python, the embedded Q4_1 GGUF, same threads; decode is the '
+                   'bare model step (no sampling, stop checks or text streaming).')
+
+
 def run_enginebench(args, progress=print) -> int:
     """Run the benchmark; write enginebench.md, .png and .json under ``args.out``.
 
@@ -259,28 +310,31 @@ def run_enginebench(args, progress=print) -> int:
         return 0
     torch.manual_seed(0)
     engines = _engines(FORMATS, args.threads)
+    auto = _auto_choice(engines['lean fp32'], args.threads)
+    progress(f'decode_weights auto chooses {auto}')
     rows = {name: Row(name) for name in engines}
     kvs = DECODE_KV[:2] if args.quick else DECODE_KV
     xs = PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS
+    llama, llama_note = _llama(args, kvs, xs)
+    if llama is not None:
+        rows[llama.name] = Row(llama.name)
     with torch.inference_mode():
-        _measure_decode(engines, rows, kvs, args.rounds, args.steps, progress)
+        _measure_decode(engines, rows, kvs, args.rounds, args.steps, progress, llama)
         _measure_batches(engines, rows, BATCH_SIZES, args.rounds, args.steps, progress)
-        _measure_prefill(engines, rows, xs, args.rounds, progress)
+        _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
     _measure_agreement(engines, rows, 2 if args.quick else AGREEMENT_PROMPTS,
-                       AGREEMENT_TOKENS, progress)
+                       AGREEMENT_TOKENS, progress, llama)
     bandwidth = copy_bandwidth_gbs()
     lean_fp32 = step_weight_bytes(engines['lean fp32'])
     floor_ms = {name: (step_weight_bytes(engine) or lean_fp32) / (bandwidth * 1e9) * 1e3
                 for name, engine in engines.items()}
-    try:
-        import llama_cpp  # noqa: F401
-        llama_note = 'llama-cpp-python is installed, but its row is not built yet.'
-    except ImportError:
-        llama_note = 'skipped: llama-cpp-python is not installed.'
+    if llama is not None:
+        from timebill_ros.model_source import embedded_gguf_path
+        floor_ms[llama.name] = embedded_gguf_path().stat().st_size / (bandwidth * 1e9) * 1e3
     first = next(iter(engines.values()))
     meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
-            'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note,
+            'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note, 'auto': auto,
             'command': 'timebill enginebench' + (' --quick' if args.quick else '')}
     _write(pathlib.Path(args.out), rows, meta, progress)
     return 0

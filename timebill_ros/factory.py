@@ -19,6 +19,7 @@ def build_service(config, log=print):
 
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction)
+    config = resolved_engine(config, engine, log)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
     log(format_report(calibration))
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
@@ -35,6 +36,20 @@ def build_service(config, log=print):
     if config.timing.warm_up:
         service.warm_up()
     return service
+
+
+def resolved_engine(config, engine, log=print):
+    """Return ``config`` with the engine group the engine resolved (``decode_weights: auto``).
+
+    Calibration files and the online state key on the resolved format.
+    """
+    import dataclasses
+    if engine.step_format_probe:
+        probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms'
+                          for name, seconds in engine.step_format_probe.items())
+        log(f'engine.decode_weights auto: {engine.engine_config.decode_weights} '
+            f'(decoding step: {probe})')
+    return dataclasses.replace(config, engine=engine.engine_config)
 
 
 def build_batch_step(config, engine, calibration, log=print):
@@ -105,6 +120,7 @@ def build_offload(config, engine, predictor, log=print):
     log(f'loading the offload engine ({engine_config.device}, '
         f'{engine_config.threads} threads)')
     offload_engine = LlmEngine.load(engine_config, config.eviction)
+    engine_config = offload_engine.engine_config  # decode_weights auto resolved
     offload_engine.bind_thread()  # the calibration below runs on this thread
     try:
         calibration = load_or_calibrate(offload_engine, engine_config, timing_config, log=log)

@@ -566,8 +566,11 @@ def write_outputs(data, out_dir, progress=print):
 # --- running (needs the model and ROS 2) -----------------------------------------------------
 def _server_params(name, flat, folder, n_max, queue_depth):
     from timebill_ros import params
+    from timebill_ros.bench import decode_weights_of
+    calibration_file = str(pathlib.Path(folder) / 'calibration.yaml')
     base = {'engine.max_new_tokens': n_max,
-            'timing.calibration_file': str(pathlib.Path(folder) / 'calibration.yaml'),
+            'timing.calibration_file': calibration_file,
+            'engine.decode_weights': decode_weights_of(calibration_file),
             # Each server keeps its own online state: methods must not learn from each other.
             'timing.state_file': str(pathlib.Path(folder) / f'{_safe(name)}.online.yaml'),
             # Room for a whole trace: no goal is refused for queue depth.

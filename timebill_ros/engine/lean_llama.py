@@ -67,6 +67,7 @@ class _Linear:
         self.parts = [(m.weight, m.bias) for m in modules]
         self.split = [w.shape[0] for w, _ in self.parts]
         self.step_weight = self.step_bias = self.packed = None
+        self.int8_weight = self.int8_scale = None
         self.step_bytes = sum(w.numel() * w.element_size() for w, _ in self.parts)
         if step_dtype is None:
             return
@@ -76,6 +77,9 @@ class _Linear:
             if any(b is not None for _, b in self.parts):
                 bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
                                   for w, b in self.parts])
+            if step_dtype == torch.int8:
+                self._quantize_int8(weight, bias)
+                return
             self.step_bytes = weight.numel() * torch.finfo(step_dtype).bits // 8
             if (step_dtype == torch.float16 and weight.device.type == 'cpu'
                     and weight.dtype == torch.float32 and fbgemm_fp16_available()):
@@ -85,9 +89,27 @@ class _Linear:
                 self.step_weight = weight.to(step_dtype)
                 self.step_bias = None if bias is None else bias.to(step_dtype)
 
+    def _quantize_int8(self, weight: torch.Tensor, bias) -> None:
+        """Keep ``weight`` (N, K) as int8 with one bf16 scale per output row (absmax / 127).
+
+        Weight-only: activations go in as bf16, the kernel (torch._weight_int8pack_mm, which
+        AVX-512 CPUs vectorise for bf16 activations only) accumulates in fp32; the bias is
+        added in fp32 afterwards.
+        """
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        self.int8_weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self.int8_scale = scale.to(torch.bfloat16)
+        self.step_bias = bias
+        self.step_bytes = weight.numel() + 2 * weight.shape[0]
+
     @property
     def kernel(self) -> str:
-        """What one-token steps run: ``fbgemm-fp16``, ``aten-<dtype>`` or ``model``."""
+        """Name what one-token steps run.
+
+        ``fbgemm-fp16``, ``int8-bf16``, ``aten-<dtype>`` or ``model`` (the model's own).
+        """
+        if self.int8_weight is not None:
+            return 'int8-bf16'
         if self.packed is not None:
             return 'fbgemm-fp16'
         if self.step_weight is not None:
@@ -96,7 +118,13 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor, step: bool):
         """Return the outputs, one tensor per module, in ``x``'s dtype."""
-        if step and self.packed is not None:
+        if step and self.int8_weight is not None:
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            y = torch._weight_int8pack_mm(rows, self.int8_weight, self.int8_scale)
+            y = y.to(x.dtype).view(*x.shape[:-1], -1)
+            if self.step_bias is not None:
+                y = y + self.step_bias
+        elif step and self.packed is not None:
             y = torch.fbgemm_linear_fp16_weight(x, self.packed, self.step_bias)
         elif step and self.step_weight is not None:
             y = F.linear(x.to(self.step_weight.dtype), self.step_weight, self.step_bias)

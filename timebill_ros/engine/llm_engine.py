@@ -34,11 +34,14 @@ from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
 from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
+from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
 from timebill_ros.eviction import keep_indices, make_scorer, n_keep_for
 from timebill_ros.latency.probe import Probe
 from timebill_ros.stopping import StepTimer, StopCriteria
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
+# One-token step weight formats (engine.decode_weights): int8 is weight-only, per output row.
+STEP_DTYPES = dict(DTYPES, int8=torch.int8)
 # Chat templates' end-of-turn tokens; those the tokenizer knows count as EOS.
 END_OF_TURN_TOKENS = ('<|im_end|>', '<|eot_id|>', '<|end|>', '<end_of_turn>')
 # sdpa works with the hooks: they read the attention *inputs*, never the attention weights.
@@ -123,10 +126,32 @@ class LlmEngine:
         self.scorer = make_scorer(eviction_config)
         self.clock = clock
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
-        self.forward = make_forward(self.model, engine_config)
+        # s/step of each format probed by decode_weights auto; empty when it was named.
+        self.step_format_probe = {}
+        self.n_forward_passes = 0
+        if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
+            self._choose_step_format()
+        else:
+            self.forward = make_forward(self.model, engine_config)
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
+
+    def _choose_step_format(self) -> None:
+        """Resolve ``decode_weights: auto`` by timing steps (engine/step_format.py).
+
+        ``engine_config`` then names the chosen format, so calibration files key on it.
+        """
+        def make(name):
+            return LeanLlamaForward(self.model, STEP_DTYPES[name])
+
+        token_ids = self.random_ids(PROBE_KV)
+        if self.engine_config.threads > 0:
+            torch.set_num_threads(self.engine_config.threads)
+        with torch.inference_mode():
+            chosen, self.forward, self.step_format_probe = choose_step_format(
+                make, lambda forward: forward_step_s(forward, token_ids))
+        self.engine_config = dataclasses.replace(self.engine_config, decode_weights=chosen)
 
     def bind_thread(self) -> None:
         """Make torch ops started from the calling thread use ``engine.threads`` threads.
@@ -381,11 +406,19 @@ def _check_count(name: str, value, maximum: Optional[int] = None) -> None:
         raise ValueError(f'{name} must be <= {maximum}, got {value!r}')
 
 
+def _lean_chosen(model, engine_config: EngineConfig) -> bool:
+    """Return True when ``engine.forward`` puts ``model`` on the lean forward."""
+    if engine_config.forward == 'transformers':
+        return False
+    return engine_config.forward == 'lean' or unsupported_reason(model) is None
+
+
 def make_forward(model, engine_config: EngineConfig) -> Forward:
     """Return the forward pass ``engine_config.forward`` names for ``model``.
 
     ``auto``: the lean forward when the model is Llama-family, else transformers'.
-    ``engine.decode_weights`` applies to the lean forward only.
+    ``engine.decode_weights`` applies to the lean forward only (``auto`` is resolved by
+    LlmEngine before this; here it means the model's dtype).
     """
     reason = unsupported_reason(model)
     choice = engine_config.forward
@@ -393,7 +426,7 @@ def make_forward(model, engine_config: EngineConfig) -> Forward:
         return TransformersForward(model)
     if reason is not None:
         raise ValueError(f'engine.forward is lean, but {reason}')
-    return LeanLlamaForward(model, DTYPES[engine_config.decode_weights])
+    return LeanLlamaForward(model, STEP_DTYPES.get(engine_config.decode_weights))
 
 
 def _load_tokenizer(model_dir):

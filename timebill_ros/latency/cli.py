@@ -9,8 +9,10 @@ DEFAULT_OUT = 'benchmarks/results/latency'
 def _engine(args):
     from timebill_ros.cli import _load_config
     from timebill_ros.engine import LlmEngine
+    from timebill_ros.factory import resolved_engine
     config = _load_config(args.params, args.set)
-    return config, LlmEngine.load(config.engine, config.eviction)
+    engine = LlmEngine.load(config.engine, config.eviction)
+    return resolved_engine(config, engine), engine
 
 
 def cmd_measure(args, ros_args):
