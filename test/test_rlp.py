@@ -90,13 +90,19 @@ def test_collect_is_resumable_and_detects_changed_prompts(make_tiny_engine, tmp_
         collect_mod.collect(engine, changed, out, n_model=6, log=logs.append)
 
 
-def test_batched_lengths_match_unbatched_on_tiny_model(make_tiny_engine):
+def test_batched_lengths_match_one_at_a_time_on_tiny_model(make_tiny_engine):
+    """Continuous batching (answers leave and join between steps) changes no length."""
     engine = make_tiny_engine()
-    prompts = [it.prompt for it in build_corpus()[:4]]
-    ids = [engine.encode(p) for p in prompts]
-    batched = collect_mod.generate_batch(engine, ids, 5)
-    single = [collect_mod.generate_batch(engine, [i], 5)[0] for i in ids]
-    assert batched == single
+    items = build_corpus()[:5]
+    encoded = {it.prompt_id: engine.encode(it.prompt) for it in items}
+
+    def lengths(max_batch):
+        return {item.prompt_id: (n, capped) for item, n, capped in
+                collect_mod.decode_lengths(engine, items, encoded, 7, max_batch)}
+
+    alone = lengths(1)
+    assert len(alone) == 5 and lengths(3) == alone
+    assert all(1 <= n <= 7 and capped == (n == 7) for n, capped in alone.values())
 
 
 def test_load_examples_joins_corpus_and_lengths(tmp_path):
@@ -264,8 +270,66 @@ def test_report_and_overlap_tables_format_every_row():
     rows = [{'predictor': 'RLP', 'mae': 1.0, 'rmse': 2.0, 'r2': 0.5, 'within': 0.9,
              'val_mae': 3.0, 'fit_s': 4.0, 'predict_ms': 5.0}]
     table = format_table(rows, {'train': [ex], 'val': [ex], 'test': [ex]})
-    assert '| RLP | 1.0 | 2.0 | 0.500 | 90 % | 3.0 | 4 | 5.0 |' in table
+    assert '| RLP | 1.0 | 2.0 | 0.500 | 90 % | 3.0 | - | 4 | 5.0 |' in table
+    rows[0].update(cover_upper=0.85, upper_over_true=1.5)
+    splits = {'train': [ex], 'val': [ex], 'test': [ex]}
+    assert '| 3.0 | 85 % (1.5x) | 4 |' in format_table(rows, splits)
     over = format_overlap([{'n_x': 10, 'n_p': 10, 'prefill_alone_s': 0.1, 'prefill_s': 0.2,
                             'predict_s': 0.05, 'overhang_s': 0.0, 'hidden_runs': 3,
                             'repeats': 3}])
     assert '| 10 | 10 | 0.100 | 0.200 | 0.050 | 0.000 | 3/3 |' in over
+
+
+def test_readouts_of_a_bucket_distribution():
+    from timebill_ros.rlp.readout import bucket_cdf, quantile_bucket, read_bucket
+    # Most mass on bucket 0 (the mode), but 60 % beyond it: the median is further out.
+    logits = np.log([0.4, 0.05, 0.05, 0.3, 0.2])
+    assert np.allclose(bucket_cdf(logits), [0.4, 0.45, 0.5, 0.8, 1.0])
+    assert read_bucket(logits, 'argmax') == 0
+    assert read_bucket(logits, 'median') == 2
+    assert quantile_bucket(logits, 0.9) == 4 and quantile_bucket(logits, 0.8) == 3
+    with pytest.raises(ValueError, match="q must be in"):
+        quantile_bucket(logits, 0.0)
+    with pytest.raises(ValueError, match="readout must be one of"):
+        read_bucket(logits, 'mean')
+
+
+def test_constant_mean_baseline_and_report_rows(tiny_model, smollm2_tokenizer):
+    from timebill_ros.rlp.models.constant_mean import ConstantMean
+    from timebill_ros.rlp.report import evaluate_models
+    train, test = _planted(24, 'train'), _planted(8, 'test')
+    splits = {'train': train, 'val': _planted(8, 'val'), 'test': test}
+    baseline = ConstantMean()
+    with pytest.raises(RuntimeError, match='fit'):
+        baseline.predict_tokens(test)
+    baseline.fit(train)
+    assert np.allclose(baseline.predict_tokens(test), (5 + 60) / 2)
+    rlp = RlpModel(tiny_model, smollm2_tokenizer.encode, bucket_tokens=16, n_model=64,
+                   n_layers=2, max_input_tokens=64, epochs=1, log=lambda s: None)
+    rows = evaluate_models([baseline, rlp], splits, log=lambda s: None)
+    names = [r['predictor'] for r in rows]
+    # The RLP is read both ways from one training, and only it has an upper quantile.
+    assert names == ['constant mean', 'RLP L=2 B=16 median', 'RLP L=2 B=16 argmax']
+    assert 'cover_upper' not in rows[0]
+    assert all(0.0 <= r['cover_upper'] <= 1.0 for r in rows[1:])
+    assert rlp.readout == 'median' and rlp.name == 'RLP L=2 B=16 median'
+
+
+def test_family_view_holds_whole_families_out(tmp_path):
+    from timebill_ros.rlp.corpus import family_splits
+    items = build_corpus()
+    families = family_splits()
+    assert set(families.values()) == {'train', 'val', 'test'}
+    assert family_splits() == families  # deterministic
+    path = tmp_path / 'l.jsonl'
+    path.write_text(''.join(json.dumps({
+        'prompt_id': it.prompt_id, 'category': it.category, 'split': it.split,
+        'n_prompt_tokens': 10, 'n_tokens': 7, 'capped': False, 'n_model': 1024,
+        'prompt_sha': collect_mod.prompt_sha(it.prompt)}) + '\n' for it in items))
+    by_family = load_examples(path, 'family')
+    seen = {split: {e.category for e in examples} for split, examples in by_family.items()}
+    assert not seen['test'] & seen['train'] and not seen['val'] & seen['train']
+    by_prompt = load_examples(path, 'prompt')
+    assert {e.category for e in by_prompt['test']} & seen['train']  # shared templates
+    with pytest.raises(ValueError, match='view must be one of'):
+        load_examples(path, 'random')

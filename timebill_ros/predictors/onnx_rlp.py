@@ -18,6 +18,7 @@ import numpy as np
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.export import INPUT_NAME, OUTPUT_NAME, read_metadata
+from timebill_ros.rlp.readout import read_bucket
 from timebill_ros.timing.model import fit_prefill
 
 TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens
@@ -88,6 +89,8 @@ class OnnxRlpPredictor(LengthPredictor):
         except (KeyError, ValueError) as exc:
             raise ValueError(f'not a timebill RLP export (metadata {meta!r})') from exc
         self.model_key = meta.get('model_key', '')
+        # Files exported before the readout was stored read the argmax, as they were trained.
+        self.readout = meta.get('readout', 'argmax')
         self.prefill_s = prefill_s
         self.min_input_tokens = min_input_tokens
         self.max_input_tokens = max_input_tokens
@@ -159,7 +162,7 @@ class OnnxRlpPredictor(LengthPredictor):
             top = length >= self.n_model
             n_hat = max(1, math.ceil(length))
         else:
-            bucket = int(np.argmax(output))
+            bucket = read_bucket(output, self.readout)
             top = bucket == len(output) - 1
             n_hat = (bucket + 1) * self.bucket_tokens
         if top:  # ">= N_model": the true length may be anything up to N_max

@@ -73,7 +73,7 @@ def cmd_train(args, ros_args):
         print(f'RLP already built: {onnx_path}')
         return 0
     _, engine = _engine(args, config)
-    splits = load_examples(args.lengths)
+    splits = load_examples(args.lengths, args.split_view)
     settings = _rlp_settings(args, splits['train'][0].n_model)
     model = RlpModel(engine.model, engine.encode, **settings)
     model.fit(splits['train'], splits['val'])
@@ -119,7 +119,7 @@ def cmd_export(args, ros_args):
     saved = torch.load(pt_path, weights_only=True)
     model = RlpModel(engine.model, engine.encode, **saved['settings'])
     model.net.load_state_dict(saved['state_dict'])
-    return _export(model, engine, load_examples(args.lengths), onnx_path)
+    return _export(model, engine, load_examples(args.lengths, args.split_view), onnx_path)
 
 
 def cmd_eval(args, ros_args):
@@ -127,7 +127,7 @@ def cmd_eval(args, ros_args):
     from timebill_ros.rlp import report
     from timebill_ros.rlp.dataset import load_examples
     config, engine = _engine(args)
-    splits = load_examples(args.lengths)
+    splits = load_examples(args.lengths, args.split_view)
     n_model = splits['train'][0].n_model
     models = report.baseline_models(print) + report.rlp_variants(
         engine, n_model, {}, print, n_layers=args.layers,
@@ -168,6 +168,9 @@ def _common(parser, lengths=True):
     parser.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE')
     if lengths:
         parser.add_argument('--lengths', default=DEFAULT_LENGTHS, help='lengths JSONL')
+        parser.add_argument('--split-view', choices=('prompt', 'family'), default='prompt',
+                            help='prompt: each prompt its own split (templates shared); '
+                            'family: whole template families held out for val and test')
 
 
 def _rlp_args(parser):

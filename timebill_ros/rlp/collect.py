@@ -1,12 +1,13 @@
 """Record the target LLM's own response lengths over the corpus (the RLP's labels).
 
-Each prompt goes through the server's chat template (:meth:`LlmEngine.encode`) and greedy
-decoding capped at N_model tokens. Prompts are batched by similar length (left padding),
-which on this CPU is about five times the single-sequence token rate. Padding can flip a
-near-tie argmax, so a batched length may rarely differ from the unbatched server's; ``verify``
-measures how often.
+Each prompt goes through the server's chat template (:meth:`LlmEngine.encode`), the
+server's prefill and greedy decoding capped at N_model tokens, several answers decoding
+together on the engine's batched decoding (each with its own cache: no padding). A batched
+step multiplies B rows at once where a lone step multiplies one, which can round a near-tie
+argmax differently, so a batched length may rarely differ from the unbatched server's;
+``verify`` measures how often.
 
-The output is JSONL, one line per prompt, appended after every batch, so a stopped run
+The output is JSONL, one line per prompt, appended as each answer ends, so a stopped run
 resumes where it stopped. Response length ``n_tokens`` counts generated tokens *including*
 the end-of-turn token, i.e. the decoding steps the server runs; ``capped`` marks answers that
 hit N_model (their true length is >= N_model).
@@ -19,13 +20,10 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-import torch
-
 from timebill_ros.rlp.corpus import CorpusItem
 
-N_MODEL = 128  # most tokens collected per answer; the RLP's top bucket means ">= N_MODEL"
-MAX_BATCH = 16
-MAX_BATCH_TOKENS = 12288  # batch size x padded prompt length, bounds prefill memory
+N_MODEL = 1024  # most tokens collected per answer; the RLP's top bucket means ">= N_MODEL"
+MAX_BATCH = 8  # answers decoding together (the aggregate token rate flattens past 8 here)
 
 
 def prompt_sha(prompt: str) -> str:
@@ -58,50 +56,35 @@ def response_length(tokens: List[int], eos_ids, n_model: int) -> tuple:
     return n_model, True
 
 
-SHORT_ANSWER_HINTS = ('one word', 'yes or no', 'one sentence', 'under twenty words')
+def _join(engine, batch, item, encoded, n_model, started):
+    """Prefill ``item`` and add it to ``batch``; remember when (engine clock) it started."""
+    from timebill_ros import stopping
+    state = engine.prefill(encoded[item.prompt_id], stopping.StopCriteria())
+    row_id = batch.join(state, n_model, stopping.StopCriteria(
+        [stopping.EosStop(engine.eos_token_ids)]))
+    started[row_id] = item
 
 
-def _asks_short(prompt: str) -> bool:
-    """Guess whether a prompt asks for a short answer (batching order only, never a label)."""
-    lowered = prompt.lower()
-    return any(hint in lowered for hint in SHORT_ANSWER_HINTS)
+def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]],
+                   n_model: int, max_batch: int):
+    """Yield ``(item, n_tokens, capped)`` as each item's greedy answer ends.
 
-
-def make_batches(items: List[CorpusItem], lengths: Dict[str, int],
-                 max_batch: int = MAX_BATCH, max_tokens: int = MAX_BATCH_TOKENS) -> list:
-    """Group items of similar prompt length; each batch has <= max_batch items and tokens.
-
-    A batch decodes until its longest answer ends, so prompts that ask for short answers are
-    batched together first: their batches stop early. Labels do not depend on the order.
+    The server's own path: :meth:`LlmEngine.prefill` (no eviction) and the engine's batched
+    decoding (:meth:`LlmEngine.new_batch`), up to ``max_batch`` answers a step. An answer
+    leaves the batch at its EOS or at ``n_model`` tokens and the next prompt joins, so no
+    answer waits for a longer one (continuous batching; no padding). ``n_tokens`` counts the
+    EOS (the decoding steps the server runs).
     """
-    ordered = sorted(items, key=lambda it: (not _asks_short(it.prompt), lengths[it.prompt_id]))
-    batches, current = [], []
-    for item in ordered:
-        longest = max([lengths[item.prompt_id]] + [lengths[it.prompt_id] for it in current])
-        if current and (len(current) >= max_batch or (len(current) + 1) * longest > max_tokens):
-            batches.append(current)
-            current = []
-        current.append(item)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def generate_batch(engine, id_lists: List[List[int]], n_model: int) -> List[List[int]]:
-    """Greedy-decode a batch of prompts (left padded); return each answer's token ids."""
-    pad = engine.eos_token_ids[0]
-    width = max(len(ids) for ids in id_lists)
-    input_ids = torch.full((len(id_lists), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(id_lists):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
-    with torch.inference_mode():
-        out = engine.model.generate(
-            input_ids=input_ids.to(engine.device), attention_mask=mask.to(engine.device),
-            max_new_tokens=n_model, do_sample=False, num_beams=1, repetition_penalty=1.0,
-            eos_token_id=list(engine.eos_token_ids), pad_token_id=pad)
-    return [row.tolist() for row in out[:, width:].cpu()]
+    from timebill_ros import stopping
+    batch, pending, started = engine.new_batch(), list(items), {}
+    while pending or len(batch):
+        while pending and len(batch) < max_batch:
+            _join(engine, batch, pending.pop(0), encoded, n_model, started)
+        for row_id, result in batch.step():
+            if result.stop_reason == stopping.EOS:
+                yield started.pop(row_id), len(result.token_ids) + 1, False
+            else:
+                yield started.pop(row_id), n_model, True
 
 
 def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
@@ -110,7 +93,9 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
     """Append the response length of every item not yet in ``out_path``; return how many.
 
     ``limit`` caps the prompts done in this call (for a quick run). A record whose prompt text
-    changed since it was written is an error: delete the file to recollect.
+    changed since it was written is an error: delete the file to recollect. Each record is
+    written (and flushed) as its answer ends, so a stopped run resumes where it stopped;
+    progress lines every ``max_batch`` answers give the rate and an ETA.
     """
     out_path = pathlib.Path(out_path)
     done = load_records(out_path)
@@ -127,27 +112,26 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
         log(f'all {len(items)} prompts already in {out_path}')
         return 0
     encoded = {it.prompt_id: engine.encode(it.prompt) for it in pending}
-    lengths = {k: len(v) for k, v in encoded.items()}
-    batches = make_batches(pending, lengths, max_batch)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    start, n_done = clock(), 0
-    eos = set(engine.eos_token_ids)
+    start, n_done, n_capped, n_answer_tokens = clock(), 0, 0, 0
     with out_path.open('a') as out:
-        for batch in batches:
-            answers = generate_batch(engine, [encoded[it.prompt_id] for it in batch], n_model)
-            for item, tokens in zip(batch, answers):
-                n_tokens, capped = response_length(tokens, eos, n_model)
-                out.write(json.dumps({
-                    'prompt_id': item.prompt_id, 'category': item.category,
-                    'split': item.split, 'n_prompt_tokens': lengths[item.prompt_id],
-                    'n_tokens': n_tokens, 'capped': capped, 'n_model': n_model,
-                    'prompt_sha': prompt_sha(item.prompt)}) + '\n')
+        for item, n_tokens, capped in decode_lengths(engine, pending, encoded, n_model,
+                                                     max_batch):
+            out.write(json.dumps({
+                'prompt_id': item.prompt_id, 'category': item.category,
+                'split': item.split, 'n_prompt_tokens': len(encoded[item.prompt_id]),
+                'n_tokens': n_tokens, 'capped': capped, 'n_model': n_model,
+                'prompt_sha': prompt_sha(item.prompt)}) + '\n')
             out.flush()
-            n_done += len(batch)
-            elapsed = clock() - start
-            eta = elapsed / n_done * (len(pending) - n_done)
-            log(f'{n_done}/{len(pending)} prompts, {elapsed:.0f} s, ETA {eta:.0f} s')
-            sys.stdout.flush()
+            n_done, n_capped = n_done + 1, n_capped + capped
+            n_answer_tokens += n_tokens
+            if n_done % max_batch == 0 or n_done == len(pending):
+                elapsed = clock() - start
+                eta = elapsed / n_done * (len(pending) - n_done)
+                log(f'{n_done}/{len(pending)} prompts ({n_capped} reached N_model), '
+                    f'{n_answer_tokens / max(elapsed, 1e-9):.0f} answer tokens/s, '
+                    f'{elapsed:.0f} s, ETA {eta:.0f} s')
+                sys.stdout.flush()
     return n_done
 
 

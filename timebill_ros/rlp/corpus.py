@@ -21,6 +21,10 @@ from timebill_ros import prompts as robot_prompts
 CORPUS_SEED = 20261121
 SPLITS = ('train', 'val', 'test')
 SPLIT_FRACTIONS = (0.70, 0.15, 0.15)
+# The family-held-out view: whole categories (template families) go to val or test by a
+# seeded hash of the category name, so its test prompts come from families never trained on.
+FAMILY_SEED = 20261124
+FAMILY_FRACTIONS = (0.65, 0.15, 0.20)
 # Prompts longer than this are dropped (after generation, so no other prompt changes): the
 # longest kept are about 3,600 tokens; 7,000-token summaries cost too much collection time.
 MAX_PROMPT_CHARS = 8000
@@ -115,6 +119,22 @@ def split_of(prompt_id: str, seed: int = CORPUS_SEED) -> str:
     return SPLITS[2]
 
 
+def family_splits(categories=None, seed: int = FAMILY_SEED) -> dict:
+    """Return {category: split} of the family-held-out view.
+
+    Categories are ordered by a seeded hash of their names; the first FAMILY_FRACTIONS[2] of
+    them (rounded) go to test, the next FAMILY_FRACTIONS[1] to val, the rest to train: a
+    neutral choice with a fixed number of families in each split (a hash per category alone
+    leaves 2 of 22 in test).
+    """
+    names = sorted(CATEGORIES if categories is None else categories,
+                   key=lambda c: hashlib.sha256(f'{seed}:{c}'.encode()).digest())
+    n_test = round(FAMILY_FRACTIONS[2] * len(names))
+    n_val = round(FAMILY_FRACTIONS[1] * len(names))
+    return {name: (SPLITS[2] if i < n_test else SPLITS[1] if i < n_test + n_val else SPLITS[0])
+            for i, name in enumerate(names)}
+
+
 def _hint(rng) -> str:
     return rng.choice(LENGTH_HINTS)[1]
 
@@ -207,6 +227,100 @@ def _uncertainty(kind):
     return make
 
 
+# --- Families added for issue 14: what robot stacks send beyond one-shot questions ---------
+OPERATORS = ['Operator', 'Planner', 'Supervisor', 'Maintenance']
+ITEMS_TO_LIST = ['safety checks before a mission', 'tools a maintenance robot carries',
+                 'failure modes of a lidar', 'steps to calibrate a camera',
+                 'things to inspect on a forklift', 'ways a delivery robot can get stuck',
+                 'rules for working next to people', 'parts of a robot arm']
+
+
+def _dialogue(rng):
+    """Return a multi-turn-style context (an earlier exchange) and a new question."""
+    vehicle, place, obj = rng.choice(VEHICLES), rng.choice(PLACES), rng.choice(OBJECTS)
+    who = rng.choice(OPERATORS)
+    turns = [f'{who}: Send the {vehicle} to the {place}.',
+             f'Robot: On my way to the {place}. ETA {rng.randint(1, 15)} minutes.',
+             f'{who}: Did you see the {obj}?',
+             f'Robot: Yes, the {obj} is on the {rng.choice(SURFACES)}.']
+    turns = turns[:rng.choice([2, 4])]
+    question = rng.choice([f'Now bring it to the {rng.choice(PLACES)}. Confirm.',
+                           'What should you do next? Explain your reasoning.',
+                           'Summarize what happened so far.', 'Are you done? Yes or no.',
+                           f'Why did the {vehicle} take so long?'])
+    return 'Conversation so far:\n' + '\n'.join(turns) + f'\n{who}: {question}'
+
+
+def _sensor_qa(rng):
+    """Return a long sensor snapshot and a short, exact question."""
+    n = rng.choice([6, 12, 24, 48, 96])
+    lines = [f'motor_{i}: temp={rng.uniform(20, 90):.1f} C, current={rng.uniform(0, 8):.2f} A, '
+             f'status={rng.choice(["ok", "ok", "ok", "warn", "fault"])}' for i in range(n)]
+    i = rng.randrange(n)
+    question = rng.choice([f'What is the temperature of motor_{i}? Give the number only.',
+                           'Which motors report a fault? List their names only.',
+                           f'Is motor_{i} ok? Answer yes or no.',
+                           'Explain what the warnings could mean for the mission.'])
+    return 'Sensor snapshot:\n' + '\n'.join(lines) + f'\n\n{question}'
+
+
+def _long_request(rng):
+    """Return a short request that asks for a long answer."""
+    topic, vehicle = rng.choice(TOPICS), rng.choice(VEHICLES)
+    return rng.choice([
+        f'Write a complete operations manual for a {vehicle}, with every section in full.',
+        f'Write a long, detailed tutorial on {topic} for new engineers.',
+        f'Describe a full day of work of a {vehicle} in the {rng.choice(PLACES)}, hour by hour.',
+        f'Write a story of at least five paragraphs about a {vehicle} that learns {topic}.',
+        f'Give a detailed comparison of ten different {vehicle}s.'])
+
+
+def _length_instruction(rng):
+    """Return a request with an explicit length (items, words, sentences)."""
+    n = rng.choice([1, 2, 3, 5, 8, 10, 15, 20, 30, 50])
+    topic = rng.choice(TOPICS)
+    return rng.choice([
+        f'List {n} {rng.choice(ITEMS_TO_LIST)}.',
+        f'Explain {topic} in exactly {n} sentences.',
+        f'Describe {topic} in about {n * 10} words.',
+        f'Give {n} numbered steps to set up {topic} on a {rng.choice(VEHICLES)}.'])
+
+
+def _ramble(rng):
+    """Return a prompt that makes a small model ramble or loop (count, repeat, list)."""
+    a = rng.randint(1, 50)
+    return rng.choice([
+        f'Count from {a} to {a + rng.choice([20, 50, 100, 200])}.',
+        f'Repeat the word "{rng.choice(["robot", "stop", "battery", "ok"])}" '
+        f'{rng.choice([10, 30, 100])} times.',
+        f'Keep listing {rng.choice(ITEMS_TO_LIST)} until you run out of ideas.',
+        f'Write every {rng.choice(["even", "odd"])} number below {rng.choice([40, 100, 300])}.',
+        f'Say everything you know about {rng.choice(TOPICS)}, then about '
+        f'{rng.choice(TOPICS)}, then about {rng.choice(TOPICS)}.'])
+
+
+def _to_json(rng):
+    """Return a request to turn a list into JSON: the answer grows with the input."""
+    n = rng.choice([2, 4, 8, 16, 32])
+    points = [f'{rng.choice(PLACES)} ({rng.uniform(-50, 50):.1f}, {rng.uniform(-50, 50):.1f})'
+              for _ in range(n)]
+    return ('Convert these waypoints to a JSON list of objects with keys name, x and y:\n'
+            + '\n'.join(points))
+
+
+def _plan_paraphrase(rng):
+    """Return a plan request in other words (a planner's phrasing, not ours)."""
+    task = rng.choice(['clean', 'inspect', 'map', 'patrol', 'restock'])
+    return _join(rng.choice([
+        f'I need the {rng.choice(VEHICLES)} to {task} the {rng.choice(PLACES)}. How should it '
+        'go about it?',
+        f'Could you outline what a {rng.choice(VEHICLES)} must do to {task} the '
+        f'{rng.choice(PLACES)}?',
+        f'Task: {task} {rng.choice(PLACES)}. Robot: {rng.choice(VEHICLES)}. Output the plan.',
+        f'What are the steps for {task}ing the {rng.choice(PLACES)} with a '
+        f'{rng.choice(VEHICLES)}?']), _hint(rng))
+
+
 # category -> (generator, count)
 CATEGORIES = {
     'plan': (_plan, 90), 'explain': (_explain, 90), 'navigate': (_navigate, 90),
@@ -214,6 +328,11 @@ CATEGORIES = {
     'map_qa': (_map_qa, 60), 'summary': (_summary, 40), 'chat': (_chat, 60),
 }
 CATEGORIES.update({f'u_{k}': (_uncertainty(k), 40) for k in UNCERTAINTY})
+CATEGORIES.update({
+    'dialogue': (_dialogue, 50), 'sensor_qa': (_sensor_qa, 50),
+    'long_request': (_long_request, 40), 'length_instruction': (_length_instruction, 60),
+    'ramble': (_ramble, 40), 'to_json': (_to_json, 40), 'plan_paraphrase': (_plan_paraphrase, 50),
+})
 
 
 def build_corpus(seed: int = CORPUS_SEED) -> List[CorpusItem]:

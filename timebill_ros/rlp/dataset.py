@@ -5,7 +5,11 @@ import pathlib
 from typing import Dict, List
 
 from timebill_ros.rlp.collect import load_records, prompt_sha
-from timebill_ros.rlp.corpus import SPLITS, build_corpus
+from timebill_ros.rlp.corpus import build_corpus, family_splits, SPLITS
+
+# How prompts are split: ``prompt`` (a seeded hash of each prompt id; train and test share
+# templates) or ``family`` (whole template families held out for val and test).
+SPLIT_VIEWS = ('prompt', 'family')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,14 +31,20 @@ class Example:
     n_model: int
 
 
-def load_examples(lengths_path) -> Dict[str, List[Example]]:
+def load_examples(lengths_path, view: str = 'prompt') -> Dict[str, List[Example]]:
     """Return {split: [Example]} for every corpus prompt that has a collected length.
+
+    ``view`` picks the split of each prompt (SPLIT_VIEWS): ``prompt`` its own, ``family``
+    its category's (:func:`~timebill_ros.rlp.corpus.family_splits`).
 
     Raises:
         FileNotFoundError: ``lengths_path`` does not exist (run ``timebill predictor collect``).
         ValueError: a record's prompt text no longer matches the corpus.
 
     """
+    if view not in SPLIT_VIEWS:
+        raise ValueError(f'view must be one of {SPLIT_VIEWS}, got {view!r}')
+    families = family_splits()
     path = pathlib.Path(lengths_path)
     if not path.exists():
         raise FileNotFoundError(
@@ -47,7 +57,8 @@ def load_examples(lengths_path) -> Dict[str, List[Example]]:
             continue
         if record['prompt_sha'] != prompt_sha(item.prompt):
             raise ValueError(f'{path}: prompt {item.prompt_id} changed since it was collected')
-        out[item.split].append(Example(
-            item.prompt_id, item.category, item.split, item.prompt, int(record['n_tokens']),
+        split = families[item.category] if view == 'family' else item.split
+        out[split].append(Example(
+            item.prompt_id, item.category, split, item.prompt, int(record['n_tokens']),
             bool(record['capped']), int(record['n_prompt_tokens']), int(record['n_model'])))
     return out

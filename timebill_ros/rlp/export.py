@@ -31,7 +31,8 @@ def rlp_metadata(model, model_key: str) -> Dict[str, str]:
         'kind': 'regression' if model.bucket_tokens is None else 'classification',
         'bucket_tokens': str(model.bucket_tokens or 0), 'n_model': str(model.n_model),
         'n_layers': str(len(model.net.layers)), 'max_input_tokens': str(model.max_input_tokens),
-        'model_key': model_key, 'name': model.name}
+        'model_key': model_key, 'name': model.name,
+        'readout': getattr(model, 'readout', 'argmax')}
 
 
 def export_onnx(model, path, model_key: str) -> pathlib.Path:

@@ -15,11 +15,13 @@ import numpy as np
 
 from timebill_ros.rlp.metrics import WITHIN_TOKENS, length_metrics
 from timebill_ros.rlp.models.base import true_lengths
+from timebill_ros.rlp.readout import READOUTS
 
 # B = 16 / 32 / 64 as in TimeBill's Table 1, plus B = 8: at N_model = 128, B = 16 gives only
 # 8 buckets, coarser than S3's 10 classes; B = 8 (16 buckets) keeps the RLP the finest, as
 # the paper's default (512 buckets) is. None = the regression variant.
 RLP_BUCKETS = (8, 16, 32, 64, None)
+UPPER_Q = 0.9  # the upper quantile of the RLP's bucket distribution whose coverage is reported
 
 
 def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwargs) -> list:
@@ -30,15 +32,39 @@ def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwa
 
 
 def baseline_models(log) -> list:
-    """Return the untrained baselines: input-length LR, RT-LM rules + MLP, ProxyModel, S3."""
+    """Return the untrained baselines.
+
+    Constant mean, input-length LR, RT-LM rules + MLP, ProxyModel, S3.
+    """
     from timebill_ros.rlp.models.bert_classifier import proxymodel_5class, s3_10class
     from timebill_ros.rlp.models.input_length_lr import InputLengthLR
     from timebill_ros.rlp.models.rtlm_mlp import RtlmMlpModel
-    return [InputLengthLR(), RtlmMlpModel(), proxymodel_5class(), s3_10class()]
+    from timebill_ros.rlp.models.constant_mean import ConstantMean
+    return [ConstantMean(), InputLengthLR(), RtlmMlpModel(), proxymodel_5class(),
+            s3_10class()]
+
+
+def _row(model, test, truth, val, fit_s) -> Dict:
+    start = time.perf_counter()
+    pred = model.predict_tokens(test)
+    predict_ms = (time.perf_counter() - start) / len(test) * 1e3
+    row = {'predictor': model.name, **length_metrics(truth, pred),
+           'val_mae': model.mae(val) if val else float('nan'), 'fit_s': fit_s,
+           'predict_ms': predict_ms, 'predicted': pred.tolist()}
+    if getattr(model, 'bucket_tokens', None) is not None:  # an RLP bucket distribution
+        upper = model.predict_tokens(test, q=UPPER_Q)
+        row.update(cover_upper=float((truth <= upper).mean()),
+                   upper_over_true=float(np.median(upper / truth)),
+                   upper=upper.tolist())
+    return row
 
 
 def evaluate_models(models, splits, log: Callable[[str], None] = print) -> List[Dict]:
-    """Fit each model on ``splits['train']`` (val for epoch choice); return test-split rows."""
+    """Fit each model on ``splits['train']`` (val for epoch choice); return test-split rows.
+
+    An RLP classifier is also read the other way (argmax vs median, no retraining), and its
+    UPPER_Q quantile's coverage of the true lengths is reported.
+    """
     test = splits['test']
     truth = true_lengths(test)
     rows = []
@@ -46,21 +72,28 @@ def evaluate_models(models, splits, log: Callable[[str], None] = print) -> List[
         start = time.perf_counter()
         model.fit(splits['train'], splits['val'])
         fit_s = time.perf_counter() - start
-        start = time.perf_counter()
-        pred = model.predict_tokens(test)
-        predict_ms = (time.perf_counter() - start) / len(test) * 1e3
-        val_mae = model.mae(splits['val'])
-        row = {'predictor': model.name, **length_metrics(truth, pred), 'val_mae': val_mae,
-               'fit_s': fit_s, 'predict_ms': predict_ms}
-        log(format_row(row))
-        rows.append(row)
+        readouts = [None]
+        if getattr(model, 'bucket_tokens', None) is not None:
+            readouts = [model.readout] + [r for r in READOUTS if r != model.readout]
+        name = model.name
+        for readout in readouts:
+            if readout is not None:
+                model.readout = readout
+                model.name = name.replace(readouts[0], readout)
+            row = _row(model, test, truth, splits['val'], fit_s)
+            log(format_row(row))
+            rows.append(row)
+        if readouts[0] is not None:
+            model.readout, model.name = readouts[0], name
     return rows
 
 
 def format_row(row: Dict) -> str:
     """Return one Markdown table row of a result dict."""
+    cover = (f"{100 * row['cover_upper']:.0f} % ({row['upper_over_true']:.1f}x)"
+             if 'cover_upper' in row else '-')
     return (f"| {row['predictor']} | {row['mae']:.1f} | {row['rmse']:.1f} | {row['r2']:.3f} | "
-            f"{100 * row['within']:.0f} % | {row['val_mae']:.1f} | {row['fit_s']:.0f} | "
+            f"{100 * row['within']:.0f} % | {row['val_mae']:.1f} | {cover} | {row['fit_s']:.0f} | "
             f"{row['predict_ms']:.1f} |")
 
 
@@ -73,16 +106,55 @@ def format_table(rows: List[Dict], splits) -> str:
              f'{np.mean([e.n_tokens for e in test]):.1f} tokens, {capped} capped at N_model '
              f'= {test[0].n_model}.', '',
              f'| predictor | MAE (tokens) | RMSE (tokens) | R^2 | within +-{WITHIN_TOKENS} | '
-             'val MAE (tokens) | fit (s) | predict (ms/prompt) |',
-             '|---|---|---|---|---|---|---|---|']
+             f'val MAE (tokens) | q={UPPER_Q} quantile covers (median N_q / N) | fit (s) | '
+             'predict (ms/prompt) |',
+             '|---|---|---|---|---|---|---|---|---|']
     return '\n'.join(lines + [format_row(r) for r in rows])
 
 
+def plot_calibration(rows, splits, path) -> None:
+    """Write predicted vs true length (left) and the RLP's upper quantile vs true (right).
+
+    The RLP row drawn is the one with the lowest MAE; the baseline, the best non-RLP row.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    truth = true_lengths(splits['test'])
+    rlp = [r for r in rows if r['predictor'].startswith('RLP')]
+    others = [r for r in rows if not r['predictor'].startswith('RLP')]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
+    top = float(max(truth.max(), 1.0))
+    for row, marker in ((min(others, key=lambda r: r['mae']), 'x'),
+                        (min(rlp, key=lambda r: r['mae']), 'o')):
+        left.scatter(truth, row['predicted'], s=12, marker=marker, alpha=0.6,
+                     label=f"{row['predictor']} (MAE {row['mae']:.0f})")
+    with_upper = [r for r in rlp if 'upper' in r]
+    if with_upper:
+        best = min(with_upper, key=lambda r: r['mae'])
+        right.scatter(truth, best['upper'], s=12, alpha=0.6,
+                      label=f"{best['predictor']}: q={UPPER_Q} quantile covers "
+                      f"{100 * best['cover_upper']:.0f} %")
+    for axis, title in ((left, 'point prediction'), (right, f'upper quantile q={UPPER_Q}')):
+        axis.plot([0, top], [0, top], color='grey', linewidth=1)
+        axis.set(title=title, xlabel='true response tokens', ylabel='predicted tokens',
+                 xlim=(0, top * 1.05), ylim=(0, top * 1.05))
+        axis.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 def save_report(rows, splits, out_dir) -> pathlib.Path:
-    """Write ``rlp_eval.md`` and ``rlp_eval.json`` under ``out_dir``; return the .md path."""
+    """Write ``rlp_eval.md``, ``rlp_eval.json`` and ``rlp_calibration.png`` under ``out_dir``.
+
+    Returns the .md path.
+    """
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / 'rlp_eval.json').write_text(json.dumps(rows, indent=1))
+    if any(r['predictor'].startswith('RLP') for r in rows):
+        plot_calibration(rows, splits, out_dir / 'rlp_calibration.png')
     md = out_dir / 'rlp_eval.md'
     md.write_text('Regenerate: `timebill predictor eval`\n\n' + format_table(rows, splits) + '\n')
     return md

@@ -2,9 +2,11 @@
 
 Embedding + the target LLM's own first L decoder layers (RMSNorm, causal attention, RMSNorm,
 SwiGLU FFN, all transformers' ``LlamaDecoderLayer``) + the final RMSNorm + a classification
-head over ceil(N_model / B) buckets; N^ = min(N_max, n^ B) (Eq. 2). Labels are the target
-model's own response lengths (the paper's knowledge-distillation set-up). ``bucket_tokens=None``
-gives the regression variant of Table 1 (one output, the length / N_model).
+head over ceil(N_model / B) buckets; N^ = min(N_max, n^ B) (Eq. 2), n^ the argmax
+bucket as in the paper or (default) the median of the bucket distribution (rlp/readout.py).
+Labels are the target model's own response lengths (the paper's knowledge-distillation
+set-up). ``bucket_tokens=None`` gives the regression variant of Table 1 (one output, the
+length / N_model).
 
 Training cost on a 2-core CPU decides one choice: the embedding and the first L - T layers are
 frozen (T = ``n_trainable_layers``), so their output is computed once per prompt and cached;
@@ -24,6 +26,7 @@ from torch import nn
 
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.models.base import LengthModel, bucket_length, bucket_of
+from timebill_ros.rlp.readout import quantile_bucket, read_bucket, READOUTS
 
 HEAD_HIDDEN = 256
 
@@ -94,7 +97,10 @@ class RlpModel(LengthModel):
                  bucket_tokens: Optional[int] = 16, n_model: int = 256, n_layers: int = 4,
                  n_trainable_layers: int = 1, max_input_tokens: int = 512, epochs: int = 6,
                  lr: float = 2e-4, head_lr: float = 1e-3, accumulate: int = 8, seed: int = 0,
-                 feature_cache: Optional[Dict] = None, log: Callable[[str], None] = print):
+                 feature_cache: Optional[Dict] = None, log: Callable[[str], None] = print,
+                 readout: str = 'median'):
+        if readout not in READOUTS:
+            raise ValueError(f'readout must be one of {READOUTS}, got {readout!r}')
         if bucket_tokens is not None and (not isinstance(bucket_tokens, int)
                                           or bucket_tokens < 1):
             raise ValueError(f'bucket_tokens must be an int >= 1 or None, got {bucket_tokens!r}')
@@ -106,6 +112,7 @@ class RlpModel(LengthModel):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f'{name} must be an int >= 1, got {value!r}')
         self.bucket_tokens = bucket_tokens
+        self.readout = readout
         self.n_model = n_model
         self.n_classes = 1 if bucket_tokens is None else -(-n_model // bucket_tokens)
         self.n_frozen = n_layers - n_trainable_layers
@@ -119,7 +126,7 @@ class RlpModel(LengthModel):
         self.net = RlpNet(target_model, n_layers, self.n_classes)
         for module in (self.net.embed_tokens, *self.net.layers[:self.n_frozen]):
             module.requires_grad_(False)
-        bucket = 'regression' if bucket_tokens is None else f'B={bucket_tokens}'
+        bucket = 'regression' if bucket_tokens is None else f'B={bucket_tokens} {readout}'
         self.name = f'RLP L={n_layers} {bucket}'
 
     def input_ids(self, prompt: str) -> list:
@@ -141,10 +148,12 @@ class RlpModel(LengthModel):
         label = min(bucket_of(n_tokens, self.bucket_tokens), self.n_classes - 1)
         return nn.functional.cross_entropy(output, torch.tensor([label]))
 
-    def _to_tokens(self, output: torch.Tensor) -> float:
+    def _to_tokens(self, output: torch.Tensor, q: Optional[float] = None) -> float:
+        """Return tokens of one output: the readout, or the ``q`` quantile when given."""
         if self.bucket_tokens is None:
             return float(np.clip(output.item() * self.n_model, 1, self.n_model))
-        bucket = int(output.argmax())
+        logits = output.detach().numpy()
+        bucket = read_bucket(logits, self.readout) if q is None else quantile_bucket(logits, q)
         return float(min(bucket_length(bucket, self.bucket_tokens), self.n_model))
 
     def fit(self, train: Sequence, val: Sequence) -> None:
@@ -179,11 +188,16 @@ class RlpModel(LengthModel):
         self.net.load_state_dict(best[1])
         self.net.eval()
 
-    def predict_tokens(self, examples: Sequence) -> np.ndarray:
-        """Return predicted lengths in tokens (bucket upper edge, or the regression value)."""
+    def predict_tokens(self, examples: Sequence, q: Optional[float] = None) -> np.ndarray:
+        """Return predicted lengths in tokens (bucket upper edge, or the regression value).
+
+        q: read the q-quantile of the bucket distribution instead of the point readout
+        (classification only; the regression variant has no distribution and ignores it).
+        """
         self.net.eval()
         out = []
         with torch.inference_mode():
             for example in examples:
-                out.append(self._to_tokens(self.net.top(self._feature(example), self.n_frozen)))
+                output = self.net.top(self._feature(example), self.n_frozen)
+                out.append(self._to_tokens(output, q))
         return np.array(out, dtype=np.float64)

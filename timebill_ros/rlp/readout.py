@@ -1,0 +1,39 @@
+"""Reading a length out of the RLP's bucket distribution: argmax, median or an upper quantile.
+
+The classification head gives a distribution over ceil(N_model / B) buckets (softmax of its
+logits). TimeBill reads the argmax (the most likely bucket, Eq. 2). Answer lengths are long-
+tailed once N_model reaches 1024 tokens (a small model often rambles to the cap), and the
+argmax then sits in the short mode while MAE is minimised by the median; and a WCET wants
+an upper quantile q (the length the answer stays under with probability q), which the
+same distribution gives for free. Shared by the trainer (rlp/models/rlp.py) and the server's
+ONNX predictor, so both read the same way.
+"""
+
+import numpy as np
+
+READOUTS = ('argmax', 'median')
+
+
+def bucket_cdf(logits) -> np.ndarray:
+    """Return the cumulative softmax of ``logits`` (C,), each entry in (0, 1], last == 1."""
+    values = np.asarray(logits, dtype=np.float64).reshape(-1)
+    weights = np.exp(values - values.max())
+    cdf = np.cumsum(weights / weights.sum())
+    cdf[-1] = 1.0
+    return cdf
+
+
+def quantile_bucket(logits, q: float) -> int:
+    """Return the first bucket whose cumulative probability reaches ``q`` (0 < q <= 1)."""
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f'q must be in (0, 1], got {q!r}')
+    return int(np.searchsorted(bucket_cdf(logits), q - 1e-12))
+
+
+def read_bucket(logits, readout: str) -> int:
+    """Return the bucket the point prediction reads: ``argmax`` or ``median`` (q = 0.5)."""
+    if readout == 'argmax':
+        return int(np.argmax(np.asarray(logits).reshape(-1)))
+    if readout == 'median':
+        return quantile_bucket(logits, 0.5)
+    raise ValueError(f'readout must be one of {READOUTS}, got {readout!r}')
