@@ -128,7 +128,6 @@ class LlmEngine:
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
         # s/step of each format probed by decode_weights auto; empty when it was named.
         self.step_format_probe = {}
-        self.n_forward_passes = 0
         if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
             self._choose_step_format()
         else:
@@ -143,7 +142,8 @@ class LlmEngine:
         ``engine_config`` then names the chosen format, so calibration files key on it.
         """
         def make(name):
-            return LeanLlamaForward(self.model, STEP_DTYPES[name])
+            return make_forward(self.model,
+                                dataclasses.replace(self.engine_config, decode_weights=name))
 
         token_ids = self.random_ids(PROBE_KV)
         if self.engine_config.threads > 0:
@@ -420,10 +420,9 @@ def make_forward(model, engine_config: EngineConfig) -> Forward:
     ``engine.decode_weights`` applies to the lean forward only (``auto`` is resolved by
     LlmEngine before this; here it means the model's dtype).
     """
-    reason = unsupported_reason(model)
-    choice = engine_config.forward
-    if choice == 'transformers' or (choice == 'auto' and reason is not None):
+    if not _lean_chosen(model, engine_config):
         return TransformersForward(model)
+    reason = unsupported_reason(model)
     if reason is not None:
         raise ValueError(f'engine.forward is lean, but {reason}')
     return LeanLlamaForward(model, STEP_DTYPES.get(engine_config.decode_weights))

@@ -56,13 +56,25 @@ def response_length(tokens: List[int], eos_ids, n_model: int) -> tuple:
     return n_model, True
 
 
-def _join(engine, batch, item, encoded, n_model, started):
-    """Prefill ``item`` and add it to ``batch``; remember when (engine clock) it started."""
+def result_length(result, n_model: int) -> tuple:
+    """Return (n_tokens, capped) of a DecodeResult stopped by EOS or N_model only.
+
+    An EOS answer counts its tokens plus the EOS (the decoding steps the server runs); any
+    other stop means the answer reached N_model.
+    """
+    from timebill_ros import stopping
+    if result.stop_reason == stopping.EOS:
+        return len(result.token_ids) + 1, False
+    return n_model, True
+
+
+def _join(engine, batch, item, encoded, n_model, item_of_row):
+    """Prefill ``item`` and add it to ``batch``; ``item_of_row`` maps its row id to it."""
     from timebill_ros import stopping
     state = engine.prefill(encoded[item.prompt_id], stopping.StopCriteria())
     row_id = batch.join(state, n_model, stopping.StopCriteria(
         [stopping.EosStop(engine.eos_token_ids)]))
-    started[row_id] = item
+    item_of_row[row_id] = item
 
 
 def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]],
@@ -75,16 +87,12 @@ def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]
     answer waits for a longer one (continuous batching; no padding). ``n_tokens`` counts the
     EOS (the decoding steps the server runs).
     """
-    from timebill_ros import stopping
-    batch, pending, started = engine.new_batch(), list(items), {}
+    batch, pending, item_of_row = engine.new_batch(), list(items), {}
     while pending or len(batch):
         while pending and len(batch) < max_batch:
-            _join(engine, batch, pending.pop(0), encoded, n_model, started)
+            _join(engine, batch, pending.pop(0), encoded, n_model, item_of_row)
         for row_id, result in batch.step():
-            if result.stop_reason == stopping.EOS:
-                yield started.pop(row_id), len(result.token_ids) + 1, False
-            else:
-                yield started.pop(row_id), n_model, True
+            yield (item_of_row.pop(row_id), *result_length(result, n_model))
 
 
 def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
@@ -154,7 +162,7 @@ def verify(engine, items: List[CorpusItem], out_path, n_prompts: int,
         state = engine.prefill(engine.encode(item.prompt), stopping.StopCriteria([]))
         result = engine.decode(state, n_model, stopping.StopCriteria(
             [stopping.EosStop(engine.eos_token_ids)]))
-        single = len(result.token_ids) + (1 if result.stop_reason == stopping.EOS else 0)
+        single, _ = result_length(result, n_model)
         out.append((item.prompt_id, record['n_tokens'], single))
         log(f'{item.prompt_id}: batched {record["n_tokens"]}, unbatched {single}')
     return out

@@ -72,19 +72,18 @@ def evaluate_models(models, splits, log: Callable[[str], None] = print) -> List[
         start = time.perf_counter()
         model.fit(splits['train'], splits['val'])
         fit_s = time.perf_counter() - start
-        readouts = [None]
+        trained_readout = getattr(model, 'readout', None)
+        readouts = [trained_readout]
         if getattr(model, 'bucket_tokens', None) is not None:
-            readouts = [model.readout] + [r for r in READOUTS if r != model.readout]
-        name = model.name
+            readouts += [r for r in READOUTS if r != trained_readout]
         for readout in readouts:
             if readout is not None:
-                model.readout = readout
-                model.name = name.replace(readouts[0], readout)
+                model.readout = readout  # the model's name follows its readout
             row = _row(model, test, truth, splits['val'], fit_s)
             log(format_row(row))
             rows.append(row)
-        if readouts[0] is not None:
-            model.readout, model.name = readouts[0], name
+        if trained_readout is not None:
+            model.readout = trained_readout
     return rows
 
 

@@ -126,8 +126,14 @@ class RlpModel(LengthModel):
         self.net = RlpNet(target_model, n_layers, self.n_classes)
         for module in (self.net.embed_tokens, *self.net.layers[:self.n_frozen]):
             module.requires_grad_(False)
-        bucket = 'regression' if bucket_tokens is None else f'B={bucket_tokens} {readout}'
-        self.name = f'RLP L={n_layers} {bucket}'
+        self.n_layers = n_layers
+
+    @property
+    def name(self) -> str:
+        """Return e.g. ``RLP L=4 B=16 median`` (its readout) or ``RLP L=4 regression``."""
+        if self.bucket_tokens is None:
+            return f'RLP L={self.n_layers} regression'
+        return f'RLP L={self.n_layers} B={self.bucket_tokens} {self.readout}'
 
     def input_ids(self, prompt: str) -> list:
         """Return the compressed chat-formatted ids the predictor reads for ``prompt``."""
