@@ -115,12 +115,16 @@ def _measure_prefill(engines, rows, n_x_values, rounds, progress, llama=None):
 
 
 def _llama_answer(llama, reference_engine, input_ids, n_tokens):
-    """Return llama.cpp's greedy answer as (token_ids, text), cut after the first EOS."""
+    """Return llama.cpp's greedy answer as (token_ids, text), cut before the first EOS.
+
+    As the engine's answers: the EOS that ends an answer is not part of it.
+    """
+    from timebill_ros.rlp.collect import response_length
     token_ids = llama.greedy(input_ids, n_tokens)
-    for i, token in enumerate(token_ids):
-        if token in reference_engine.eos_token_ids:
-            token_ids = token_ids[:i + 1]
-            break
+    n_steps, capped = response_length(token_ids, set(reference_engine.eos_token_ids),
+                                      len(token_ids))
+    if not capped:
+        token_ids = token_ids[:n_steps - 1]
     text = reference_engine.tokenizer.decode(token_ids, skip_special_tokens=True)
     return token_ids, text
 
