@@ -1,13 +1,17 @@
 """The RLP's ONNX file in fp32 and after onnxruntime's dynamic int8 quantization, side by side.
 
+    make predictor
+    timebill predictor export --embedding float32 --onnx ~/.cache/timebill_ros/rlp/\
+        HuggingFaceTB--SmolLM2-135M-Instruct__rlp.fp32.onnx
     python benchmarks/rlp_int8.py --out benchmarks/results/rlp_int8
 
 Issue 14 asks for a smaller, faster ONNX (172 MB, mostly the 49k x 576 embedding table).
 The int8 files are made by ``onnxruntime.quantization.quantize_dynamic`` (int8 weights;
-activations quantized at run time) from the fp32 file ``make predictor`` built, next to it
-(``..._rlp.int8-<i>.onnx``), in four variants (``VARIANTS``): MatMul and Gather weights (the
-embedding table included) per tensor, the same per channel, MatMul only (the embedding stays
-fp32) and the embedding only (the layers stay fp32). All are opened as the server opens its
+activations quantized at run time; rlp.export.quantize_int8) from an fp32 export, next to it
+(``..._rlp.fp32.int8-<i>.onnx``), in four variants (``VARIANTS``; the last, embedding only, is
+what ``make predictor`` ships): MatMul and Gather weights (the embedding table included)
+per tensor, the same per channel, MatMul only (the embedding stays fp32) and the embedding
+only (the layers stay fp32). All are opened as the server opens its
 predictor (``OnnxRlpPredictor.load``, ``predictor.threads``), then:
 1. size on disk;
 2. accuracy on the RLP's test split (the prompts chat-formatted as the server does): N^ at
@@ -32,29 +36,10 @@ VARIANTS = {'int8': {}, 'int8 per-channel': {'per_channel': True},
 
 
 def quantize(src, dst, **options):
-    """Write the int8 dynamic quantization of ONNX ``src`` to ``dst``; keep its metadata.
-
-    options: extra keyword arguments of ``quantize_dynamic`` (per_channel, op types).
-    """
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    # The dynamo export's value_info disagrees with onnx shape inference on one dimension
-    # (1152 vs 256), which quantize_dynamic re-runs: hand it the graph without value_info.
-    plain = onnx.load(str(src))
-    del plain.graph.value_info[:]
-    bare = pathlib.Path(dst).with_suffix('.bare.onnx')
-    onnx.save(plain, str(bare))
-    try:
-        quantize_dynamic(str(bare), str(dst), weight_type=QuantType.QInt8, **options)
-    finally:
-        bare.unlink(missing_ok=True)
-    proto = onnx.load(str(dst))
-    have = {p.key for p in proto.metadata_props}
-    for prop in plain.metadata_props:  # the source's metadata (value_info aside, as loaded)
-        if prop.key not in have:
-            proto.metadata_props.add(key=prop.key, value=prop.value)
-    onnx.save(proto, str(dst))
-    return pathlib.Path(dst)
+    """Write the int8 dynamic quantization of ONNX ``src`` to ``dst`` (rlp.export)."""
+    from timebill_ros.rlp.export import quantize_int8
+    types = options.get('op_types_to_quantize')
+    return quantize_int8(src, dst, op_types=types, per_channel=options.get('per_channel', False))
 
 
 def run(out, repeats):
@@ -66,10 +51,12 @@ def run(out, repeats):
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
     from timebill_ros.rlp.dataset import load_examples
     from timebill_ros.rlp.export import default_onnx_path
+    from timebill_ros.rlp.cli import DEFAULT_LENGTHS
     config = params.config_from_flat({})
-    fp32 = default_onnx_path(model_source.model_key(config.engine))
+    fp32 = default_onnx_path(model_source.model_key(config.engine)).with_suffix('.fp32.onnx')
     if not fp32.is_file():
-        raise SystemExit(f'no RLP at {fp32}: run `make predictor` first')
+        raise SystemExit(f'no fp32 RLP at {fp32}: run `make predictor` and then `timebill '
+                         f'predictor export --embedding float32 --onnx {fp32}`')
     files, quantize_s = {'fp32': fp32}, {}
     for index, (name, options) in enumerate(VARIANTS.items()):
         files[name] = fp32.with_name(fp32.name.replace('.onnx', f'.int8-{index}.onnx'))
@@ -80,7 +67,7 @@ def run(out, repeats):
     threads = config.predictor.threads
     predictors = {name: OnnxRlpPredictor.load(path, threads=threads)
                   for name, path in files.items()}
-    test = load_examples('data/rlp/lengths.jsonl')['test']
+    test = load_examples(DEFAULT_LENGTHS)['test']
     n_model = test[0].n_model
     ids = [engine.encode(e.prompt) for e in test]
     n_hat = {name: [p.predict(e.prompt, x, n_model) for e, x in zip(test, ids)]

@@ -37,6 +37,15 @@ def test_pessimistic_tokens():
         budget.pessimistic_tokens(10, 0.5, 128)
 
 
+def test_upper_tokens_prefers_the_quantile_when_known():
+    assert budget.upper_tokens(10, 5, 128) == 50  # no N^_q: TimeBill's k N^
+    assert budget.upper_tokens(10, 5, 128, n_upper=30) == 30  # N^_q, not k N^
+    assert budget.upper_tokens(10, 5, 128, n_upper=500) == 128  # capped at N_max
+    assert budget.upper_tokens(40, 5, 128, n_upper=16) == 40  # never below N^
+    with pytest.raises(ValueError, match='n_upper'):
+        budget.upper_tokens(10, 5, 128, n_upper=-1)
+
+
 @pytest.mark.parametrize('budget_s', [2.0, 3.0, 4.0, 6.0])
 def test_alpha_star_makes_wcet_meet_the_budget_exactly(budget_s):
     n_x, n_w = 2000, 50

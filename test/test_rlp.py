@@ -15,7 +15,8 @@ from timebill_ros.rlp import collect as collect_mod
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.corpus import SPLITS, build_corpus, split_of
 from timebill_ros.rlp.dataset import Example, load_examples
-from timebill_ros.rlp.export import export_onnx, max_abs_difference, read_metadata
+from timebill_ros.rlp.export import (export_onnx, max_abs_difference, read_metadata,
+                                     same_tokens)
 from timebill_ros.rlp.metrics import length_metrics
 from timebill_ros.rlp.models.base import bucket_length, bucket_of
 from timebill_ros.rlp.models.rlp import RlpModel
@@ -167,7 +168,7 @@ def test_rlp_copies_and_freezes_target_layers(trained_rlp, tiny_model):
 @pytest.fixture(scope='module')
 def exported(trained_rlp, tmp_path_factory):
     path = tmp_path_factory.mktemp('rlp') / 'tiny__rlp.onnx'
-    export_onnx(trained_rlp, path, 'tiny-model')
+    export_onnx(trained_rlp, path, 'tiny-model', embedding='float32')
     return path
 
 
@@ -179,6 +180,22 @@ def test_onnx_export_matches_torch(trained_rlp, exported):
     meta = read_metadata(session)
     assert meta['kind'] == 'classification' and meta['bucket_tokens'] == '16'
     assert meta['model_key'] == 'tiny-model' and meta['n_model'] == '64'
+    assert meta['embedding'] == 'float32'
+
+
+def test_int8_embedding_export_is_smaller_and_close(trained_rlp, exported, tmp_path):
+    path = export_onnx(trained_rlp, tmp_path / 'tiny__rlp.onnx', 'tiny-model')  # int8 default
+    session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    meta = read_metadata(session)
+    assert meta['embedding'] == 'int8' and meta['model_key'] == 'tiny-model'
+    # The tiny model's 49152 x 64 fp32 table (12.6 MB) is most of the file; int8 is a quarter.
+    assert path.stat().st_size < 0.5 * exported.stat().st_size
+    ids = [trained_rlp.input_ids(e.prompt) for e in _planted(8, 'test')]
+    diff = max_abs_difference(trained_rlp, session, ids)
+    assert 1e-6 < diff < 0.1  # quantized (not bit-identical), and close
+    assert same_tokens(trained_rlp, session, ids) >= 7
+    with pytest.raises(ValueError, match='embedding'):
+        export_onnx(trained_rlp, tmp_path / 'x.onnx', 'tiny-model', embedding='int4')
 
 
 def test_onnx_predictor_applies_eq2_and_compression(exported):
@@ -193,6 +210,13 @@ def test_onnx_predictor_applies_eq2_and_compression(exported):
     assert predictor.input_cap(5000) == 100
     n_hat = predictor.predict('p', list(range(10, 400)), 128)
     assert predictor.last_input_tokens == 100 and 16 <= n_hat <= 128
+    # Bucket probabilities 0.1 / 0.5 / 0.3 / 0.1: median bucket 1, 0.9-quantile bucket 2.
+    logits = np.log(np.array([0.1, 0.5, 0.3, 0.1]))
+    assert predictor.to_tokens(logits, 128) == 32
+    assert predictor.to_tokens(logits, 128, q=0.9) == 48
+    assert predictor.to_tokens(logits, 128, q=0.95) == 128  # top bucket: ">= N_model"
+    n_hat, n_upper = predictor.predict_bounds('p', list(range(10, 400)), 128, 0.9)
+    assert n_hat == predictor.predict('p', list(range(10, 400)), 128) <= n_upper <= 128
 
 
 def test_predictor_timing_solves_the_cap():
@@ -222,26 +246,30 @@ def test_make_predictor_falls_back_with_reason(tmp_path, exported):
     assert FallbackPredictor().name == 'fallback'
 
 
-def test_service_runs_the_rlp_alongside_prefill(exported, tiny_model, smollm2_tokenizer):
+@pytest.mark.parametrize('upper_quantile', [0.0, 0.9])
+def test_service_runs_the_rlp_alongside_prefill(exported, tiny_model, smollm2_tokenizer,
+                                                upper_quantile):
     from timebill_ros.server import status
-    from timebill_ros.config import EngineConfig, ServerConfig
+    from timebill_ros.config import BudgetConfig, EngineConfig, ServerConfig
     from timebill_ros.engine import LlmEngine
     from timebill_ros.server.goals import GoalRequest
     from timebill_ros.server.service import TimeBillService
     from timebill_ros.timing.model import TimingCoefficients
     coeffs = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
     engine_cfg = EngineConfig(max_new_tokens=48, prefill_chunk_tokens=64)
-    config = ServerConfig(engine=engine_cfg)
+    config = ServerConfig(engine=engine_cfg, budget=BudgetConfig(upper_quantile=upper_quantile))
     engine = LlmEngine(engine_cfg, config.eviction, model=tiny_model, tokenizer=smollm2_tokenizer)
     predictor = OnnxRlpPredictor.load(exported, provider='cpu', prefill_s=coeffs.prefill_s,
                                       timing=PredictorTiming(0.0, 1e-5, 1e-3),
                                       min_input_tokens=16, max_input_tokens=64)
+    prompt = 'Is the dock free? Answer yes or no.'
+    n_hat, n_upper = predictor.predict_bounds(prompt, engine.encode(prompt), 48, 0.9)
     service = TimeBillService(config, engine, predictor, coeffs)
     service.start()
     try:
         done = []
         finished = threading.Event()
-        service.submit(GoalRequest('Is the dock free? Answer yes or no.', budget_s=1e5),
+        service.submit(GoalRequest(prompt, budget_s=1e5),
                        lambda fb: None, lambda r: (done.append(r), finished.set()))
         assert finished.wait(60)
     finally:
@@ -249,8 +277,11 @@ def test_service_runs_the_rlp_alongside_prefill(exported, tiny_model, smollm2_to
     result = done[0]
     assert result.status == status.COMPLETED, result.message
     assert result.predictor == 'rlp' and result.predict_time_s > 0
-    assert result.predicted_tokens in (16, 32, 48)  # Eq. 2 with B = 16, capped by N_max
+    assert result.predicted_tokens == n_hat in (16, 32, 48)  # Eq. 2, B = 16, capped by N_max
     assert 0 < predictor.last_input_tokens <= 64
+    # N^_W: TimeBill's min(k N^, N_max), or the q-quantile of the RLP's distribution.
+    expected_n_w = n_upper if upper_quantile else min(48, 5 * n_hat)
+    assert result.pessimistic_tokens == expected_n_w
 
 
 def test_verify_reruns_through_the_server_path(make_tiny_engine, tmp_path):

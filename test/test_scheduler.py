@@ -108,7 +108,7 @@ def test_policy_from_config_and_bad_names():
         assert isinstance(policy, cls) and policy.name == name
     up = make_scheduler_policy(ServerConfig(scheduler=SchedulerConfig(policy='up',
                                                                       up_alpha=0.5)))
-    assert up.alpha == 0.5 and up.n_max_tokens == 128
+    assert up.alpha == 0.5 and up.n_max_tokens == ServerConfig().engine.max_new_tokens == 256
     with pytest.raises(ValueError, match='scheduler.policy'):
         SchedulerConfig(policy='lottery')
     with pytest.raises(ValueError, match='scheduler.uncertainty'):

@@ -85,7 +85,7 @@ class EngineConfig:
     forward: str = 'auto'
     decode_weights: str = 'auto'
     threads: int = 0
-    max_new_tokens: int = 128
+    max_new_tokens: int = 256
     max_model_new_tokens: int = 2048
     prefill_chunk_tokens: int = 512
     feedback_every_tokens: int = 4
@@ -130,6 +130,9 @@ class BudgetConfig:
     """TimeBill budget math (group ``budget``).
 
     pessimistic_factor: k >= 1 in N^_W = min(k N^, N_max).
+    upper_quantile: q in [0, 1): 0 = TimeBill's N^_W = min(k N^, N_max); q > 0 = N^_W is the
+        predictor's q-quantile of the length, min(N_max, max(N^, N^_q)), where the predictor
+        has a length distribution (the RLP classifier), else k N^.
     alpha_max: largest KV eviction ratio, in [0, 1).
     mode: ``timebill`` (alpha* from Eq. 11) or ``fixed`` (always ``fixed_alpha``; baselines).
     fixed_alpha: the eviction ratio used when mode is ``fixed``, in [0, 1).
@@ -144,6 +147,7 @@ class BudgetConfig:
     """
 
     pessimistic_factor: float = 5.0
+    upper_quantile: float = 0.0
     alpha_max: float = 0.95
     mode: str = 'timebill'
     fixed_alpha: float = 0.0
@@ -155,7 +159,7 @@ class BudgetConfig:
         if self.pessimistic_factor < 1:
             raise ValueError(
                 f'budget.pessimistic_factor must be >= 1, got {self.pessimistic_factor!r}')
-        for name in ('alpha_max', 'fixed_alpha'):
+        for name in ('alpha_max', 'fixed_alpha', 'upper_quantile'):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f'budget.{name} must be in [0, 1), got {value!r}')

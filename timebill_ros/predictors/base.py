@@ -16,6 +16,15 @@ class LengthPredictor(abc.ABC):
     def predict(self, prompt: str, input_ids: Sequence[int], n_max: int) -> int:
         """Return N^ in tokens, 0 <= N^ <= n_max (Eq. 2 post-processing included)."""
 
+    def predict_bounds(self, prompt: str, input_ids: Sequence[int], n_max: int,
+                       q: float) -> tuple:
+        """Return (N^, N^_q), tokens: :meth:`predict` and the ``q`` quantile of the length.
+
+        N^_q (0 <= N^_q <= n_max) is None for a predictor without a length distribution (the
+        default); the budget then falls back to TimeBill's k N^.
+        """
+        return self.predict(prompt, input_ids, n_max), None
+
     def expected_time_s(self, n_x: int) -> float:
         """Return the calibrated t^_Predict for a prompt of ``n_x`` tokens, seconds."""
         return 0.0

@@ -18,7 +18,7 @@ import numpy as np
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.export import INPUT_NAME, OUTPUT_NAME, read_metadata
-from timebill_ros.rlp.readout import read_bucket
+from timebill_ros.rlp.readout import quantile_bucket, read_bucket
 from timebill_ros.timing.model import fit_prefill
 
 TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens
@@ -155,22 +155,38 @@ class OnnxRlpPredictor(LengthPredictor):
             cap = min(cap, self.timing.max_tokens_within(self.prefill_s(n_x)))
         return max(self.min_input_tokens, cap)
 
-    def to_tokens(self, output: np.ndarray, n_max: int) -> int:
-        """Eq. 2 post-processing: N^ = min(N_max, n^ B); the censored top bucket gives N_max."""
+    def to_tokens(self, output: np.ndarray, n_max: int, q: Optional[float] = None) -> int:
+        """Eq. 2 post-processing: N^ = min(N_max, n^ B); the censored top bucket gives N_max.
+
+        q: read the q-quantile bucket instead of the readout (classification only).
+        """
         if self.kind == 'regression':
             length = float(output[0]) * self.n_model
             top = length >= self.n_model
             n_hat = max(1, math.ceil(length))
         else:
-            bucket = read_bucket(output, self.readout)
+            bucket = (read_bucket(output, self.readout) if q is None
+                      else quantile_bucket(output, q))
             top = bucket == len(output) - 1
             n_hat = (bucket + 1) * self.bucket_tokens
         if top:  # ">= N_model": the true length may be anything up to N_max
             return n_max
         return int(min(n_max, n_hat))
 
-    def predict(self, prompt, input_ids, n_max):
-        """Return N^ for the chat-formatted ``input_ids`` (compressed to input_cap tokens)."""
+    def _output(self, input_ids):
         ids = compress_ids(input_ids, self.input_cap(len(input_ids)))
         self.last_input_tokens = len(ids)
-        return self.to_tokens(self.run(ids), n_max)
+        return self.run(ids)
+
+    def predict(self, prompt, input_ids, n_max):
+        """Return N^ for the chat-formatted ``input_ids`` (compressed to input_cap tokens)."""
+        return self.to_tokens(self._output(input_ids), n_max)
+
+    def predict_bounds(self, prompt, input_ids, n_max, q):
+        """Return (N^, N^_q) from one run: the readout and the q-quantile bucket (Eq. 2 both).
+
+        The regression variant has no distribution: N^_q is None.
+        """
+        output = self._output(input_ids)
+        upper = None if self.kind == 'regression' else self.to_tokens(output, n_max, q)
+        return self.to_tokens(output, n_max), upper

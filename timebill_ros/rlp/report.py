@@ -13,7 +13,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from timebill_ros.rlp.metrics import WITHIN_TOKENS, length_metrics
+from timebill_ros.rlp.metrics import length_metrics, wcet_coverage, WITHIN_TOKENS
 from timebill_ros.rlp.models.base import true_lengths
 from timebill_ros.rlp.readout import READOUTS
 
@@ -22,6 +22,8 @@ from timebill_ros.rlp.readout import READOUTS
 # the paper's default (512 buckets) is. None = the regression variant.
 RLP_BUCKETS = (8, 16, 32, 64, None)
 UPPER_Q = 0.9  # the upper quantile of the RLP's bucket distribution whose coverage is reported
+WCET_CAPS = (256, None)  # N_max of the N^_W coverage table, tokens (None = N_model)
+WCET_FACTORS = (2.0, 5.0)  # k of TimeBill's N^_W = min(k N^, N_max) in that table
 
 
 def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwargs) -> list:
@@ -111,6 +113,31 @@ def format_table(rows: List[Dict], splits) -> str:
     return '\n'.join(lines + [format_row(r) for r in rows])
 
 
+def format_wcet_table(rows: List[Dict], splits) -> str:
+    """Return a Markdown table: how N^_W bounds the test answers, per rule and cap N_max.
+
+    Rules: TimeBill's min(k N^, N_max) for each k in WCET_FACTORS, and (RLP classifiers) the
+    UPPER_Q quantile of the bucket distribution, min(N^_q, N_max). Per cell: the share of
+    answers (capped at N_max) at most N^_W, and the mean N^_W / N_max in brackets (the
+    budget it reserves: 1.0 = every goal budgeted for N_max).
+    """
+    truth = true_lengths(splits['test'])
+    caps = [cap or splits['test'][0].n_model for cap in WCET_CAPS]
+    header = ['predictor', 'rule'] + [f'N_max = {cap}' for cap in caps]
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    for row in rows:
+        rules = [(f'k = {k:g}', k * np.asarray(row['predicted'])) for k in WCET_FACTORS]
+        if 'upper' in row:
+            rules.append((f'q = {UPPER_Q} quantile', np.asarray(row['upper'])))
+        for rule, n_w in rules:
+            cells = []
+            for cap in caps:
+                cover = wcet_coverage(truth, n_w, cap)
+                cells.append(f"{100 * cover['cover']:.0f} % ({cover['mean_fraction']:.2f})")
+            lines.append(f"| {row['predictor']} | {rule} | " + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
 def plot_calibration(rows, splits, path) -> None:
     """Write predicted vs true length (left) and the RLP's upper quantile vs true (right).
 
@@ -155,5 +182,7 @@ def save_report(rows, splits, out_dir) -> pathlib.Path:
     if any(r['predictor'].startswith('RLP') for r in rows):
         plot_calibration(rows, splits, out_dir / 'rlp_calibration.png')
     md = out_dir / 'rlp_eval.md'
-    md.write_text('Regenerate: `timebill predictor eval`\n\n' + format_table(rows, splits) + '\n')
+    md.write_text('Regenerate: `timebill predictor eval`\n\n' + format_table(rows, splits)
+                  + '\n\nN^_W as a bound on the test answers: share of answers <= N^_W (mean '
+                  'N^_W / N_max)\n\n' + format_wcet_table(rows, splits) + '\n')
     return md

@@ -9,8 +9,10 @@ their compute goes to the next goal. Every measured phase updates the online tim
 """
 
 import concurrent.futures
+import dataclasses
 import itertools
 import time
+from typing import Optional
 
 from timebill_ros import stopping
 from timebill_ros.engine import GenerationStopped
@@ -33,11 +35,27 @@ def _planned(sizes):
     return lambda begin, n_tokens: by_begin.get(begin, MIN_CHUNK_TOKENS)
 
 
-def timed_predict(predictor, prompt, input_ids, n_max, clock):
-    """Return (N^, start_s, end_s) of one predictor call, service-clock seconds."""
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """One predictor call: N^ and N^_q (None: not asked or not known), tokens; its times, s."""
+
+    n_hat: int
+    n_upper: Optional[int]
+    start_s: float
+    end_s: float
+
+
+def timed_predict(predictor, prompt, input_ids, n_max, clock, upper_quantile=0.0):
+    """Return the :class:`Prediction` of one predictor call, service-clock seconds.
+
+    upper_quantile: q > 0 also asks for N^_q (``budget.upper_quantile``), from the same run.
+    """
     start = clock()
-    n_hat = predictor.predict(prompt, input_ids, n_max)
-    return int(n_hat), start, clock()
+    if upper_quantile > 0:
+        n_hat, n_upper = predictor.predict_bounds(prompt, input_ids, n_max, upper_quantile)
+    else:
+        n_hat, n_upper = predictor.predict(prompt, input_ids, n_max), None
+    return Prediction(int(n_hat), None if n_upper is None else int(n_upper), start, clock())
 
 
 class JobRunner:
@@ -68,7 +86,8 @@ class JobRunner:
     def submit_prediction(self, prompt, input_ids, n_max):
         """Start the length predictor on its thread; return the future."""
         return self._predict_pool.submit(timed_predict, self.predictor, prompt, input_ids,
-                                         n_max, self.clock)
+                                         n_max, self.clock,
+                                         self.config.budget.upper_quantile)
 
     def run(self, job) -> JobResult:
         """Run ``job`` to a terminal JobResult."""
@@ -157,8 +176,8 @@ class JobRunner:
         state = engine.prefill(ids, stopping.StopCriteria())
         model.observe_prefill(n_x, state.prefill_s, state.n_chunks)
         try:
-            _, start, end = future.result(timeout=60.0)
-            model.observe_predict(n_x, end - start)
+            done = future.result(timeout=60.0)
+            model.observe_predict(n_x, done.end_s - done.start_s)
         except Exception:  # a broken predictor is reported by the goals that use it
             pass
         start = self.clock()
@@ -196,6 +215,7 @@ class _GoalRun:
         self.clock = runner.clock
         self.job = job
         self.result = result
+        self.n_upper = None  # N^_q of the prediction, tokens (budget.upper_quantile)
         self.phase = 'prefill'
         self.interrupt = stopping.StopCriteria(
             [stopping.CancelStop(job.cancel_event)]
@@ -337,18 +357,20 @@ class _GoalRun:
                 result.predictor = 'fallback (predictor late)'
                 break
             try:
-                n_hat, start, end = future.result(timeout=max(0.0, min(POLL_S,
-                                                                       limit - self.clock())))
+                done = future.result(timeout=max(0.0, min(POLL_S, limit - self.clock())))
             except concurrent.futures.TimeoutError:
                 continue
             except Exception as exc:
                 result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
                 break
+            n_hat = done.n_hat
             if 0 <= n_hat <= job.n_max:
                 result.predictor = predictor.name + (' (at admission)' if early else '')
-                result.predict_time_s = end - start
+                result.predict_time_s = done.end_s - done.start_s
                 if not early:
-                    self.model.observe_predict(job.n_x, end - start)
+                    self.model.observe_predict(job.n_x, done.end_s - done.start_s)
+                if done.n_upper is not None and n_hat <= done.n_upper <= job.n_max:
+                    self.n_upper = done.n_upper
                 return n_hat
             result.predictor = (f'fallback (predictor error: predicted {n_hat} tokens, '
                                 f'outside [0, {job.n_max}])')
@@ -373,7 +395,7 @@ class _GoalRun:
         decision = decide_remaining(self.decode_model,
                                     job.deadline_s - self.clock() - self.wait_s, job.n_x, n_hat,
                                     job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
-                                    fixed_alpha=fixed,
+                                    fixed_alpha=fixed, n_upper=self.n_upper,
                                     fallback_bound=EXPECTED if cfg.expected_fallback else None,
                                     keep_cache_when_hopeless=cfg.keep_cache_when_hopeless)
         self.result.predicted_tokens = decision.n_hat

@@ -354,7 +354,7 @@ class TimeBillService:
             return
         future = self._uncertainty_pool.submit(timed_predict, self.predictor,
                                                job.request.prompt, job.input_ids, job.n_max,
-                                               self.clock)
+                                               self.clock, self.config.budget.upper_quantile)
         job.prediction = future
         future.add_done_callback(lambda done: self._uncertainty_known(job, done))
 
@@ -362,7 +362,7 @@ class TimeBillService:
         """Record u_J and t^_J once the admission prediction is in (any thread)."""
         if future.cancelled() or future.exception() is not None:
             return  # the run predicts again; u_J stays N_max meanwhile
-        n_hat, _, _ = future.result()
+        n_hat = future.result().n_hat
         if 0 <= n_hat <= job.n_max:
             job.predicted_tokens = n_hat
             job.estimated_time_s = self.estimated_time_s(job)

@@ -96,9 +96,23 @@ class RemainingDecision:
     fits: bool
 
 
+def upper_tokens(n_hat: int, k: float, n_max: int, n_upper=None) -> int:
+    """N^_W, tokens: min(N_max, max(N^, N^_q)) when the predictor gave N^_q, else k N^.
+
+    N^_q is the q-quantile of the predicted length distribution (``budget.upper_quantile``):
+    the length the answer stays under with probability q, which is what the WCET of Eq. 9
+    needs; TimeBill's k N^ stands in for it when only a point prediction is known.
+    """
+    if n_upper is None:
+        return pessimistic_tokens(n_hat, k, n_max)
+    if n_upper < 0 or n_max < 1:
+        raise ValueError(f'need n_upper >= 0 and n_max >= 1, got {n_upper!r} and {n_max!r}')
+    return min(n_max, max(n_hat, n_upper))
+
+
 def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
                      fixed_alpha=None, bound='worst', fallback_bound=None,
-                     keep_cache_when_hopeless=False):
+                     keep_cache_when_hopeless=False, n_upper=None):
     """Pick alpha for the time actually left after the prefill and the predictor.
 
     Eq. 11 with T - t^_prefill - t_Predict replaced by what they are once both have run:
@@ -114,8 +128,9 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
     alpha_max: the goal is predicted to miss whatever is evicted, and each evicted token
     costs answer quality.
     fixed_alpha: when not None, use it (the fixed-ratio baselines).
+    n_upper: N^_q, tokens, or None: N^_W is :func:`upper_tokens`.
     """
-    n_w = pessimistic_tokens(n_hat, k, n_max)
+    n_w = upper_tokens(n_hat, k, n_max, n_upper)
     alpha, remaining = _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound)
     if fixed_alpha is not None:
         alpha = float(fixed_alpha)

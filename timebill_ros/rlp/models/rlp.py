@@ -154,7 +154,7 @@ class RlpModel(LengthModel):
         label = min(bucket_of(n_tokens, self.bucket_tokens), self.n_classes - 1)
         return nn.functional.cross_entropy(output, torch.tensor([label]))
 
-    def _to_tokens(self, output: torch.Tensor, q: Optional[float] = None) -> float:
+    def output_tokens(self, output: torch.Tensor, q: Optional[float] = None) -> float:
         """Return tokens of one output: the readout, or the ``q`` quantile when given."""
         if self.bucket_tokens is None:
             return float(np.clip(output.item() * self.n_model, 1, self.n_model))
@@ -205,5 +205,5 @@ class RlpModel(LengthModel):
         with torch.inference_mode():
             for example in examples:
                 output = self.net.top(self._feature(example), self.n_frozen)
-                out.append(self._to_tokens(output, q))
+                out.append(self.output_tokens(output, q))
         return np.array(out, dtype=np.float64)
