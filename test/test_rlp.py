@@ -19,7 +19,8 @@ from timebill_ros.rlp.export import (export_onnx, max_abs_difference, read_metad
                                      same_tokens)
 from timebill_ros.rlp.metrics import length_metrics
 from timebill_ros.rlp.models.base import bucket_length, bucket_of
-from timebill_ros.rlp.models.rlp import RlpModel
+from timebill_ros.rlp.models.rlp import (ordinal_log_probs, ordinal_threshold_logits,
+                                         RlpModel)
 
 
 def test_corpus_is_deterministic_split_and_diverse():
@@ -152,6 +153,36 @@ def test_rlp_learns_a_planted_relation(trained_rlp):
     assert set(pred) <= {16.0, 32.0, 48.0, 64.0}
 
 
+def test_ordinal_head_gives_a_distribution_and_learns(tiny_model, smollm2_tokenizer, tmp_path):
+    raw = torch.tensor([[2.0, -1.0, 0.5, 3.0]])  # base logit + 3 edge gaps -> 4 buckets
+    log_p = ordinal_log_probs(raw)
+    assert log_p.shape == (1, 4) and torch.exp(log_p).sum().item() == pytest.approx(1.0)
+    z = ordinal_threshold_logits(raw)
+    assert torch.all(z[:, 1:] < z[:, :-1])  # P(n > edge_j) falls with j
+    assert torch.sigmoid(z[0, 0]).item() == pytest.approx(1 - torch.exp(log_p[0, 0]).item())
+
+    def encode(prompt):
+        return smollm2_tokenizer(prompt, add_special_tokens=False)['input_ids']
+    model = RlpModel(tiny_model, encode, bucket_tokens=16, n_model=64, n_layers=2,
+                     n_trainable_layers=1, max_input_tokens=64, epochs=8, lr=3e-3,
+                     head_lr=3e-3, accumulate=2, seed=0, log=lambda s: None, head='ordinal')
+    assert model.name == 'RLP L=2 B=16 ordinal median'
+    model.fit(_planted(24, 'train'), _planted(8, 'val'))
+    test = _planted(10, 'test')
+    truth = np.array([e.n_tokens for e in test])
+    assert length_metrics(truth, model.predict_tokens(test))['mae'] < \
+        np.abs(truth - truth.mean()).mean()
+    path = export_onnx(model, tmp_path / 'ordinal.onnx', 'tiny-model', embedding='float32')
+    session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    ids = [model.input_ids(e.prompt) for e in test]
+    assert max_abs_difference(model, session, ids) < 1e-4
+    assert read_metadata(session)['head'] == 'ordinal'
+    with pytest.raises(ValueError, match='head'):
+        RlpModel(tiny_model, encode, bucket_tokens=None, head='ordinal')
+    with pytest.raises(ValueError, match='head'):
+        RlpModel(tiny_model, encode, head='poisson')
+
+
 def test_rlp_copies_and_freezes_target_layers(trained_rlp, tiny_model):
     net = trained_rlp.net
     assert torch.equal(net.embed_tokens.weight, tiny_model.model.embed_tokens.weight)
@@ -161,6 +192,11 @@ def test_rlp_copies_and_freezes_target_layers(trained_rlp, tiny_model):
                            tiny_model.model.layers[1].mlp.up_proj.weight)
     with pytest.raises(ValueError, match='n_trainable_layers'):
         RlpModel(tiny_model, str.split, n_layers=2, n_trainable_layers=3)
+    with pytest.raises(ValueError, match='n_trainable_layers'):
+        RlpModel(tiny_model, str.split, n_layers=2, n_trainable_layers=-1)
+    probe = RlpModel(tiny_model, str.split, n_layers=2, n_trainable_layers=0)  # norm + head
+    assert probe.name == 'RLP L=2 T=0 B=16 median'
+    assert not any(p.requires_grad for layer in probe.net.layers for p in layer.parameters())
     with pytest.raises(ValueError, match='bucket_tokens'):
         RlpModel(tiny_model, str.split, bucket_tokens=0)
 
@@ -176,7 +212,7 @@ def test_onnx_export_matches_torch(trained_rlp, exported):
     session = onnxruntime.InferenceSession(str(exported), providers=['CPUExecutionProvider'])
     ids = [trained_rlp.input_ids(e.prompt) for e in _planted(4, 'test')]
     ids += [[1], list(range(3, 300))]
-    assert max_abs_difference(trained_rlp, session, ids) < 1e-4
+    assert max_abs_difference(trained_rlp, session, ids) < 1e-5  # bucket probabilities
     meta = read_metadata(session)
     assert meta['kind'] == 'classification' and meta['bucket_tokens'] == '16'
     assert meta['model_key'] == 'tiny-model' and meta['n_model'] == '64'
@@ -344,6 +380,29 @@ def test_constant_mean_baseline_and_report_rows(tiny_model, smollm2_tokenizer):
     assert 'cover_upper' not in rows[0]
     assert all(0.0 <= r['cover_upper'] <= 1.0 for r in rows[1:])
     assert rlp.readout == 'median' and rlp.name == 'RLP L=2 B=16 median'
+
+
+def test_wcet_coverage_table_and_plot_without_baselines(tmp_path):
+    from timebill_ros.rlp.metrics import wcet_coverage
+    from timebill_ros.rlp.report import format_wcet_table, save_report
+    assert wcet_coverage([10, 300, 40], [20, 100, 50], 256) == {
+        'cover': pytest.approx(2 / 3), 'mean_fraction': pytest.approx(170 / 3 / 256)}
+    assert wcet_coverage([1000], [2000], 256)['cover'] == 1.0  # both capped at N_max
+    with pytest.raises(ValueError, match='n_max'):
+        wcet_coverage([1], [1], 0)
+    test = [Example(f't-{i}', 'x', 'test', 'p', n, n >= 1024, 5, 1024)
+            for i, n in enumerate((20, 200, 1024))]
+    rows = [{'predictor': 'RLP L=4 B=64 median', 'mae': 1.0, 'rmse': 2.0, 'r2': 0.5,
+             'within': 0.9, 'val_mae': 3.0, 'fit_s': 4.0, 'predict_ms': 5.0,
+             'predicted': [64.0, 64.0, 1024.0], 'upper': [128.0, 256.0, 1024.0],
+             'cover_upper': 1.0, 'upper_over_true': 2.0}]
+    splits = {'train': test, 'val': test, 'test': test}
+    table = format_wcet_table(rows, splits)
+    # k = 2: N^_W = 128, 128, 2048 -> capped at N_max; 20 and the capped answer are covered.
+    assert '| RLP L=4 B=64 median | k = 2 | 67 % (0.67) | 67 % (0.42) |' in table
+    assert '| RLP L=4 B=64 median | q = 0.9 quantile | 100 % (0.83) | 100 % (0.46) |' in table
+    md = save_report(rows, splits, tmp_path)  # an RLP-only run (--only RLP) still plots
+    assert (tmp_path / 'rlp_calibration.png').is_file() and 'k = 5' in md.read_text()
 
 
 def test_family_view_holds_whole_families_out(tmp_path):

@@ -5,7 +5,7 @@ import sys
 
 DEFAULT_LENGTHS = 'data/rlp/lengths_1024.jsonl'
 ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
-ONNX_ATOL = 1e-3  # fp32 export vs torch, output units (logits or the scaled length)
+ONNX_ATOL = 1e-3  # fp32 export vs torch: bucket probabilities (or the scaled length)
 INT8_AGREEMENT = 0.9  # int8-embedding export: share of check prompts with torch's N^
 
 
@@ -60,7 +60,8 @@ def cmd_verify(args, ros_args):
 def _rlp_settings(args, n_model):
     return {'bucket_tokens': args.bucket or None, 'n_model': n_model, 'n_layers': args.layers,
             'n_trainable_layers': args.trainable_layers,
-            'max_input_tokens': args.max_input_tokens, 'epochs': args.epochs, 'seed': args.seed}
+            'max_input_tokens': args.max_input_tokens, 'epochs': args.epochs, 'seed': args.seed,
+            'head': args.head}
 
 
 def cmd_train(args, ros_args):
@@ -157,7 +158,7 @@ def cmd_eval(args, ros_args):
     models = report.baseline_models(print) + report.rlp_variants(
         engine, n_model, {}, print, buckets=_buckets(args.buckets), n_layers=args.layers,
         n_trainable_layers=args.trainable_layers, max_input_tokens=args.max_input_tokens,
-        epochs=args.epochs, seed=args.seed)
+        epochs=args.epochs, seed=args.seed, head=args.head)
     if args.only:
         models = [m for m in models if any(s in m.name for s in args.only.split(','))]
     rows = report.evaluate_models(models, splits)
@@ -204,6 +205,8 @@ def _rlp_args(parser):
     parser.add_argument('--max-input-tokens', type=int, default=512, help='training N_p')
     parser.add_argument('--epochs', type=int, default=6)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--head', choices=('softmax', 'ordinal'), default='softmax',
+                        help='bucket head: softmax cross-entropy or ordinal (cumulative link)')
 
 
 def _embedding_arg(parser):
@@ -232,7 +235,7 @@ def add_parser(sub):
     train = psub.add_parser('train', help=cmd_train.__doc__)
     _common(train)
     _rlp_args(train)
-    train.add_argument('--bucket', type=int, default=16, help='B, tokens; 0 = regression')
+    train.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
     train.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
     train.add_argument('--export', action='store_true', help='also export to ONNX and check')
     train.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')

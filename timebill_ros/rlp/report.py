@@ -29,8 +29,10 @@ WCET_FACTORS = (2.0, 5.0)  # k of TimeBill's N^_W = min(k N^, N_max) in that tab
 def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwargs) -> list:
     """Return untrained RLP models (one per B) sharing one trunk feature cache."""
     from timebill_ros.rlp.models.rlp import RlpModel
+    head = kwargs.pop('head', 'softmax')
     return [RlpModel(engine.model, engine.encode, bucket_tokens=b, n_model=n_model,
-                     feature_cache=feature_cache, log=log, **kwargs) for b in buckets]
+                     feature_cache=feature_cache, log=log,
+                     head=head if b is not None else 'softmax', **kwargs) for b in buckets]
 
 
 def baseline_models(log) -> list:
@@ -141,7 +143,8 @@ def format_wcet_table(rows: List[Dict], splits) -> str:
 def plot_calibration(rows, splits, path) -> None:
     """Write predicted vs true length (left) and the RLP's upper quantile vs true (right).
 
-    The RLP row drawn is the one with the lowest MAE; the baseline, the best non-RLP row.
+    The RLP row drawn is the one with the lowest MAE; the baseline, the best non-RLP row
+    (none when the run had no baseline, ``--only RLP``).
     """
     import matplotlib
     matplotlib.use('Agg')
@@ -151,8 +154,9 @@ def plot_calibration(rows, splits, path) -> None:
     others = [r for r in rows if not r['predictor'].startswith('RLP')]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
     top = float(max(truth.max(), 1.0))
-    for row, marker in ((min(others, key=lambda r: r['mae']), 'x'),
-                        (min(rlp, key=lambda r: r['mae']), 'o')):
+    drawn = [(min(group, key=lambda r: r['mae']), marker)
+             for group, marker in ((others, 'x'), (rlp, 'o')) if group]
+    for row, marker in drawn:
         left.scatter(truth, row['predicted'], s=12, marker=marker, alpha=0.6,
                      label=f"{row['predictor']} (MAE {row['mae']:.0f})")
     with_upper = [r for r in rlp if 'upper' in r]

@@ -29,16 +29,40 @@ from timebill_ros.rlp.models.base import LengthModel, bucket_length, bucket_of
 from timebill_ros.rlp.readout import quantile_bucket, read_bucket, READOUTS
 
 HEAD_HIDDEN = 256
+HEADS = ('softmax', 'ordinal')
+LOG_FLOOR = 1e-9  # ordinal head: bucket probabilities are clamped here before the log
+
+
+def ordinal_threshold_logits(raw: torch.Tensor) -> torch.Tensor:
+    """Return z (1, C - 1), the logits of P(n > edge_j), from the ordinal head's raw output."""
+    return raw[:, :1] - torch.cumsum(nn.functional.softplus(raw[:, 1:]), dim=-1)
+
+
+def ordinal_log_probs(raw: torch.Tensor) -> torch.Tensor:
+    """Map the ordinal head's raw output (1, C) to bucket log-probabilities (1, C).
+
+    A cumulative-link (ordinal) model: z_j = raw_0 - sum_{i=1..j+1} softplus(raw_i) is the
+    logit of P(n > edge_j) for the C - 1 bucket edges, decreasing in j by construction, so
+    P(bucket j) = P(n > edge_{j-1}) - P(n > edge_j) >= 0 always. The log-probabilities are
+    what the ONNX file outputs: the server's softmax readout recovers the probabilities, so
+    it reads this head exactly as it reads the plain softmax head.
+    """
+    above = torch.sigmoid(ordinal_threshold_logits(raw))  # (1, C - 1): P(n > edge_j)
+    ones = torch.ones_like(above[:, :1])
+    upper = torch.cat([ones, above], dim=-1)
+    lower = torch.cat([above, torch.zeros_like(ones)], dim=-1)
+    return torch.log(torch.clamp(upper - lower, min=LOG_FLOOR))
 
 
 class RlpNet(nn.Module):
     """Embedding + L decoder layers + RMSNorm + head; input (1, n) ids -> output (1, C)."""
 
-    def __init__(self, target_model, n_layers: int, n_outputs: int):
+    def __init__(self, target_model, n_layers: int, n_outputs: int, ordinal: bool = False):
         """Copy the embedding, the first ``n_layers`` layers and the norm of ``target_model``.
 
         target_model: a transformers ``LlamaForCausalLM`` (or any model whose ``.model`` has
         ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``). The copies are independent.
+        ordinal: the output is :func:`ordinal_log_probs` of the head (classification only).
         """
         super().__init__()
         base = target_model.model
@@ -53,6 +77,7 @@ class RlpNet(nn.Module):
         hidden = base.config.hidden_size
         self.head = nn.Sequential(nn.Linear(2 * hidden, HEAD_HIDDEN), nn.GELU(),
                                   nn.Linear(HEAD_HIDDEN, n_outputs))
+        self.ordinal = ordinal
 
     def run_layers(self, hidden: torch.Tensor, first: int, last: int) -> torch.Tensor:
         """Run layers ``first`` .. ``last - 1`` on hidden states (1, n, hidden); causal."""
@@ -67,11 +92,16 @@ class RlpNet(nn.Module):
         """Return the output of the embedding and the first ``n_frozen`` layers, (1, n, hidden)."""
         return self.run_layers(self.embed_tokens(input_ids), 0, n_frozen)
 
-    def top(self, hidden: torch.Tensor, n_frozen: int) -> torch.Tensor:
+    def raw_top(self, hidden: torch.Tensor, n_frozen: int) -> torch.Tensor:
         """Run the remaining layers, the norm and the head on trunk output; return (1, C)."""
         hidden = self.norm(self.run_layers(hidden, n_frozen, len(self.layers)))
         pooled = torch.cat([hidden[:, -1], hidden.mean(dim=1)], dim=-1)
         return self.head(pooled)
+
+    def top(self, hidden: torch.Tensor, n_frozen: int) -> torch.Tensor:
+        """Return the output (1, C): logits, or the ordinal head's bucket log-probabilities."""
+        raw = self.raw_top(hidden, n_frozen)
+        return ordinal_log_probs(raw) if self.ordinal else raw
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Return logits (1, C) (or the scaled length (1, 1)) for input ids (1, n), int64."""
@@ -87,9 +117,14 @@ class RlpModel(LengthModel):
         bucket_tokens: B in tokens (16, 32, 64, ...), or None for the regression variant.
         n_model: N_model, the largest collected response length, tokens.
         n_layers: L, decoder layers taken from the target model.
-        n_trainable_layers: T, the last T of the L layers are trained (the rest frozen).
+        n_trainable_layers: T, the last T of the L layers are trained (the rest frozen); 0 =
+            only the final norm and the head learn (a probe of the frozen layers' output).
         max_input_tokens: N_p used in training (compress_ids), tokens.
         feature_cache: dict shared between models with the same L and T to reuse trunk outputs.
+        head: ``softmax`` (cross-entropy over the buckets, the paper's) or ``ordinal`` (a
+            cumulative-link model trained with one binary cross-entropy per bucket edge: every
+            edge learns from every example, and the distribution is smooth over neighbouring
+            buckets; see :func:`ordinal_log_probs`).
 
     """
 
@@ -98,14 +133,18 @@ class RlpModel(LengthModel):
                  n_trainable_layers: int = 1, max_input_tokens: int = 512, epochs: int = 6,
                  lr: float = 2e-4, head_lr: float = 1e-3, accumulate: int = 8, seed: int = 0,
                  feature_cache: Optional[Dict] = None, log: Callable[[str], None] = print,
-                 readout: str = 'median'):
+                 readout: str = 'median', head: str = 'softmax'):
+        if head not in HEADS:
+            raise ValueError(f'head must be one of {HEADS}, got {head!r}')
+        if head == 'ordinal' and bucket_tokens is None:
+            raise ValueError('head ordinal needs buckets (bucket_tokens), got None')
         if readout not in READOUTS:
             raise ValueError(f'readout must be one of {READOUTS}, got {readout!r}')
         if bucket_tokens is not None and (not isinstance(bucket_tokens, int)
                                           or bucket_tokens < 1):
             raise ValueError(f'bucket_tokens must be an int >= 1 or None, got {bucket_tokens!r}')
-        if not 1 <= n_trainable_layers <= n_layers:
-            raise ValueError(f'n_trainable_layers must be in 1..n_layers={n_layers}, '
+        if not 0 <= n_trainable_layers <= n_layers:
+            raise ValueError(f'n_trainable_layers must be in 0..n_layers={n_layers}, '
                              f'got {n_trainable_layers!r}')
         for name, value in (('n_model', n_model), ('epochs', epochs), ('accumulate', accumulate),
                             ('max_input_tokens', max_input_tokens)):
@@ -113,6 +152,7 @@ class RlpModel(LengthModel):
                 raise ValueError(f'{name} must be an int >= 1, got {value!r}')
         self.bucket_tokens = bucket_tokens
         self.readout = readout
+        self.head = head
         self.n_model = n_model
         self.n_classes = 1 if bucket_tokens is None else -(-n_model // bucket_tokens)
         self.n_frozen = n_layers - n_trainable_layers
@@ -123,17 +163,23 @@ class RlpModel(LengthModel):
         self.log = log
         self.features = {} if feature_cache is None else feature_cache
         torch.manual_seed(seed)
-        self.net = RlpNet(target_model, n_layers, self.n_classes)
+        self.net = RlpNet(target_model, n_layers, self.n_classes, ordinal=head == 'ordinal')
         for module in (self.net.embed_tokens, *self.net.layers[:self.n_frozen]):
             module.requires_grad_(False)
         self.n_layers = n_layers
 
     @property
     def name(self) -> str:
-        """Return e.g. ``RLP L=4 B=16 median`` (its readout) or ``RLP L=4 regression``."""
+        """Return e.g. ``RLP L=4 B=16 median`` (its readout) or ``RLP L=4 regression``.
+
+        T is named when it is not 1 (``RLP L=30 T=0 ...``), an ordinal head as ``ordinal``.
+        """
+        n_trained = self.n_layers - self.n_frozen
+        stem = f'RLP L={self.n_layers}' + ('' if n_trained == 1 else f' T={n_trained}')
         if self.bucket_tokens is None:
-            return f'RLP L={self.n_layers} regression'
-        return f'RLP L={self.n_layers} B={self.bucket_tokens} {self.readout}'
+            return f'{stem} regression'
+        head = ' ordinal' if self.head == 'ordinal' else ''
+        return f'{stem} B={self.bucket_tokens}{head} {self.readout}'
 
     def input_ids(self, prompt: str) -> list:
         """Return the compressed chat-formatted ids the predictor reads for ``prompt``."""
@@ -152,6 +198,9 @@ class RlpModel(LengthModel):
             target = torch.tensor([[min(n_tokens, self.n_model) / self.n_model]])
             return nn.functional.smooth_l1_loss(output, target, beta=0.05)
         label = min(bucket_of(n_tokens, self.bucket_tokens), self.n_classes - 1)
+        if self.head == 'ordinal':
+            above = (torch.arange(self.n_classes - 1) < label).float().unsqueeze(0)
+            return nn.functional.binary_cross_entropy_with_logits(output, above)
         return nn.functional.cross_entropy(output, torch.tensor([label]))
 
     def output_tokens(self, output: torch.Tensor, q: Optional[float] = None) -> float:
@@ -161,6 +210,13 @@ class RlpModel(LengthModel):
         logits = output.detach().numpy()
         bucket = read_bucket(logits, self.readout) if q is None else quantile_bucket(logits, q)
         return float(min(bucket_length(bucket, self.bucket_tokens), self.n_model))
+
+    def _train_output(self, example) -> torch.Tensor:
+        """Return what the loss reads: the output, or the ordinal edge logits (1, C - 1)."""
+        if self.head == 'ordinal':
+            return ordinal_threshold_logits(self.net.raw_top(self._feature(example),
+                                                             self.n_frozen))
+        return self.net.top(self._feature(example), self.n_frozen)
 
     def fit(self, train: Sequence, val: Sequence) -> None:
         """Train on ``train``; keep the epoch with the best MAE on ``val``."""
@@ -179,8 +235,7 @@ class RlpModel(LengthModel):
             rng.shuffle(order)
             total = 0.0
             for step, example in enumerate(order, 1):
-                loss = self._loss(self.net.top(self._feature(example), self.n_frozen),
-                                  example.n_tokens)
+                loss = self._loss(self._train_output(example), example.n_tokens)
                 (loss / self.accumulate).backward()
                 total += float(loss.detach())
                 if step % self.accumulate == 0 or step == len(order):
