@@ -147,7 +147,7 @@ class BudgetConfig:
     """
 
     pessimistic_factor: float = 5.0
-    upper_quantile: float = 0.0
+    upper_quantile: float = 0.9
     alpha_max: float = 0.95
     mode: str = 'timebill'
     fixed_alpha: float = 0.0
