@@ -30,16 +30,10 @@ import time
 LENGTHS = (32, 128, 512, 1024, 2048)
 
 
+# Keyword arguments of rlp.export.quantize_int8 per variant.
 VARIANTS = {'int8': {}, 'int8 per-channel': {'per_channel': True},
-            'int8 MatMul only (fp32 embedding)': {'op_types_to_quantize': ['MatMul']},
-            'int8 embedding only (fp32 MatMul)': {'op_types_to_quantize': ['Gather']}}
-
-
-def quantize(src, dst, **options):
-    """Write the int8 dynamic quantization of ONNX ``src`` to ``dst`` (rlp.export)."""
-    from timebill_ros.rlp.export import quantize_int8
-    types = options.get('op_types_to_quantize')
-    return quantize_int8(src, dst, op_types=types, per_channel=options.get('per_channel', False))
+            'int8 MatMul only (fp32 embedding)': {'op_types': ['MatMul']},
+            'int8 embedding only (fp32 MatMul)': {'op_types': ['Gather']}}
 
 
 def run(out, repeats):
@@ -50,7 +44,7 @@ def run(out, repeats):
     from timebill_ros.engine import LlmEngine
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
     from timebill_ros.rlp.dataset import load_examples
-    from timebill_ros.rlp.export import default_onnx_path
+    from timebill_ros.rlp.export import default_onnx_path, quantize_int8
     from timebill_ros.rlp.cli import DEFAULT_LENGTHS
     config = params.config_from_flat({})
     fp32 = default_onnx_path(model_source.model_key(config.engine)).with_suffix('.fp32.onnx')
@@ -61,7 +55,7 @@ def run(out, repeats):
     for index, (name, options) in enumerate(VARIANTS.items()):
         files[name] = fp32.with_name(fp32.name.replace('.onnx', f'.int8-{index}.onnx'))
         started = time.perf_counter()
-        quantize(fp32, files[name], **options)
+        quantize_int8(fp32, files[name], **options)
         quantize_s[name] = time.perf_counter() - started
     engine = LlmEngine.load(config.engine, config.eviction)
     threads = config.predictor.threads

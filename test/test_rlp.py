@@ -15,8 +15,7 @@ from timebill_ros.rlp import collect as collect_mod
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.corpus import SPLITS, build_corpus, split_of
 from timebill_ros.rlp.dataset import Example, load_examples
-from timebill_ros.rlp.export import (export_onnx, max_abs_difference, read_metadata,
-                                     same_tokens)
+from timebill_ros.rlp.export import compare_with_torch, export_onnx, read_metadata
 from timebill_ros.rlp.metrics import length_metrics
 from timebill_ros.rlp.models.base import bucket_length, bucket_of
 from timebill_ros.rlp.models.rlp import (ordinal_log_probs, ordinal_threshold_logits,
@@ -175,7 +174,7 @@ def test_ordinal_head_gives_a_distribution_and_learns(tiny_model, smollm2_tokeni
     path = export_onnx(model, tmp_path / 'ordinal.onnx', 'tiny-model', embedding='float32')
     session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
     ids = [model.input_ids(e.prompt) for e in test]
-    assert max_abs_difference(model, session, ids) < 1e-4
+    assert compare_with_torch(model, session, ids)[0] < 1e-4
     assert read_metadata(session)['head'] == 'ordinal'
     with pytest.raises(ValueError, match='head'):
         RlpModel(tiny_model, encode, bucket_tokens=None, head='ordinal')
@@ -212,7 +211,7 @@ def test_onnx_export_matches_torch(trained_rlp, exported):
     session = onnxruntime.InferenceSession(str(exported), providers=['CPUExecutionProvider'])
     ids = [trained_rlp.input_ids(e.prompt) for e in _planted(4, 'test')]
     ids += [[1], list(range(3, 300))]
-    assert max_abs_difference(trained_rlp, session, ids) < 1e-5  # bucket probabilities
+    assert compare_with_torch(trained_rlp, session, ids)[0] < 1e-5  # bucket probabilities
     meta = read_metadata(session)
     assert meta['kind'] == 'classification' and meta['bucket_tokens'] == '16'
     assert meta['model_key'] == 'tiny-model' and meta['n_model'] == '64'
@@ -227,9 +226,9 @@ def test_int8_embedding_export_is_smaller_and_close(trained_rlp, exported, tmp_p
     # The tiny model's 49152 x 64 fp32 table (12.6 MB) is most of the file; int8 is a quarter.
     assert path.stat().st_size < 0.5 * exported.stat().st_size
     ids = [trained_rlp.input_ids(e.prompt) for e in _planted(8, 'test')]
-    diff = max_abs_difference(trained_rlp, session, ids)
+    diff, same = compare_with_torch(trained_rlp, session, ids)
     assert 1e-6 < diff < 0.1  # quantized (not bit-identical), and close
-    assert same_tokens(trained_rlp, session, ids) >= 7
+    assert same >= 7
     with pytest.raises(ValueError, match='embedding'):
         export_onnx(trained_rlp, tmp_path / 'x.onnx', 'tiny-model', embedding='int4')
 

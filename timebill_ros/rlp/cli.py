@@ -90,15 +90,14 @@ def cmd_train(args, ros_args):
 def _export(model, engine, splits, onnx_path, embedding):
     """Export and check against torch: fp32 to ONNX_ATOL, int8 by N^ agreement."""
     import onnxruntime
-    from timebill_ros.rlp.export import export_onnx, max_abs_difference, same_tokens
+    from timebill_ros.rlp.export import compare_with_torch, export_onnx
     export_onnx(model, onnx_path, engine.model_key, embedding)
     session = onnxruntime.InferenceSession(str(onnx_path), providers=['CPUExecutionProvider'])
     by_length = sorted(splits['test'], key=lambda e: e.n_prompt_tokens)
     picks = sorted({round(i * (len(by_length) - 1) / (ONNX_CHECK_PROMPTS - 1))
                     for i in range(ONNX_CHECK_PROMPTS)})  # shortest to longest, evenly
     ids = [model.input_ids(by_length[i].prompt) for i in picks]
-    diff = max_abs_difference(model, session, ids)
-    same = same_tokens(model, session, ids)
+    diff, same = compare_with_torch(model, session, ids)
     lengths = sorted(len(i) for i in ids)
     print(f'ONNX ({embedding} embedding) vs torch on {len(ids)} test prompts '
           f'({lengths[0]}..{lengths[-1]} tokens): max |difference| {diff:.2e}, '

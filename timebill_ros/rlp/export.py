@@ -113,30 +113,17 @@ def read_metadata(session) -> Dict[str, str]:
     return {k[len(META_PREFIX):]: v for k, v in props.items() if k.startswith(META_PREFIX)}
 
 
-def max_abs_difference(model, session, id_lists: Sequence[Sequence[int]]) -> float:
-    """Return the largest |torch - onnxruntime| difference over the given prompts.
+def compare_with_torch(model, session, id_lists: Sequence[Sequence[int]]) -> tuple:
+    """Run torch and onnxruntime on each prompt once; return (max difference, same N^ count).
 
-    Compared is what the server reads: the bucket probabilities (softmax of the output) of a
-    classifier, the output itself of the regression variant. (The ordinal head outputs
-    log-probabilities; those of near-empty buckets are large negative numbers whose float
-    rounding differs between runtimes without changing any probability.)
+    max difference: the largest |torch - onnxruntime| over the prompts of what the server
+    reads: the bucket probabilities (softmax of the output) of a classifier, the output
+    itself of the regression variant. (The ordinal head outputs log-probabilities; those of
+    near-empty buckets are large negative numbers whose float rounding differs between
+    runtimes without changing any probability.) same N^ count: the prompts on which both
+    give the same N^ (N_max = N_model).
     """
-    worst = 0.0
-    model.net.eval()
-    with torch.inference_mode():
-        for ids in id_lists:
-            tensor = torch.tensor([list(ids)], dtype=torch.long)
-            expected = model.net(tensor)
-            got = torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: tensor.numpy()})[0])
-            if model.bucket_tokens is not None:
-                expected, got = torch.softmax(expected, -1), torch.softmax(got, -1)
-            worst = max(worst, float((expected - got).abs().max()))
-    return worst
-
-
-def same_tokens(model, session, id_lists: Sequence[Sequence[int]]) -> int:
-    """Return on how many prompts torch and onnxruntime give the same N^ (N_max = N_model)."""
-    same = 0
+    worst, same = 0.0, 0
     model.net.eval()
     with torch.inference_mode():
         for ids in id_lists:
@@ -144,4 +131,7 @@ def same_tokens(model, session, id_lists: Sequence[Sequence[int]]) -> int:
             expected = model.net(tensor)
             got = torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: tensor.numpy()})[0])
             same += model.output_tokens(expected) == model.output_tokens(got)
-    return same
+            if model.bucket_tokens is not None:
+                expected, got = torch.softmax(expected, -1), torch.softmax(got, -1)
+            worst = max(worst, float((expected - got).abs().max()))
+    return worst, same
