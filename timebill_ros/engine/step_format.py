@@ -2,7 +2,7 @@
 
 Which format decodes fastest depends on the machine, not the model: on an AVX2 CPU without
 AVX-512 (PLATFORM.md's EPYC) FBGEMM's fp16 steps run ~2x faster than MKL's fp32 ones; on an
-AVX-512 Xeon (this project's machines since 2026-11) the two are equally fast, and then fp32,
+AVX-512 Xeon (some of this project's machines in 2026-11) the two are equally fast, and then fp32,
 which is exact, is the better choice; on CUDA 16-bit wins. So ``auto`` times a few decoding
 steps in each faithful format on the loaded model and keeps the faster, preferring the exact
 format unless the other is at least ``MIN_GAIN`` faster. ``int8`` and ``bfloat16`` are never
