@@ -37,6 +37,17 @@ def test_pool_is_the_test_split_joined_by_val_only_when_too_small():
         schedbench.load_pool(goals=50, examples=examples)
 
 
+def test_val_pool_is_the_val_split_alone():
+    examples = {'test': [_example(i, 10) for i in range(5)],
+                'val': [_example(100 + i, 20, 'val') for i in range(30)]}
+    pool = schedbench.load_pool(goals=12, examples=examples, split='val')
+    assert len(pool) == 30 and {e.split for e in pool} == {'val'}
+    with pytest.raises(ValueError, match='need more'):
+        schedbench.load_pool(goals=40, examples=examples, split='val')
+    with pytest.raises(ValueError, match='split must be'):
+        schedbench.load_pool(goals=12, examples=examples, split='train')
+
+
 def test_subsets_have_small_medium_large_variance_and_are_deterministic():
     pool = _pool()
     subsets = schedbench.make_subsets(pool, goals=24, seed=3)
@@ -169,6 +180,15 @@ def test_rotate_and_method_selection():
     assert [m[0] for m in schedbench.selected_methods(('up+offload',))] == ['up+offload']
     with pytest.raises(ValueError, match='unknown method'):
         schedbench.selected_methods('lifo')
+
+
+def test_up_alpha_sweep_methods():
+    methods = schedbench.selected_methods('up@2, fifo, up@0.5')
+    assert [m[0] for m in methods] == ['fifo', 'up@2', 'up@0.5']
+    assert methods[1][1] == {'scheduler.policy': 'up', 'scheduler.up_alpha': 2.0}
+    for bad in ('up@', 'up@x', 'up@-0.5', 'up@nan'):
+        with pytest.raises(ValueError, match='up@ALPHA'):
+            schedbench.selected_methods(bad)
 
 
 def test_refused_parameters_skip_a_method_and_fifo_falls_back():

@@ -195,8 +195,10 @@ def build_parser():
     sched = sub.add_parser('schedbench', help=cmd_schedbench.__doc__)
     sched.add_argument('--out', default='benchmarks/results/sched')
     sched.add_argument('--methods', default='',
-                       help='comma list of fifo,edf,luf,muf,slack,up,up-1thread,up+offload '
-                            '(default all)')
+                       help='comma list of fifo,edf,luf,muf,slack,up,up-1thread,up+offload, '
+                            'up+consolidation,rt-lm,fifo+consolidation,fifo+continuous, and '
+                            'up@ALPHA (up with scheduler.up_alpha ALPHA) (default all but '
+                            'up@ALPHA)')
     sched.add_argument('--subsets', default='', help='comma list of small,medium,large '
                        '(default all)')
     sched.add_argument('--loads', default='',
@@ -220,6 +222,9 @@ def build_parser():
                        'profiling at the start')
     sched.add_argument('--lengths', default='data/rlp/lengths.jsonl',
                        help='measured response lengths of the corpus prompts')
+    sched.add_argument('--pool', choices=('test', 'val'), default='test',
+                       help='prompts of the traces: the corpus\'s test split (the evaluation) '
+                       'or its val split (to tune a parameter such as up@ALPHA on)')
     sched.add_argument('--quick', action='store_true',
                        help='smoke test: subset large, loads 0.8,1.2, 12 goals, 1 repeat, '
                        'methods fifo,up (explicit options still win)')

@@ -108,13 +108,16 @@ METRICS = (('miss_rate', 'miss rate', '{:.2f}'),
 
 # --- workload (pure) -------------------------------------------------------------------------
 def load_pool(lengths_path=DEFAULT_LENGTHS, goals=GOALS, max_prompt_tokens=MAX_PROMPT_TOKENS,
-              examples=None):
+              examples=None, split='test'):
     """Return the held-out prompts the subsets are drawn from (rlp.dataset.Example list).
 
-    The test split, joined by the val split when test has fewer than ``2 * goals`` prompts of
-    at most ``max_prompt_tokens`` chat-formatted tokens (0 = no limit). ``examples``: a
-    ``{split: [Example]}`` to use instead of reading ``lengths_path``.
+    split ``test``: the test split, joined by the val split when test has fewer than
+    ``2 * goals`` prompts of at most ``max_prompt_tokens`` chat-formatted tokens (0 = no
+    limit). split ``val``: the val split alone (to tune on prompts the evaluation does not
+    use). ``examples``: a ``{split: [Example]}`` to use instead of reading ``lengths_path``.
     """
+    if split not in ('test', 'val'):
+        raise ValueError(f'split must be test or val, got {split!r}')
     if examples is None:
         from timebill_ros.rlp.dataset import load_examples
         examples = load_examples(lengths_path)
@@ -122,8 +125,8 @@ def load_pool(lengths_path=DEFAULT_LENGTHS, goals=GOALS, max_prompt_tokens=MAX_P
     def fits(example):
         return not max_prompt_tokens or example.n_prompt_tokens <= max_prompt_tokens
 
-    pool = [e for e in examples.get('test', []) if fits(e)]
-    if len(pool) < 2 * goals:
+    pool = [e for e in examples.get(split, []) if fits(e)]
+    if split == 'test' and len(pool) < 2 * goals:
         pool += [e for e in examples.get('val', []) if fits(e)]
     if len(pool) < goals:
         raise ValueError(f'only {len(pool)} held-out prompts of at most {max_prompt_tokens} '
@@ -283,16 +286,32 @@ def rotate(items, turn):
 
 
 def selected_methods(names=None):
-    """Return the METHODS entries named in ``names`` (iterable or comma string; all if empty)."""
+    """Return the METHODS entries named in ``names`` (iterable or comma string; all if empty).
+
+    ``up@ALPHA`` (ALPHA a number >= 0) is ``up`` with ``scheduler.up_alpha`` ALPHA, for
+    sweeping Eq. 3's alpha (RT-LM Fig. 13a); these follow the named METHODS, in given order.
+    """
     if not names:
         return list(METHODS)
     if isinstance(names, str):
         names = [n.strip() for n in names.split(',') if n.strip()]
     known = [m[0] for m in METHODS]
-    unknown = sorted(set(names) - set(known))
+    sweeps = [n for n in names if n.startswith('up@')]
+    unknown = sorted(set(names) - set(known) - set(sweeps))
     if unknown:
-        raise ValueError(f'unknown method(s) {unknown}; known: {known}')
-    return [m for m in METHODS if m[0] in names]
+        raise ValueError(f'unknown method(s) {unknown}; known: {known} and up@ALPHA')
+    return [m for m in METHODS if m[0] in names] + [_alpha_method(n) for n in sweeps]
+
+
+def _alpha_method(name):
+    """Return the METHODS-style entry of ``up@ALPHA``."""
+    try:
+        alpha = float(name[len('up@'):])
+    except ValueError:
+        alpha = -1.0
+    if not alpha >= 0:
+        raise ValueError(f'{name!r}: ALPHA of up@ALPHA must be a number >= 0')
+    return name, {'scheduler.policy': 'up', 'scheduler.up_alpha': alpha}
 
 
 def method_params(name, flat, check=None):
@@ -765,7 +784,8 @@ def run_schedbench(args, progress=print, argv=None):
     started = time.monotonic()
     settings = _resolve(args)
     n_max = args.n_max
-    pool = load_pool(args.lengths, settings['goals'], args.max_prompt_tokens)
+    pool = load_pool(args.lengths, settings['goals'], args.max_prompt_tokens,
+                     split=getattr(args, 'pool', 'test'))
     subsets = make_subsets(pool, settings['goals'], args.seed, settings['subsets'])
     runnable, skipped, notes = [], {}, {}
     for name, flat in settings['methods']:
