@@ -11,7 +11,7 @@ ms per decoding step of the forward alone (no stop checks or streaming), medians
 - ``lean fp16 eager, row-split GEMMs``: the weights of the LM head and the MLP's gate/up
   packed as two row blocks run on two threads at once (FBGEMM keeps a one-token product on
   one thread whatever torch's thread count);
-- ``fp16 weight streaming only``: the step's 121 GEMMs and the LM head alone, on the same
+- ``fp16 weight streaming only``: the step's 120 GEMMs and the LM head alone, on the same
   packed weights, nothing else: the floor any step built on FBGEMM fp16 stays above; and the
   same with row-split blocks.
 Also: the compile time, greedy agreement of the compiled step with the eager one, and the
