@@ -186,7 +186,7 @@ def test_up_alpha_sweep_methods():
     methods = schedbench.selected_methods('up@2, fifo, up@0.5')
     assert [m[0] for m in methods] == ['fifo', 'up@2', 'up@0.5']
     assert methods[1][1] == {'scheduler.policy': 'up', 'scheduler.up_alpha': 2.0}
-    for bad in ('up@', 'up@x', 'up@-0.5', 'up@nan'):
+    for bad in ('up@', 'up@x', 'up@-0.5', 'up@nan', 'up@inf'):
         with pytest.raises(ValueError, match='up@ALPHA'):
             schedbench.selected_methods(bad)
 

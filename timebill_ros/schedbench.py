@@ -304,13 +304,14 @@ def selected_methods(names=None):
 
 
 def _alpha_method(name):
-    """Return the METHODS-style entry of ``up@ALPHA``."""
+    """Return the METHODS-style entry of ``up@ALPHA``; ALPHA is checked as the server checks it."""
+    from timebill_ros.config import SchedulerConfig
     try:
         alpha = float(name[len('up@'):])
-    except ValueError:
-        alpha = -1.0
-    if not alpha >= 0:
-        raise ValueError(f'{name!r}: ALPHA of up@ALPHA must be a number >= 0')
+        SchedulerConfig(policy='up', up_alpha=alpha)
+    except ValueError as exc:
+        raise ValueError(f'{name!r}: ALPHA of up@ALPHA must be a finite number >= 0 '
+                         f'({exc})') from None
     return name, {'scheduler.policy': 'up', 'scheduler.up_alpha': alpha}
 
 
