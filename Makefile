@@ -28,10 +28,12 @@ fuzz: build
 lint: venv
 	$(ENV) && flake8 $(LINT_PATHS)
 
-# The RLP is built from the committed lengths (data/rlp/lengths_1024.jsonl) when the cache has
-# none (~5 min on 2 cores).
+# The RLP and the prefill readout are built from the committed lengths
+# (data/rlp/lengths_1024.jsonl) when the cache has none (~5 min and ~15 min on 2 cores: the
+# readout's features are one prefill of every corpus prompt, cached).
 predictor: build
 	$(ENV) && timebill predictor train --export --if-missing
+	$(ENV) && timebill predictor readout --export --if-missing
 
 run: predictor
 	$(ENV) && timebill demo

@@ -98,5 +98,8 @@ def test_the_fixed_method_decides_as_before_issue_9(tmp_path):
     assert (fixed.budget.keep_cache_when_hopeless, clamp.budget.keep_cache_when_hopeless,
             online.budget.keep_cache_when_hopeless) == (False, False, True)
     assert clamp.timing.online is True and clamp.admission.policy == 'feasibility'
+    # timebill reads N^ from its prefill (the server default); timebill-rlp runs the RLP.
+    assert online.predictor.prefill_readout is True
+    assert configs['timebill-rlp'].predictor.prefill_readout is False
     # No two servers share an online state file: methods must not learn from each other.
     assert len({c.timing.state_file for c in configs.values()}) == len(configs)

@@ -13,8 +13,11 @@ servers, so budgets and alpha* use the machine's speed of the moment.
 Score: ROUGE-L F1 of each response against the full-cache answer (Vanilla, no deadline);
 jobs that do not complete score 0, as in the paper. Every method runs under Kill, Skip-Next
 and Partial (the anytime policy: a truncated answer delivered on time is scored as it is).
-``timebill`` uses the trained RLP (predictor.kind=rlp), ``timebill-fallback`` the same
-pipeline with N^ = N_max; the fixed-ratio methods run no predictor (as in the paper).
+``timebill`` predicts as the server does by default (predictor.kind=rlp: N^ read from the
+goal's own prefill by the readout head, the RLP for nothing else here), ``timebill-rlp`` with
+the RLP beside the prefill instead (``predictor.prefill_readout`` off; the same when no
+readout is built), ``timebill-fallback`` the same pipeline with N^ = N_max; the fixed-ratio
+methods run no predictor (as in the paper).
 ``--prompt-set rlp-test`` takes held-out prompts of the RLP corpus (test split) instead of the
 robot prompt set, so the RLP is scored on prompts it never trained on.
 """
@@ -34,7 +37,8 @@ METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 
            ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
            ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'),
            ('timebill-fallback', 'timebill', 0.0, 'fallback'),
-           ('timebill-fixed', 'timebill', 0.0, 'rlp'), ('timebill-clamp', 'timebill', 0.0, 'rlp'))
+           ('timebill-fixed', 'timebill', 0.0, 'rlp'), ('timebill-clamp', 'timebill', 0.0, 'rlp'),
+           ('timebill-rlp', 'timebill', 0.0, 'rlp'))
 # Server parameters of a method beyond its budget mode and predictor. ``timebill-fixed``
 # decides as the server did before issue 9: the calibration as it is (no speed factor, no
 # learned margin), no admission control and the paper's clamp of alpha* to alpha_max; it
@@ -44,7 +48,8 @@ METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 
 PAPER_CLAMP = {'budget.expected_fallback': False, 'budget.keep_cache_when_hopeless': False}
 METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none',
                                     **PAPER_CLAMP},
-                 'timebill-clamp': PAPER_CLAMP}
+                 'timebill-clamp': PAPER_CLAMP,
+                 'timebill-rlp': {'predictor.prefill_readout': False}}
 POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
 N_MAX = 48
 COMPLETED = 1

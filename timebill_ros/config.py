@@ -179,6 +179,12 @@ class PredictorConfig:
     min_input_tokens / max_input_tokens: clamp of N_p, the compressed predictor input, tokens.
     timeout_s: if the predictor has not answered this long after prefill ends, the goal goes on
         with the fallback N^ and the result says so.
+    prefill_readout: with ``kind`` rlp, read N^ (and N^_q) after the prefill from the goal's
+        own pooled last-layer states (the readout head, ~1 ms) instead of running the RLP
+        beside the prefill; the RLP then only gives the admission-time u_J. A missing or
+        broken readout file: the server logs why and predicts with the RLP as before.
+    readout_file: the readout ONNX file; empty = the cache entry ``timebill predictor readout
+        --export`` writes (``<cache>/rlp/<model>__readout.onnx``).
     """
 
     kind: str = 'rlp'
@@ -188,9 +194,17 @@ class PredictorConfig:
     min_input_tokens: int = 64
     max_input_tokens: int = 2048
     timeout_s: float = 1.0
+    prefill_readout: bool = True
+    readout_file: str = ''
 
     def __post_init__(self):
         _check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
+        if not isinstance(self.prefill_readout, bool):
+            raise TypeError(f'predictor.prefill_readout must be a bool, got '
+                            f'{self.prefill_readout!r}')
+        for name in ('model_file', 'readout_file'):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f'predictor.{name} must be a str, got {getattr(self, name)!r}')
         _check_choice('predictor.provider', self.provider, PREDICTOR_PROVIDERS)
         for name in ('threads', 'min_input_tokens', 'max_input_tokens'):
             value = getattr(self, name)

@@ -1,6 +1,6 @@
 """Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
 
-from timebill_ros.predictors import make_predictor
+from timebill_ros.predictors import make_predictor, make_readout
 from timebill_ros.server.service import TimeBillService
 
 
@@ -32,7 +32,10 @@ def build_service(config, log=print):
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
-                              batch_step=batch_step)
+                              batch_step=batch_step,
+                              readout=make_readout(config.predictor, engine.model_key,
+                                                   config.engine.model_cache_dir or None,
+                                                   log))
     if config.timing.warm_up:
         service.warm_up()
     return service

@@ -4,7 +4,8 @@ Two implementations: ``hf_forward.TransformersForward`` (any transformers causal
 DynamicCache, module hooks) and ``lean_llama.LeanLlamaForward`` (Llama-family models, a
 preallocated KV cache, optional 16-bit decode weights). Both call :class:`PassHooks` before
 every decoder layer (interrupts) and, during the prefill, with each attention layer's input
-(what the eviction scorer needs).
+(what the eviction scorer needs), and with the last decoder layer's output (what the
+length readout pools, :class:`HiddenPool`).
 """
 
 import contextlib
@@ -39,19 +40,55 @@ class ScorerInputs:
     kwargs: dict
 
 
+class HiddenPool:
+    """Pools the last decoder layer's output over a prefill, chunk by chunk.
+
+    Each position's hidden state is scaled to unit RMS (the final RMSNorm without its weight:
+    x / sqrt(mean(x^2) + eps), computed in fp32); the pool keeps the last position's and the
+    running sum over positions. The RLP head reads ``weight * [last, mean]`` (its RlpNet
+    pooling of the normed states: the weight is per channel, so it commutes with the mean).
+    eps: the final norm's epsilon.
+    """
+
+    def __init__(self, eps: float):
+        """Start an empty pool normalising with ``eps``."""
+        self.eps = float(eps)
+        self.n_positions = 0
+        self.last = None
+        self.total = None
+
+    def add(self, hidden: torch.Tensor) -> None:
+        """Pool one chunk's last-layer output, (1, n, hidden), in position order."""
+        x = hidden[0].float()
+        unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        chunk_sum = unit.sum(0)
+        self.total = chunk_sum if self.total is None else self.total + chunk_sum
+        self.last = unit[-1].clone()
+        self.n_positions += unit.shape[0]
+
+    def features(self) -> Optional[torch.Tensor]:
+        """Return [last, mean] of the unit-RMS rows, (1, 2 hidden) fp32; None when empty."""
+        if self.n_positions == 0:
+            return None
+        return torch.cat([self.last, self.total / self.n_positions]).unsqueeze(0)
+
+
 class PassHooks:
     """Per-layer work the engine wants done during forward passes.
 
     interrupt: checked before every decoder layer (none registered when it has no criteria);
     ``n_generated`` / ``n_prefilled`` are set by the engine before each pass and handed to it.
     n_positions: > 0 keeps each attention layer's last ``n_positions`` inputs in ``inputs``
-    (layer index -> ScorerInputs), across chunk edges.
+    (layer index -> ScorerInputs), across chunk edges. pool: a :class:`HiddenPool` the
+    prefill passes add the last decoder layer's output to (None: not pooled).
     """
 
-    def __init__(self, interrupt: Optional[StopCriteria] = None, n_positions: int = 0):
+    def __init__(self, interrupt: Optional[StopCriteria] = None, n_positions: int = 0,
+                 pool: Optional[HiddenPool] = None):
         """Check ``interrupt`` per layer; capture ``n_positions`` attention inputs (0: none)."""
         self.interrupt = interrupt if interrupt is not None and interrupt.criteria else None
         self.n_positions = n_positions
+        self.pool = pool
         self.n_generated = 0
         self.n_prefilled = None
         self.inputs = {}

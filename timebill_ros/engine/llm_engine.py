@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from timebill_ros import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
-from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
+from timebill_ros.engine.forward import Forward, HiddenPool, Interrupted, PassHooks
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
 from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
@@ -65,6 +65,8 @@ class PrefillState:
     first_token: greedy token after the prompt (generated token 1).
     scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
     n_chunks: forward passes the prefill took (each pays a per-call overhead).
+    pooled: the last decoder layer's output pooled over the prompt (engine.forward.HiddenPool:
+    [last, mean] of the unit-RMS rows), (1, 2 hidden) fp32; what the length readout reads.
     """
 
     cache: object
@@ -73,6 +75,7 @@ class PrefillState:
     scorer_inputs: Optional[dict]
     prefill_s: float
     n_chunks: int = 1
+    pooled: Optional[torch.Tensor] = None
 
     @property
     def n_kv(self) -> int:
@@ -233,7 +236,8 @@ class LlmEngine:
         start = self.clock()
         cache = self.forward.new_cache()
         begin, n_chunks = 0, 0
-        hooks = PassHooks(interrupt, window + 1)
+        hooks = PassHooks(interrupt, window + 1,
+                          HiddenPool(self.model.model.norm.variance_epsilon))
         with torch.inference_mode(), self.forward.hooked(hooks):
             while begin < len(ids):
                 reason = stop.check(0, None, begin)
@@ -248,7 +252,7 @@ class LlmEngine:
                 begin, n_chunks = end, n_chunks + 1
         first = int(logits.argmax())
         return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
-                            n_chunks)
+                            n_chunks, hooks.pool.features())
 
     def evict(self, state: PrefillState, alpha: float,
               interrupt: Optional[StopCriteria] = None) -> int:

@@ -39,4 +39,29 @@ def make_predictor(predictor_config, model_key='', prefill_s=None, cache_dir=Non
     return predictor
 
 
-__all__ = ['LengthPredictor', 'FallbackPredictor', 'make_predictor']
+def make_readout(predictor_config, model_key='', cache_dir=None, log=print):
+    """Return the prefill readout of ``predictor_config`` (PrefillReadout), or None.
+
+    None when ``kind`` is not rlp or ``prefill_readout`` is off; also when the file cannot be
+    loaded, after logging why (the RLP then predicts beside the prefill, as without it).
+    """
+    if predictor_config.kind != 'rlp' or not predictor_config.prefill_readout:
+        return None
+    from timebill_ros.predictors.prefill_readout import PrefillReadout
+    from timebill_ros.rlp.export import default_readout_path
+    path = predictor_config.readout_file or default_readout_path(model_key, cache_dir)
+    try:
+        readout = PrefillReadout.load(path, threads=predictor_config.threads,
+                                      provider=predictor_config.provider)
+        if model_key and readout.model_key != model_key:
+            raise ValueError(f'{path} was trained for model {readout.model_key!r}, '
+                             f'not {model_key!r}')
+    except Exception as exc:  # the server must still serve: the RLP predicts, say why
+        log(f'prefill readout unavailable, N^ from the RLP beside the prefill: '
+            f'{type(exc).__name__}: {exc}')
+        return None
+    log(f'prefill readout loaded from {path}: {readout.time_s * 1e3:.2f} ms a call')
+    return readout
+
+
+__all__ = ['LengthPredictor', 'FallbackPredictor', 'make_predictor', 'make_readout']

@@ -18,7 +18,7 @@ import numpy as np
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.rlp.compress import compress_ids
 from timebill_ros.rlp.export import INPUT_NAME, OUTPUT_NAME, read_metadata
-from timebill_ros.rlp.readout import quantile_bucket, read_bucket
+from timebill_ros.rlp.readout import OutputFormat
 from timebill_ros.timing.model import fit_prefill
 
 TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens
@@ -82,15 +82,9 @@ class OnnxRlpPredictor(LengthPredictor):
                              f'{min_input_tokens!r} and {max_input_tokens!r}')
         self.session = session
         meta = read_metadata(session)
-        try:
-            self.kind = meta['kind']
-            self.bucket_tokens = int(meta['bucket_tokens'])
-            self.n_model = int(meta['n_model'])
-        except (KeyError, ValueError) as exc:
-            raise ValueError(f'not a timebill RLP export (metadata {meta!r})') from exc
+        self.format = OutputFormat.from_metadata(meta)
+        self.kind = self.format.kind
         self.model_key = meta.get('model_key', '')
-        # Files exported before the readout was stored read the argmax, as they were trained.
-        self.readout = meta.get('readout', 'argmax')
         self.prefill_s = prefill_s
         self.min_input_tokens = min_input_tokens
         self.max_input_tokens = max_input_tokens
@@ -156,22 +150,8 @@ class OnnxRlpPredictor(LengthPredictor):
         return max(self.min_input_tokens, cap)
 
     def to_tokens(self, output: np.ndarray, n_max: int, q: Optional[float] = None) -> int:
-        """Eq. 2 post-processing: N^ = min(N_max, n^ B); the censored top bucket gives N_max.
-
-        q: read the q-quantile bucket instead of the readout (classification only).
-        """
-        if self.kind == 'regression':
-            length = float(output[0]) * self.n_model
-            top = length >= self.n_model
-            n_hat = max(1, math.ceil(length))
-        else:
-            bucket = (read_bucket(output, self.readout) if q is None
-                      else quantile_bucket(output, q))
-            top = bucket == len(output) - 1
-            n_hat = (bucket + 1) * self.bucket_tokens
-        if top:  # ">= N_model": the true length may be anything up to N_max
-            return n_max
-        return int(min(n_max, n_hat))
+        """Return N^ (or with ``q`` N^_q) of one output, tokens (rlp.readout.OutputFormat)."""
+        return self.format.to_tokens(output, n_max, q)
 
     def _output(self, input_ids):
         ids = compress_ids(input_ids, self.input_cap(len(input_ids)))

@@ -131,6 +131,75 @@ def cmd_export(args, ros_args):
                    args.embedding)
 
 
+def _features(engine, config, splits):
+    """Return prompt id -> pooled prefill states of every example (rlp.prefill_features)."""
+    from timebill_ros.rlp.prefill_features import default_features_path, prefill_features
+    examples = [e for split in splits.values() for e in split]
+    path = default_features_path(engine.model_key, config.engine.model_cache_dir or None)
+    return prefill_features(engine, examples, path, log=print)
+
+
+def _readout_path(args, config):
+    from timebill_ros import model_source
+    from timebill_ros.rlp.export import default_readout_path
+    return pathlib.Path(args.onnx or config.predictor.readout_file
+                        or default_readout_path(model_source.model_key(config.engine),
+                                                config.engine.model_cache_dir or None))
+
+
+def cmd_readout(args, ros_args):
+    """Train the prefill readout on the engine's pooled prefill states; optionally export it."""
+    import torch
+    from timebill_ros.rlp.dataset import load_examples
+    from timebill_ros.rlp.models.prefill_readout import PrefillReadoutModel
+    config = _config(args)
+    path = _readout_path(args, config)
+    if args.if_missing and path.is_file():
+        print(f'prefill readout already built: {path}')
+        return 0
+    _, engine = _engine(args, config)
+    splits = load_examples(args.lengths, args.split_view)
+    model = PrefillReadoutModel(engine.model, _features(engine, config, splits),
+                                bucket_tokens=args.bucket or None,
+                                n_model=splits['train'][0].n_model, epochs=args.epochs,
+                                seed=args.seed, head=args.head)
+    model.fit(splits['train'], splits['val'])
+    print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
+          f'({args.split_view} view, {len(splits["test"])} prompts)')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'state_dict': model.net.state_dict()}, path.with_suffix('.pt'))
+    if args.export:
+        return _export_readout(model, engine, splits['test'], path)
+    return 0
+
+
+def _export_readout(model, engine, test, path):
+    """Export the readout and check onnxruntime against torch on the test prompts."""
+    import onnxruntime
+    import torch
+    from timebill_ros.rlp.export import export_readout_onnx
+    from timebill_ros.predictors.prefill_readout import PrefillReadout
+    export_readout_onnx(model, path, engine.model_key)
+    readout = PrefillReadout(onnxruntime.InferenceSession(
+        str(path), providers=['CPUExecutionProvider']))
+    worst, same = 0.0, 0
+    with torch.inference_mode():
+        for example in test:
+            expected = model.net(model.features[example.prompt_id])
+            got = torch.from_numpy(readout.run(model.features[example.prompt_id]))
+            worst = max(worst, float((torch.softmax(expected[0], -1)
+                                      - torch.softmax(got, -1)).abs().max()))
+            same += model.output_tokens(expected) == readout.format.to_tokens(
+                got.numpy(), model.n_model)
+    print(f'ONNX vs torch on {len(test)} test prompts: max |probability difference| '
+          f'{worst:.2e}, same N^ on {same}/{len(test)}; {readout.time_s * 1e3:.2f} ms a call')
+    if worst > ONNX_ATOL:
+        print(f'ONNX output differs from torch: {worst} > {ONNX_ATOL}', file=sys.stderr)
+        return 1
+    print(f'exported {path} ({path.stat().st_size / 1e6:.1f} MB)')
+    return 0
+
+
 def _buckets(text: str) -> tuple:
     """Parse ``--buckets`` (comma list of B in tokens, 0 = regression) into RLP_BUCKETS form."""
     try:
@@ -158,6 +227,10 @@ def cmd_eval(args, ros_args):
         engine, n_model, {}, print, buckets=_buckets(args.buckets), n_layers=args.layers,
         n_trainable_layers=args.trainable_layers, max_input_tokens=args.max_input_tokens,
         epochs=args.epochs, seed=args.seed, head=args.head)
+    if args.readout:
+        models += report.readout_variants(engine, n_model, _features(engine, config, splits),
+                                          print, buckets=_buckets(args.buckets),
+                                          epochs=args.epochs, seed=args.seed, head=args.head)
     if args.only:
         models = [m for m in models if any(s in m.name for s in args.only.split(','))]
     rows = report.evaluate_models(models, splits)
@@ -240,6 +313,17 @@ def add_parser(sub):
     train.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
     _embedding_arg(train)
     train.set_defaults(func=cmd_train)
+    readout = psub.add_parser('readout', help=cmd_readout.__doc__)
+    _common(readout)
+    readout.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
+    readout.add_argument('--head', choices=('softmax', 'ordinal'), default='ordinal')
+    readout.add_argument('--epochs', type=int, default=6)
+    readout.add_argument('--seed', type=int, default=0)
+    readout.add_argument('--onnx', help='ONNX path (default: predictor.readout_file or the '
+                         'cache)')
+    readout.add_argument('--export', action='store_true', help='also export to ONNX and check')
+    readout.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    readout.set_defaults(func=cmd_readout)
     export = psub.add_parser('export', help=cmd_export.__doc__)
     _common(export)
     export.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
@@ -252,6 +336,8 @@ def add_parser(sub):
     ev.add_argument('--only', default='', help='comma list of name parts to run')
     ev.add_argument('--report-only', action='store_true',
                     help='rewrite the report from OUT/rlp_eval.json (same lengths and view)')
+    ev.add_argument('--readout', action='store_true',
+                    help='add the prefill readout (one per --buckets B; features cached)')
     ev.add_argument('--buckets', default='8,16,32,64,0',
                     help='RLP variants: comma list of B, tokens (0 = regression)')
     ev.set_defaults(func=cmd_eval)

@@ -22,6 +22,7 @@ import torch
 from timebill_ros.timing import model as timing_model
 
 INPUT_NAME = 'input_ids'
+POOLED_NAME = 'pooled'  # the prefill readout's input: pooled last-layer states (1, 2 hidden)
 OUTPUT_NAME = 'output'
 META_PREFIX = 'timebill.'
 MAX_EXPORT_TOKENS = 8192
@@ -33,12 +34,17 @@ def default_onnx_path(model_key: str, cache_dir=None) -> pathlib.Path:
     return pathlib.Path(timing_model.cache_root(cache_dir)) / 'rlp' / f'{model_key}__rlp.onnx'
 
 
+def default_readout_path(model_key: str, cache_dir=None) -> pathlib.Path:
+    """Return where ``timebill predictor readout --export`` puts the prefill readout."""
+    return pathlib.Path(timing_model.cache_root(cache_dir)) / 'rlp' / f'{model_key}__readout.onnx'
+
+
 def rlp_metadata(model, model_key: str, embedding: str = 'float32') -> Dict[str, str]:
     """Return the metadata stored in the ONNX file of ``model`` (string values)."""
     return {
         'kind': 'regression' if model.bucket_tokens is None else 'classification',
         'bucket_tokens': str(model.bucket_tokens or 0), 'n_model': str(model.n_model),
-        'n_layers': str(len(model.net.layers)), 'max_input_tokens': str(model.max_input_tokens),
+        'n_layers': str(model.n_layers), 'max_input_tokens': str(model.max_input_tokens),
         'model_key': model_key, 'name': model.name,
         'readout': getattr(model, 'readout', 'argmax'), 'head': getattr(model, 'head', 'softmax'),
         'embedding': embedding}
@@ -73,6 +79,31 @@ def export_onnx(model, path, model_key: str, embedding: str = 'int8') -> pathlib
         tmp.unlink()
     else:
         tmp.replace(path)
+    path.with_suffix('.json').write_text(json.dumps(metadata, indent=1))
+    return path
+
+
+def export_readout_onnx(model, path, model_key: str) -> pathlib.Path:
+    """Write the prefill readout ``model.net`` as ONNX: ``pooled`` (1, 2 hidden) -> (1, C).
+
+    The metadata is the RLP's (``n_layers`` is the target model's: the head reads its last
+    layer) with ``input`` = ``pooled``; no embedding table, so nothing is quantized.
+    """
+    import onnx
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    net = model.net.eval()
+    example = torch.zeros(1, 2 * net.norm_weight.shape[0])
+    tmp = path.with_suffix('.tmp.onnx')
+    torch.onnx.export(net, (example,), str(tmp), dynamo=True, input_names=[POOLED_NAME],
+                      output_names=[OUTPUT_NAME], external_data=False, verbose=False)
+    proto = onnx.load(str(tmp))
+    metadata = {**rlp_metadata(model, model_key), 'input': POOLED_NAME, 'embedding': 'none',
+                'max_input_tokens': '0'}
+    for key, value in metadata.items():
+        proto.metadata_props.add(key=META_PREFIX + key, value=value)
+    onnx.save(proto, str(tmp))
+    tmp.replace(path)
     path.with_suffix('.json').write_text(json.dumps(metadata, indent=1))
     return path
 

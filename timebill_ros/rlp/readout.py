@@ -9,6 +9,10 @@ same distribution gives for free. Shared by the trainer (rlp/models/rlp.py) and 
 ONNX predictor, so both read the same way.
 """
 
+import dataclasses
+import math
+from typing import Dict, Optional
+
 import numpy as np
 
 READOUTS = ('argmax', 'median')
@@ -37,3 +41,46 @@ def read_bucket(logits, readout: str) -> int:
     if readout == 'median':
         return quantile_bucket(logits, 0.5)
     raise ValueError(f'readout must be one of {READOUTS}, got {readout!r}')
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFormat:
+    """How an exported predictor's output becomes tokens (its ONNX ``timebill.*`` metadata).
+
+    kind: ``classification`` (bucket logits or log-probabilities, (C,)) or ``regression``
+    (one value, the length / N_model). bucket_tokens: B, tokens. n_model: N_model, tokens.
+    readout: ``argmax`` or ``median``.
+    """
+
+    kind: str
+    bucket_tokens: int
+    n_model: int
+    readout: str
+
+    @classmethod
+    def from_metadata(cls, meta: Dict[str, str]) -> 'OutputFormat':
+        """Read the format from export metadata; ValueError when it is not a timebill export."""
+        try:
+            # Files exported before the readout was stored read the argmax, as they were trained.
+            return cls(meta['kind'], int(meta['bucket_tokens']), int(meta['n_model']),
+                       meta.get('readout', 'argmax'))
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f'not a timebill RLP export (metadata {meta!r})') from exc
+
+    def to_tokens(self, output, n_max: int, q: Optional[float] = None) -> int:
+        """Eq. 2 post-processing: N^ = min(N_max, n^ B); the censored top bucket gives N_max.
+
+        output: the raw output (C,). q: read the q-quantile bucket instead of the readout
+        (classification only).
+        """
+        if self.kind == 'regression':
+            length = float(output[0]) * self.n_model
+            top = length >= self.n_model
+            n_hat = max(1, math.ceil(length))
+        else:
+            bucket = read_bucket(output, self.readout) if q is None else quantile_bucket(output, q)
+            top = bucket == len(output) - 1
+            n_hat = (bucket + 1) * self.bucket_tokens
+        if top:  # ">= N_model": the true length may be anything up to N_max
+            return n_max
+        return int(min(n_max, n_hat))

@@ -35,6 +35,15 @@ def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwa
                      head=head if b is not None else 'softmax', **kwargs) for b in buckets]
 
 
+def readout_variants(engine, n_model, features, log, buckets=(64,), head='ordinal',
+                     **kwargs) -> list:
+    """Return untrained prefill readouts (one per B) on pooled prefill ``features``."""
+    from timebill_ros.rlp.models.prefill_readout import PrefillReadoutModel
+    return [PrefillReadoutModel(engine.model, features, bucket_tokens=b, n_model=n_model,
+                                log=log, head=head if b is not None else 'softmax', **kwargs)
+            for b in buckets]
+
+
 def baseline_models(log) -> list:
     """Return the untrained baselines.
 

@@ -1,9 +1,10 @@
 """One goal through the TimeBill pipeline on one engine, under its deadline in every phase.
 
 prefill in chunks sized from the time model (the length predictor beside it on a CPU thread)
--> wait for N^ -> alpha* for the time actually left (Eq. 11, corrected WORST model) -> evict
--> decode. Cancel and the Kill / Partial deadline are checked before every decoder layer,
-between prefill chunks, while waiting for the predictor and between eviction layers; Kill
+-> wait for N^ (with a prefill readout: read N^ from the prefill's pooled states) -> alpha*
+for the time actually left (Eq. 11, corrected WORST model) -> evict -> decode. Cancel and
+the Kill / Partial deadline are checked before every decoder layer, between prefill chunks,
+while waiting for the predictor and between eviction layers; Kill
 and Partial goals also stop as soon as the time model says they can no longer finish, so
 their compute goes to the next goal. Every measured phase updates the online time model.
 """
@@ -64,13 +65,16 @@ class JobRunner:
     engine: LlmEngine. predictor: LengthPredictor. time_model: timing.online.TimeModel.
     clock: monotonic seconds (the service's). batch_step: the engine's batched-step fit
     (timing.batch.BatchStepCoefficients) when the calibration has one, else None (a goal
-    in a batch of B then budgets B x its step alone).
+    in a batch of B then budgets B x its step alone). readout: a
+    predictors.prefill_readout.PrefillReadout giving N^ after the prefill (the predictor
+    then does not run beside it), or None.
     """
 
     def __init__(self, engine, predictor, time_model, server_config, clock=time.monotonic,
-                 batch_step=None):
+                 batch_step=None, readout=None):
         self.engine = engine
         self.predictor = predictor
+        self.readout = readout
         self.time_model = time_model
         self.config = server_config
         self.clock = clock
@@ -172,12 +176,15 @@ class JobRunner:
         """
         model, engine = self.time_model, self.engine
         ids = engine.random_ids(n_x)
-        future = self.submit_prediction('', ids, steps + 1)
+        future = None if self.readout else self.submit_prediction('', ids, steps + 1)
         state = engine.prefill(ids, stopping.StopCriteria())
         model.observe_prefill(n_x, state.prefill_s, state.n_chunks)
         try:
-            done = future.result(timeout=60.0)
-            model.observe_predict(n_x, done.end_s - done.start_s)
+            if future is None:
+                self.readout.predict_bounds(state.pooled, steps + 1)
+            else:
+                done = future.result(timeout=60.0)
+                model.observe_predict(n_x, done.end_s - done.start_s)
         except Exception:  # a broken predictor is reported by the goals that use it
             pass
         start = self.clock()
@@ -233,29 +240,37 @@ class _GoalRun:
         job, model, result = self.job, self.model, self.result
         chunks = self._chunk_sizes()
         # u_J predicted while the goal waited is reused as N^ (its call may still run).
-        prediction = job.prediction
+        readout = self.runner.readout
+        prediction = None if readout else job.prediction
         if prediction is not None and prediction.cancel():
             prediction = None  # still waiting for the admission thread: predict beside prefill
         early = prediction is not None
         # t^_WCET's head is predicted before anything runs, so the WCET is a true forecast.
-        overhang_s = 0.0 if early and prediction.done() else model.overhang_s(job.n_x, WORST)
+        if readout is not None:
+            overhang_s = readout.time_s
+        else:
+            overhang_s = 0.0 if early and prediction.done() else model.overhang_s(job.n_x, WORST)
         self.wcet_head_s = model.prefill_s(job.n_x, WORST, len(chunks)) + overhang_s
         self._feedback(status.PHASE_PREFILL)
-        if not early:
+        if not early and readout is None:
             prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
                                                        job.n_max)
         try:
             state = self.engine.prefill(job.input_ids, self._prefill_stop(),
                                         chunk_plan=_planned(chunks), interrupt=self.interrupt)
         except GenerationStopped as stop:
-            self._drop(prediction)
+            if prediction is not None:
+                self._drop(prediction)
             self._stopped(stop.reason)
             return
         prefill_end = self.clock()
         result.prefill_time_s = state.prefill_s
         model.observe_prefill(job.n_x, state.prefill_s, state.n_chunks)
         self.phase = 'predictor'
-        n_hat = self._await_prediction(prediction, prefill_end, early)
+        if readout is not None:
+            n_hat = self._read_out(readout, state)
+        else:
+            n_hat = self._await_prediction(prediction, prefill_end, early)
         if n_hat is None:
             return None
         decision = self._decide(n_hat)
@@ -377,6 +392,27 @@ class _GoalRun:
             break
         result.predict_time_s = self.clock() - prefill_end
         return job.n_max
+
+    def _read_out(self, readout, state):
+        """Return N^ read from the prefill's pooled states (the fallback N_max if it fails).
+
+        Also sets N^_q (``budget.upper_quantile``). About a millisecond: no interrupt check.
+        """
+        job, result = self.job, self.result
+        start = self.clock()
+        try:
+            n_hat, n_upper = readout.predict_bounds(state.pooled, job.n_max,
+                                                    self.runner.config.budget.upper_quantile)
+            if not 0 <= n_hat <= job.n_max:
+                raise ValueError(f'predicted {n_hat} tokens, outside [0, {job.n_max}]')
+            result.predictor = readout.name
+        except Exception as exc:
+            result.predictor = f'fallback (readout error: {type(exc).__name__}: {exc})'
+            n_hat, n_upper = job.n_max, None
+        result.predict_time_s = self.clock() - start
+        if n_upper is not None and n_hat <= n_upper <= job.n_max:
+            self.n_upper = n_upper
+        return n_hat
 
     def _cannot_decode(self, extra_s):
         """Return CANNOT_FINISH when ``extra_s`` seconds plus one step no longer fit."""

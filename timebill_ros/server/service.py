@@ -68,7 +68,9 @@ class ServiceStatus:
 class TimeBillService:
     """Accepts goals, runs them on executors and reports exactly one result per goal.
 
-    engine: an LlmEngine (or same interface). predictor: a LengthPredictor.
+    engine: an LlmEngine (or same interface). predictor: a LengthPredictor (beside each
+    prefill, and u_J at admission). readout: a PrefillReadout (N^ after each prefill, the
+    predictor then only gives u_J), or None.
     timing: a timing.online.TimeModel, or the calibration's TimingCoefficients (wrapped in a
     TimeModel with the ``timing`` parameters). clock: monotonic seconds.
     state_path: where the time model's online state is saved (None: not saved).
@@ -82,7 +84,7 @@ class TimeBillService:
 
     def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
                  scheduler_policy=None, state_path=None, log=lambda line: None,
-                 offload=None, tau_tokens=None, batch_step=None):
+                 offload=None, tau_tokens=None, batch_step=None, readout=None):
         batching = config.scheduler
         if batching.batch_size == 0 and (batching.consolidation or batching.continuous):
             raise ValueError('scheduler.batch_size 0 must be resolved before the service is '
@@ -105,7 +107,8 @@ class TimeBillService:
         self._uncertainty_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-uncertainty')
         self.predictor = predictor
-        self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step)
+        self.readout = readout
+        self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step, readout)
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,
                                    accept=lambda job: self._accepts(PRIMARY, job),
@@ -117,7 +120,8 @@ class TimeBillService:
             if tau_tokens is None:
                 raise ValueError('an offload executor needs tau_tokens')
             offload_engine, offload_model = offload
-            runner = JobRunner(offload_engine, predictor, offload_model, config, clock)
+            runner = JobRunner(offload_engine, predictor, offload_model, config, clock,
+                               readout=readout)
             self.executors.append(Executor(OFFLOAD, self.queue, runner, self._on_dequeue,
                                            self._after_job, log,
                                            accept=lambda job: self._accepts(OFFLOAD, job)))

@@ -54,6 +54,12 @@ def ordinal_log_probs(raw: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.clamp(upper - lower, min=LOG_FLOOR))
 
 
+def make_head(hidden: int, n_outputs: int) -> nn.Module:
+    """Return the head: [last, mean] pooled states (1, 2 hidden) -> output (1, n_outputs)."""
+    return nn.Sequential(nn.Linear(2 * hidden, HEAD_HIDDEN), nn.GELU(),
+                         nn.Linear(HEAD_HIDDEN, n_outputs))
+
+
 class RlpNet(nn.Module):
     """Embedding + L decoder layers + RMSNorm + head; input (1, n) ids -> output (1, C)."""
 
@@ -74,9 +80,7 @@ class RlpNet(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(base.layers[i]) for i in range(n_layers))
         self.norm = copy.deepcopy(base.norm)
         self.rotary_emb = copy.deepcopy(base.rotary_emb)
-        hidden = base.config.hidden_size
-        self.head = nn.Sequential(nn.Linear(2 * hidden, HEAD_HIDDEN), nn.GELU(),
-                                  nn.Linear(HEAD_HIDDEN, n_outputs))
+        self.head = make_head(base.config.hidden_size, n_outputs)
         self.ordinal = ordinal
 
     def run_layers(self, hidden: torch.Tensor, first: int, last: int) -> torch.Tensor:
@@ -162,11 +166,31 @@ class RlpModel(LengthModel):
         self.encode = encode
         self.log = log
         self.features = {} if feature_cache is None else feature_cache
-        torch.manual_seed(seed)
-        self.net = RlpNet(target_model, n_layers, self.n_classes, ordinal=head == 'ordinal')
-        for module in (self.net.embed_tokens, *self.net.layers[:self.n_frozen]):
-            module.requires_grad_(False)
         self.n_layers = n_layers
+        torch.manual_seed(seed)
+        self.net = self._build_net(target_model)
+
+    def _build_net(self, target_model) -> nn.Module:
+        """Return the RlpNet to train, its embedding and first n_frozen layers frozen."""
+        net = RlpNet(target_model, self.n_layers, self.n_classes, ordinal=self.head == 'ordinal')
+        for module in (net.embed_tokens, *net.layers[:self.n_frozen]):
+            module.requires_grad_(False)
+        return net
+
+    def _trainable(self) -> tuple:
+        """Return (parameters learning at ``lr``, head parameters learning at ``head_lr``)."""
+        net = self.net
+        return ([p for m in net.layers[self.n_frozen:] for p in m.parameters()]
+                + list(net.norm.parameters()), list(net.head.parameters()))
+
+    def _raw(self, example) -> torch.Tensor:
+        """Return the head's raw output (1, C) for one example."""
+        return self.net.raw_top(self._feature(example), self.n_frozen)
+
+    def _output(self, example) -> torch.Tensor:
+        """Return the output (1, C): logits, or the ordinal head's bucket log-probabilities."""
+        raw = self._raw(example)
+        return ordinal_log_probs(raw) if self.head == 'ordinal' else raw
 
     @property
     def name(self) -> str:
@@ -214,19 +238,16 @@ class RlpModel(LengthModel):
     def _train_output(self, example) -> torch.Tensor:
         """Return what the loss reads: the output, or the ordinal edge logits (1, C - 1)."""
         if self.head == 'ordinal':
-            return ordinal_threshold_logits(self.net.raw_top(self._feature(example),
-                                                             self.n_frozen))
-        return self.net.top(self._feature(example), self.n_frozen)
+            return ordinal_threshold_logits(self._raw(example))
+        return self._output(example)
 
     def fit(self, train: Sequence, val: Sequence) -> None:
         """Train on ``train``; keep the epoch with the best MAE on ``val``."""
         if not train:
             raise ValueError('train must hold at least one example, got none')
         rng = random.Random(self.seed)
-        params = [
-            {'params': [p for m in self.net.layers[self.n_frozen:] for p in m.parameters()]
-             + list(self.net.norm.parameters()), 'lr': self.lr},
-            {'params': list(self.net.head.parameters()), 'lr': self.head_lr}]
+        body, head = self._trainable()
+        params = [{'params': body, 'lr': self.lr}, {'params': head, 'lr': self.head_lr}]
         optimizer = torch.optim.AdamW(params, weight_decay=0.01)
         best = (float('inf'), copy.deepcopy(self.net.state_dict()))
         order = list(train)
@@ -259,6 +280,6 @@ class RlpModel(LengthModel):
         out = []
         with torch.inference_mode():
             for example in examples:
-                output = self.net.top(self._feature(example), self.n_frozen)
+                output = self._output(example)
                 out.append(self.output_tokens(output, q))
         return np.array(out, dtype=np.float64)
