@@ -198,3 +198,19 @@ def test_a_broken_readout_falls_back_and_the_goal_completes(tiny_model, smollm2_
     assert result.status == status.COMPLETED, result.message
     assert 'readout exploded' in result.predictor and result.predictor.startswith('fallback')
     assert result.predicted_tokens == 48
+
+
+class SlowPredictor(FallbackPredictor):
+    def expected_time_s(self, n_x):
+        return 1.0
+
+
+def test_with_a_readout_no_predictor_time_is_budgeted(tiny_model, smollm2_tokenizer):
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=8))
+    engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
+                       tokenizer=smollm2_tokenizer)
+    plain = TimeBillService(config, engine, SlowPredictor(), COEFFS)
+    read = TimeBillService(config, engine, SlowPredictor(), COEFFS, readout=BrokenReadout())
+    assert plain.time_model.predict_s(100) == pytest.approx(1.0)
+    assert read.time_model.predict_s(100) == 0.0
+    assert read.runner.readout is read.readout and plain.runner.readout is None

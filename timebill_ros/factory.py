@@ -23,19 +23,18 @@ def build_service(config, log=print):
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
     log(format_report(calibration))
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
-    time_model = build_time_model(config, calibration, predictor,
+    readout = make_readout(config.predictor, engine.model_key,
+                           config.engine.model_cache_dir or None, log)
+    time_model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
                                   online_state_path(config.engine, config.timing), log)
     batch_step, config = build_batch_step(config, engine, calibration, log)
     offload, tau = None, None
     if config.offload.enabled:
-        offload, tau = build_offload(config, engine, predictor, log)
+        offload, tau = build_offload(config, engine, predictor, log, readout)
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
-                              batch_step=batch_step,
-                              readout=make_readout(config.predictor, engine.model_key,
-                                                   config.engine.model_cache_dir or None,
-                                                   log))
+                              batch_step=batch_step, readout=readout)
     if config.timing.warm_up:
         service.warm_up()
     return service
@@ -104,7 +103,12 @@ def _batch_fit(config, engine, calibration, log):
     return fit, points
 
 
-def build_offload(config, engine, predictor, log=print):
+def _beside_prefill(predictor, readout):
+    """Return the predictor that runs beside each prefill: none when a readout gives N^."""
+    return None if readout is not None else predictor
+
+
+def build_offload(config, engine, predictor, log=print, readout=None):
     """Return ((engine, TimeModel), tau) of the offload executor (``offload.*``).
 
     Its engine is a second instance on ``offload.device`` with ``offload.threads`` threads,
@@ -129,7 +133,7 @@ def build_offload(config, engine, predictor, log=print):
         calibration = load_or_calibrate(offload_engine, engine_config, timing_config, log=log)
     finally:
         engine.bind_thread()
-    model = build_time_model(config, calibration, predictor,
+    model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
                              online_state_path(engine_config, timing_config), log)
     model_file = None
     if config.predictor.kind == 'rlp':
@@ -141,10 +145,14 @@ def build_offload(config, engine, predictor, log=print):
 
 
 def build_time_model(config, calibration, predictor, state_path, log=print):
-    """Return the TimeModel of ``calibration``, restored from ``state_path`` when it fits."""
+    """Return the TimeModel of ``calibration``, restored from ``state_path`` when it fits.
+
+    predictor: the length predictor running beside each prefill (its t^_Predict overhang is
+    part of a goal's time), or None (a prefill readout: the runner counts its time itself).
+    """
     from timebill_ros.timing.online import TimeModel
     model = TimeModel(calibration.coefficients, config.timing.online_settings(),
-                      predict_s=predictor.expected_time_s,
+                      predict_s=None if predictor is None else predictor.expected_time_s,
                       calibration_created=calibration.created,
                       calibration_chunk_tokens=config.engine.prefill_chunk_tokens)
     if not config.timing.online:

@@ -95,7 +95,7 @@ class TimeBillService:
         self.log = log
         if isinstance(timing, TimingCoefficients):
             timing = TimeModel(timing, config.timing.online_settings(),
-                               predict_s=predictor.expected_time_s,
+                               predict_s=None if readout else predictor.expected_time_s,
                                calibration_chunk_tokens=config.engine.prefill_chunk_tokens)
         self.time_model = timing
         self.admission = make_admission(config.admission.policy, timing)
