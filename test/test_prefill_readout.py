@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
+from rlp_helpers import planted
 
 from timebill_ros.config import BudgetConfig, EngineConfig, PredictorConfig, ServerConfig
 from timebill_ros.engine import LlmEngine
@@ -63,28 +64,17 @@ def test_readout_head_equals_the_all_layer_probe(make_tiny_engine, tiny_model):
                                    rtol=1e-4, atol=1e-4)
 
 
-def _planted(n, split):
-    """Short answers for yes/no checks, long for 'in detail' (a learnable relation)."""
-    out = []
-    for i in range(n):
-        short = i % 2 == 0
-        text = (f'Is box {i} on shelf {i % 7}? Answer yes or no.' if short
-                else f'Explain in detail how robot {i} plans a route through hall {i % 5}.')
-        out.append(Example(f'{split}-{i}', 'x', split, text, 5 if short else 60, False, 20, 64))
-    return out
+@pytest.fixture(scope='module')
+def splits():
+    return {split: planted(n, split) for split, n in (('train', 24), ('val', 8), ('test', 10))}
 
 
 @pytest.fixture(scope='module')
-def planted():
-    return {split: _planted(n, split) for split, n in (('train', 24), ('val', 8), ('test', 10))}
-
-
-@pytest.fixture(scope='module')
-def trained_readout(tiny_model, smollm2_tokenizer, planted, tmp_path_factory):
+def trained_readout(tiny_model, smollm2_tokenizer, splits, tmp_path_factory):
     engine = LlmEngine(EngineConfig(prefill_chunk_tokens=16), PredictorEviction(),
                        model=tiny_model, tokenizer=smollm2_tokenizer)
     cache = tmp_path_factory.mktemp('features') / 'features.pt'
-    examples = [e for split in planted.values() for e in split]
+    examples = [e for split in splits.values() for e in split]
     lines = []
     features = prefill_features(engine, examples, cache, log=lines.append)
     assert cache.is_file() and set(features) == {e.prompt_id for e in examples}
@@ -94,7 +84,7 @@ def trained_readout(tiny_model, smollm2_tokenizer, planted, tmp_path_factory):
     model = PrefillReadoutModel(tiny_model, features, bucket_tokens=16, n_model=64, epochs=30,
                                 seed=0, log=lambda s: None)
     model.head_lr = 3e-3
-    model.fit(planted['train'], planted['val'])
+    model.fit(splits['train'], splits['val'])
     return engine, model
 
 
@@ -103,11 +93,11 @@ def PredictorEviction():
     return EvictionConfig(window_size=8)
 
 
-def test_readout_learns_a_planted_relation(trained_readout, planted):
+def test_readout_learns_a_planted_relation(trained_readout, splits):
     _, model = trained_readout
     assert model.name == 'prefill readout B=16 ordinal median'
-    truth = np.array([e.n_tokens for e in planted['test']])
-    assert model.mae(planted['test']) < np.abs(truth - truth.mean()).mean()
+    truth = np.array([e.n_tokens for e in splits['test']])
+    assert model.mae(splits['test']) < np.abs(truth - truth.mean()).mean()
     with pytest.raises(ValueError, match='no prefill features'):
         model.predict_tokens([Example('unseen', 'x', 'test', 'Hi', 5, False, 5, 64)])
 
@@ -120,11 +110,11 @@ def exported_readout(trained_readout, tmp_path_factory):
 
 
 def test_readout_export_matches_torch_and_reads_eq2(trained_readout, exported_readout,
-                                                    planted):
+                                                    splits):
     _, model = trained_readout
     readout = PrefillReadout.load(exported_readout, provider='cpu')
     assert readout.model_key == 'tiny-model' and readout.time_s > 0
-    for example in planted['test']:
+    for example in splits['test']:
         pooled = model.features[example.prompt_id]
         with torch.inference_mode():
             expected = torch.softmax(model.net(pooled)[0], -1).numpy()

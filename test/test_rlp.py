@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
+from rlp_helpers import planted
 
 from timebill_ros.config import PredictorConfig
 from timebill_ros.predictors import FallbackPredictor, make_predictor
@@ -120,17 +121,6 @@ def test_load_examples_joins_corpus_and_lengths(tmp_path):
         load_examples(tmp_path / 'missing.jsonl')
 
 
-def _planted(n, split):
-    """Short answers for yes/no checks, long for 'in detail' (a learnable relation)."""
-    out = []
-    for i in range(n):
-        short = i % 2 == 0
-        text = (f'Is box {i} on shelf {i % 7}? Answer yes or no.' if short
-                else f'Explain in detail how robot {i} plans a route through hall {i % 5}.')
-        out.append(Example(f'{split}-{i}', 'x', split, text, 5 if short else 60, False, 20, 64))
-    return out
-
-
 @pytest.fixture(scope='module')
 def trained_rlp(tiny_model, smollm2_tokenizer):
     def encode(prompt):
@@ -140,12 +130,12 @@ def trained_rlp(tiny_model, smollm2_tokenizer):
     model = RlpModel(tiny_model, encode, bucket_tokens=16, n_model=64, n_layers=2,
                      n_trainable_layers=1, max_input_tokens=64, epochs=8, lr=3e-3,
                      head_lr=3e-3, accumulate=2, seed=0, log=lambda s: None)
-    model.fit(_planted(24, 'train'), _planted(8, 'val'))
+    model.fit(planted(24, 'train'), planted(8, 'val'))
     return model
 
 
 def test_rlp_learns_a_planted_relation(trained_rlp):
-    test = _planted(10, 'test')
+    test = planted(10, 'test')
     pred = trained_rlp.predict_tokens(test)
     truth = np.array([e.n_tokens for e in test])
     assert length_metrics(truth, pred)['mae'] < np.abs(truth - truth.mean()).mean()
@@ -166,8 +156,8 @@ def test_ordinal_head_gives_a_distribution_and_learns(tiny_model, smollm2_tokeni
                      n_trainable_layers=1, max_input_tokens=64, epochs=8, lr=3e-3,
                      head_lr=3e-3, accumulate=2, seed=0, log=lambda s: None, head='ordinal')
     assert model.name == 'RLP L=2 B=16 ordinal median'
-    model.fit(_planted(24, 'train'), _planted(8, 'val'))
-    test = _planted(10, 'test')
+    model.fit(planted(24, 'train'), planted(8, 'val'))
+    test = planted(10, 'test')
     truth = np.array([e.n_tokens for e in test])
     assert length_metrics(truth, model.predict_tokens(test))['mae'] < \
         np.abs(truth - truth.mean()).mean()
@@ -209,7 +199,7 @@ def exported(trained_rlp, tmp_path_factory):
 
 def test_onnx_export_matches_torch(trained_rlp, exported):
     session = onnxruntime.InferenceSession(str(exported), providers=['CPUExecutionProvider'])
-    ids = [trained_rlp.input_ids(e.prompt) for e in _planted(4, 'test')]
+    ids = [trained_rlp.input_ids(e.prompt) for e in planted(4, 'test')]
     ids += [[1], list(range(3, 300))]
     assert compare_with_torch(trained_rlp, session, ids)[0] < 1e-5  # bucket probabilities
     meta = read_metadata(session)
@@ -225,7 +215,7 @@ def test_int8_embedding_export_is_smaller_and_close(trained_rlp, exported, tmp_p
     assert meta['embedding'] == 'int8' and meta['model_key'] == 'tiny-model'
     # The tiny model's 49152 x 64 fp32 table (12.6 MB) is most of the file; int8 is a quarter.
     assert path.stat().st_size < 0.5 * exported.stat().st_size
-    ids = [trained_rlp.input_ids(e.prompt) for e in _planted(8, 'test')]
+    ids = [trained_rlp.input_ids(e.prompt) for e in planted(8, 'test')]
     diff, same = compare_with_torch(trained_rlp, session, ids)
     assert 1e-6 < diff < 0.1  # quantized (not bit-identical), and close
     assert same >= 7
@@ -363,8 +353,8 @@ def test_readouts_of_a_bucket_distribution():
 def test_constant_mean_baseline_and_report_rows(tiny_model, smollm2_tokenizer):
     from timebill_ros.rlp.models.constant_mean import ConstantMean
     from timebill_ros.rlp.report import evaluate_models
-    train, test = _planted(24, 'train'), _planted(8, 'test')
-    splits = {'train': train, 'val': _planted(8, 'val'), 'test': test}
+    train, test = planted(24, 'train'), planted(8, 'test')
+    splits = {'train': train, 'val': planted(8, 'val'), 'test': test}
     baseline = ConstantMean()
     with pytest.raises(RuntimeError, match='fit'):
         baseline.predict_tokens(test)
