@@ -1,25 +1,21 @@
-"""Does the prefill readout gain from middle layers' states too? (issue 14's 40 % bar).
+"""Does the prefill readout gain from middle layers' states? (issue 14's 40 % bar).
 
-The server's readout reads the last decoder layer's states pooled over the prompt. This
-pools the outputs of more layers the same way (unit-RMS rows, last position and mean), on
-the target model's own forward over each whole chat-formatted prompt, and trains the same
-readout head (ordinal, B = 64, median, 6 epochs, val picks the epoch) on each layer set,
-several seeds each; it prints test MAE / R^2 on the family-held-out split beside the
-constant mean's and the 40 % bar. Features are cached beside the server's
-(``<cache>/rlp/<model>__layer_features.pt``; ~15 min on 2 cores the first time).
+The engine pools the outputs of layers 8, 15, 22 and 30 over each whole chat-formatted
+prompt during its own prefill (engine.forward.HiddenPool, as the server's readout reads
+them); the same readout head (ordinal, B = 64, median, 6 epochs, val picks the epoch) is
+trained on each layer set, with several seeds each, and scored on the family-held-out test
+split beside the constant mean and the 40 % bar. The features are cached with the server's
+(rlp/prefill_features.py; ~15 min on 2 cores the first time).
 
-    python benchmarks/readout_layers.py [--layers 30;15,30;8,15,22,30] [--seeds 3] [--out FILE.md]
+    python benchmarks/readout_layers.py [--layers "30;22,30;15,30;8,15,22,30"] [--seeds 3]
+        [--out FILE.md]
 """
 
 import argparse
 import pathlib
 import statistics
-import time
-from types import SimpleNamespace
 
 import numpy as np
-import torch
-from torch import nn
 
 from timebill_ros.cli import _load_config
 from timebill_ros.engine import LlmEngine
@@ -27,48 +23,17 @@ from timebill_ros.rlp.dataset import load_examples
 from timebill_ros.rlp.metrics import length_metrics
 from timebill_ros.rlp.models.base import true_lengths
 from timebill_ros.rlp.models.prefill_readout import PrefillReadoutModel
-from timebill_ros.rlp.prefill_features import default_features_path, ids_key
-from timebill_ros.timing.model import cache_root
+from timebill_ros.rlp.prefill_features import default_features_path, prefill_features
 
 LENGTHS = 'data/rlp/lengths_1024.jsonl'
-ALL_LAYERS = (8, 15, 22, 30)  # decoder layer outputs kept (1-based; 30 = the last)
+ALL_LAYERS = (8, 15, 22, 30)  # decoder layers pooled once (1-based; 30 = the last)
 
 
-def _unit_pool(hidden, eps):
-    x = hidden[0].float()
-    unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return unit[-1], unit.mean(0)
-
-
-def layer_features(engine, examples, path, log=print):
-    """Return prompt id -> {layer: (last, mean)} of the unit-RMS outputs of ALL_LAYERS."""
-    cache = torch.load(path, weights_only=True) if path.is_file() else {}
-    model, eps = engine.model, engine.model.model.norm.variance_epsilon
-    todo = [e for e in examples if e.prompt_id not in cache]
-    start = time.perf_counter()
-    for index, example in enumerate(todo, 1):
-        ids = torch.tensor([engine.encode(example.prompt)])
-        with torch.inference_mode():
-            out = model.model(input_ids=ids, output_hidden_states=True)
-        # hidden_states[k] is the k-th layer's output for k < 30; the last entry is after the
-        # final norm, so layer 30 comes from the server's own pooled states instead.
-        cache[example.prompt_id] = {
-            layer: torch.cat(_unit_pool(out.hidden_states[layer], eps))
-            for layer in ALL_LAYERS if layer < len(model.model.layers)}
-        if index % 50 == 0 or index == len(todo):
-            torch.save(cache, path)
-            spent = time.perf_counter() - start
-            log(f'{index}/{len(todo)} prompts, {spent:.0f} s, ETA '
-                f'{spent / index * (len(todo) - index):.0f} s')
-    return cache
-
-
-class _Weights(nn.Module):
-    """Stands in for the final norm: the per-channel weights the readout head learns."""
-
-    def __init__(self, weight):
-        super().__init__()
-        self.weight = nn.Parameter(weight)
+def _subset(pooled, layers, hidden):
+    """Cut the [last x ALL_LAYERS, mean x ALL_LAYERS] states down to ``layers``."""
+    rows = pooled.view(2, len(ALL_LAYERS), hidden)
+    keep = [ALL_LAYERS.index(n) for n in layers]
+    return rows[:, keep].reshape(1, -1)
 
 
 def run(layer_sets, seeds, out):
@@ -76,17 +41,9 @@ def run(layer_sets, seeds, out):
     engine = LlmEngine.load(config.engine, config.eviction)
     splits = load_examples(LENGTHS, 'family')
     examples = [e for split in splits.values() for e in split]
-    root = pathlib.Path(cache_root(config.engine.model_cache_dir or None)) / 'rlp'
-    middle = layer_features(engine, examples, root / f'{engine.model_key}__layer_features.pt')
-    # Layer 30: the server's own pooled prefill states (timebill predictor readout).
-    last = torch.load(default_features_path(engine.model_key, config.engine.model_cache_dir
-                                            or None), weights_only=True)
-    by_ids = {}
-    for example in examples:
-        by_ids[example.prompt_id] = last[ids_key(engine.encode(example.prompt),
-                                                 engine.forward.name)][0]
+    pooled = prefill_features(engine, examples, default_features_path(
+        engine.model_key, config.engine.model_cache_dir or None), layers=ALL_LAYERS)
     hidden = engine.model.config.hidden_size
-    final_w = engine.model.model.norm.weight.detach().float()
     truth = true_lengths(splits['test'])
     constant = float(np.abs(truth - np.mean(true_lengths(splits['train']))).mean())
     lines = ['Regenerate: `python benchmarks/readout_layers.py`', '',
@@ -94,27 +51,18 @@ def run(layer_sets, seeds, out):
              f'the 40 % bar {0.4 * constant:.1f} tokens. Mean (sd) over {seeds} seeds.', '',
              '| layers pooled | MAE | R^2 | MAE / constant |', '|---|---|---|---|']
     for layers in layer_sets:
-        def feature(pid):
-            parts = [by_ids[pid].view(2, hidden) if layer == 30
-                     else middle[pid][layer].view(2, hidden) for layer in layers]
-            return torch.cat([torch.cat([p[0] for p in parts]),
-                              torch.cat([p[1] for p in parts])]).unsqueeze(0)
-        features = {e.prompt_id: feature(e.prompt_id) for e in examples}
-        weight = torch.cat([final_w if layer == 30 else torch.ones(hidden)
-                            for layer in layers])
+        features = {pid: _subset(states, layers, hidden) for pid, states in pooled.items()}
         maes, r2s = [], []
         for seed in range(seeds):
-            target = SimpleNamespace(model=SimpleNamespace(layers=[None] * 30,
-                                                           norm=_Weights(weight)))
-            model = PrefillReadoutModel(target, features, seed=seed, log=lambda s: None)
+            model = PrefillReadoutModel(engine.model, features, seed=seed, pool_layers=layers,
+                                        log=lambda line: None)
             model.fit(splits['train'], splits['val'])
             metrics = length_metrics(truth, model.predict_tokens(splits['test']))
             maes.append(metrics['mae'])
             r2s.append(metrics['r2'])
-        name = ','.join(map(str, layers))
-        row = (f'| {name} | {statistics.mean(maes):.1f} ({statistics.pstdev(maes):.1f}) | '
-               f'{statistics.mean(r2s):.3f} ({statistics.pstdev(r2s):.3f}) | '
-               f'{statistics.mean(maes) / constant:.0%} |')
+        row = (f'| {",".join(map(str, layers))} | {statistics.mean(maes):.1f} '
+               f'({statistics.pstdev(maes):.1f}) | {statistics.mean(r2s):.3f} '
+               f'({statistics.pstdev(r2s):.3f}) | {statistics.mean(maes) / constant:.0%} |')
         print(row, flush=True)
         lines.append(row)
     text = '\n'.join(lines) + '\n'

@@ -33,13 +33,18 @@ COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 PROMPT = 'Plan a route from the dock to shelf 7, then report the battery level.'
 
 
+def _unit(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
 @pytest.mark.parametrize('forward', ['lean', 'transformers'])
-def test_pooled_states_are_the_final_normed_states_pooled(make_tiny_engine, tiny_model,
-                                                          forward):
+def test_pooled_states_are_the_layers_states_pooled(make_tiny_engine, tiny_model, forward):
     engine = make_tiny_engine(forward=forward, prefill_chunk_tokens=7)
     ids = engine.encode(PROMPT)
+    hidden = tiny_model.config.hidden_size
     state = engine.prefill(ids, StopCriteria())
-    assert state.n_chunks > 3 and state.pooled.shape == (1, 2 * tiny_model.config.hidden_size)
+    assert engine.pool_layers == (2,)  # the last layer by default
+    assert state.n_chunks > 3 and state.pooled.shape == (1, 2 * hidden)
     with torch.inference_mode():
         out = tiny_model(input_ids=torch.tensor([ids]), output_hidden_states=True)
     normed = out.hidden_states[-1][0]  # transformers: the last entry is after the final norm
@@ -47,6 +52,13 @@ def test_pooled_states_are_the_final_normed_states_pooled(make_tiny_engine, tiny
     expected = torch.cat([normed[-1], normed.mean(0)])
     got = state.pooled[0] * torch.cat([weight, weight])
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    engine.pool_layers = (1, 2)  # layer 1's output too: [last 1, last 2, mean 1, mean 2]
+    pooled = engine.prefill(ids, StopCriteria()).pooled[0].view(4, hidden)
+    first = _unit(out.hidden_states[1][0])
+    torch.testing.assert_close(pooled[0], first[-1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pooled[2], first.mean(0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pooled[[1, 3]].flatten() * torch.cat([weight, weight]),
+                               expected, rtol=1e-4, atol=1e-4)
 
 
 def test_readout_head_equals_the_all_layer_probe(make_tiny_engine, tiny_model):
@@ -54,7 +66,7 @@ def test_readout_head_equals_the_all_layer_probe(make_tiny_engine, tiny_model):
     ids = engine.encode(PROMPT)
     pooled = engine.prefill(ids, StopCriteria()).pooled
     probe = RlpNet(tiny_model, len(tiny_model.model.layers), 5, ordinal=True).eval()
-    readout = ReadoutNet(tiny_model.model.norm, 5, ordinal=True).eval()
+    readout = ReadoutNet(tiny_model.model.norm.weight, 5, ordinal=True).eval()
     readout.head.load_state_dict(probe.head.state_dict())
     with torch.no_grad():  # a learned norm weight, as training leaves it
         probe.norm.weight.copy_(torch.linspace(0.5, 1.5, probe.norm.weight.shape[0]))
@@ -76,7 +88,7 @@ def trained_readout(tiny_model, smollm2_tokenizer, splits, tmp_path_factory):
     cache = tmp_path_factory.mktemp('features') / 'features.pt'
     examples = [e for split in splits.values() for e in split]
     lines = []
-    features = prefill_features(engine, examples, cache, log=lines.append)
+    features = prefill_features(engine, examples, cache, log=lines.append, layers=(1, 2))
     assert cache.is_file() and set(features) == {e.prompt_id for e in examples}
     assert any('ETA' in line for line in lines)
     again = prefill_features(engine, examples, cache, log=lines.append)  # all cached now
@@ -95,7 +107,8 @@ def PredictorEviction():
 
 def test_readout_learns_a_planted_relation(trained_readout, splits):
     _, model = trained_readout
-    assert model.name == 'prefill readout B=16 ordinal median'
+    assert model.name == 'prefill readout 1+2 B=16 ordinal median'  # default: middle, last
+    assert model.pool_layers == (1, 2) and model.net.norm_weight.shape == (128,)
     truth = np.array([e.n_tokens for e in splits['test']])
     assert model.mae(splits['test']) < np.abs(truth - truth.mean()).mean()
     with pytest.raises(ValueError, match='no prefill features'):
@@ -114,6 +127,7 @@ def test_readout_export_matches_torch_and_reads_eq2(trained_readout, exported_re
     _, model = trained_readout
     readout = PrefillReadout.load(exported_readout, provider='cpu')
     assert readout.model_key == 'tiny-model' and readout.time_s > 0
+    assert readout.pool_layers == (1, 2)
     for example in splits['test']:
         pooled = model.features[example.prompt_id]
         with torch.inference_mode():
@@ -149,6 +163,7 @@ def test_readout_refuses_an_rlp_file_and_make_readout_logs_why(trained_readout, 
 class BrokenReadout:
     name = 'broken readout'
     time_s = 0.001
+    pool_layers = (2,)
 
     def predict_bounds(self, pooled, n_max, q=0.0):
         raise RuntimeError('readout exploded')
@@ -175,9 +190,10 @@ def test_service_reads_n_hat_from_the_prefill(exported_readout, tiny_model, smol
     prompt = 'Is the dock free? Answer yes or no.'
     engine = LlmEngine(EngineConfig(prefill_chunk_tokens=64), PredictorEviction(),
                        model=tiny_model, tokenizer=smollm2_tokenizer)
+    engine.pool_layers = readout.pool_layers
     pooled = engine.prefill(engine.encode(prompt), StopCriteria()).pooled
     n_hat, n_upper = readout.predict_bounds(pooled, 48, 0.9)
-    result = _serve(tiny_model, smollm2_tokenizer, readout, prompt)
+    result = _serve(tiny_model, smollm2_tokenizer, readout, prompt)  # sets the engine's layers
     assert result.status == status.COMPLETED, result.message
     assert result.predictor == 'prefill readout' and result.predict_time_s > 0
     assert result.predicted_tokens == n_hat and result.pessimistic_tokens == n_upper

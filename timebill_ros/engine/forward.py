@@ -4,13 +4,13 @@ Two implementations: ``hf_forward.TransformersForward`` (any transformers causal
 DynamicCache, module hooks) and ``lean_llama.LeanLlamaForward`` (Llama-family models, a
 preallocated KV cache, optional 16-bit decode weights). Both call :class:`PassHooks` before
 every decoder layer (interrupts) and, during the prefill, with each attention layer's input
-(what the eviction scorer needs), and with the last decoder layer's output (what the
-length readout pools, :class:`HiddenPool`).
+(what the eviction scorer needs), and with the outputs of the decoder layers the length
+readout pools (:class:`HiddenPool`).
 """
 
 import contextlib
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -41,36 +41,47 @@ class ScorerInputs:
 
 
 class HiddenPool:
-    """Pools the last decoder layer's output over a prefill, chunk by chunk.
+    """Pools decoder layers' outputs over a prefill, chunk by chunk.
 
-    Each position's hidden state is scaled to unit RMS (the final RMSNorm without its weight:
-    x / sqrt(mean(x^2) + eps), computed in fp32); the pool keeps the last position's and the
-    running sum over positions. The RLP head reads ``weight * [last, mean]`` (its RlpNet
-    pooling of the normed states: the weight is per channel, so it commutes with the mean).
-    eps: the final norm's epsilon.
+    Each position's hidden state is scaled to unit RMS (an RMSNorm without its weight:
+    x / sqrt(mean(x^2) + eps), computed in fp32); the pool keeps, per layer, the last
+    position's and the running sum over positions. The length readout reads
+    ``weight * [last, mean]`` (for the last layer that is the RLP's pooling of the final-normed
+    states: the norm's weight is per channel, so it commutes with the mean).
+    eps: the final norm's epsilon. layers: the decoder layers pooled, 1-based (the model's
+    last layer is its count), in the order :meth:`features` lays them out.
     """
 
-    def __init__(self, eps: float):
-        """Start an empty pool normalising with ``eps``."""
+    def __init__(self, eps: float, layers: Sequence[int]):
+        """Start an empty pool of ``layers`` normalising with ``eps``."""
+        if not layers or any(not isinstance(n, int) or n < 1 for n in layers):
+            raise ValueError(f'layers must be 1-based layer numbers, got {layers!r}')
         self.eps = float(eps)
-        self.n_positions = 0
-        self.last = None
-        self.total = None
+        self.layers = tuple(layers)
+        self.n_positions = dict.fromkeys(self.layers, 0)
+        self.last = {}
+        self.total = {}
 
-    def add(self, hidden: torch.Tensor) -> None:
-        """Pool one chunk's last-layer output, (1, n, hidden), in position order."""
+    def add(self, layer: int, hidden: torch.Tensor) -> None:
+        """Pool one chunk of ``layer``'s output, (1, n, hidden), in position order."""
+        if layer not in self.n_positions:
+            return
         x = hidden[0].float()
         unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         chunk_sum = unit.sum(0)
-        self.total = chunk_sum if self.total is None else self.total + chunk_sum
-        self.last = unit[-1].clone()
-        self.n_positions += unit.shape[0]
+        self.total[layer] = chunk_sum + self.total.get(layer, 0.0)
+        self.last[layer] = unit[-1].clone()
+        self.n_positions[layer] += unit.shape[0]
 
     def features(self) -> Optional[torch.Tensor]:
-        """Return [last, mean] of the unit-RMS rows, (1, 2 hidden) fp32; None when empty."""
-        if self.n_positions == 0:
+        """Return [last of each layer, mean of each layer], (1, 2 x layers x hidden) fp32.
+
+        None until every layer has been pooled.
+        """
+        if any(n == 0 for n in self.n_positions.values()):
             return None
-        return torch.cat([self.last, self.total / self.n_positions]).unsqueeze(0)
+        means = [self.total[n] / self.n_positions[n] for n in self.layers]
+        return torch.cat([self.last[n] for n in self.layers] + means).unsqueeze(0)
 
 
 class PassHooks:
@@ -80,7 +91,7 @@ class PassHooks:
     ``n_generated`` / ``n_prefilled`` are set by the engine before each pass and handed to it.
     n_positions: > 0 keeps each attention layer's last ``n_positions`` inputs in ``inputs``
     (layer index -> ScorerInputs), across chunk edges. pool: a :class:`HiddenPool` the
-    prefill passes add the last decoder layer's output to (None: not pooled).
+    prefill passes add its layers' outputs to (None: not pooled).
     """
 
     def __init__(self, interrupt: Optional[StopCriteria] = None, n_positions: int = 0,

@@ -32,7 +32,7 @@ class TransformersForward(Forward):
 
     def hooked(self, hooks: PassHooks):
         """Context manager registering module hooks that call ``hooks``."""
-        return _Hooks(self.model.model.layers, hooks, self.model.model.norm)
+        return _Hooks(self.model.model.layers, hooks)
 
     def run(self, token_ids: list, position: int, cache, step: bool) -> torch.Tensor:
         """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""
@@ -67,16 +67,16 @@ def _full_layer(cache, layer_idx):
 class _Hooks:
     """Context manager: pre-hooks on decoder layers (interrupts) and attention (capture)."""
 
-    def __init__(self, layers, hooks: PassHooks, final_norm=None):
-        self.layers, self.hooks, self.final_norm = layers, hooks, final_norm
+    def __init__(self, layers, hooks: PassHooks):
+        self.layers, self.hooks = layers, hooks
         self._handles = []
 
     def __enter__(self):
         hooks = self.hooks
-        if hooks.pool is not None and self.final_norm is not None:
-            # The final norm's input is the last decoder layer's output, every position.
-            self._handles.append(self.final_norm.register_forward_pre_hook(
-                lambda module, args: hooks.pool.add(args[0])))
+        if hooks.pool is not None:
+            for number in hooks.pool.layers:
+                self._handles.append(self.layers[number - 1].register_forward_hook(
+                    self._pooler(number)))
         for idx, layer in enumerate(self.layers):
             if hooks.checks_layers:
                 self._handles.append(layer.register_forward_pre_hook(
@@ -90,6 +90,11 @@ class _Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    def _pooler(self, number):
+        def pool(module, args, output):
+            self.hooks.pool.add(number, output[0] if isinstance(output, tuple) else output)
+        return pool
 
     def _capture(self, module, args, kwargs):
         hidden = kwargs['hidden_states'] if 'hidden_states' in kwargs else args[0]

@@ -227,8 +227,8 @@ class LeanLlamaForward(Forward):
         for layer_idx, layer in enumerate(self.layers):
             hooks.before_layer()
             x = self._layer(layer_idx, layer, x, cos, sin, cache, step)
-        if hooks.pool is not None and not step:
-            hooks.pool.add(x)
+            if hooks.pool is not None and not step:
+                hooks.pool.add(layer_idx + 1, x)
         last = _rms_norm(x[:, -1:], self.final_norm)
         return self.lm_head(last, step)[0][0, -1]
 

@@ -65,8 +65,9 @@ class PrefillState:
     first_token: greedy token after the prompt (generated token 1).
     scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
     n_chunks: forward passes the prefill took (each pays a per-call overhead).
-    pooled: the last decoder layer's output pooled over the prompt (engine.forward.HiddenPool:
-    [last, mean] of the unit-RMS rows), (1, 2 hidden) fp32; what the length readout reads.
+    pooled: the outputs of the engine's ``pool_layers`` pooled over the prompt
+    (engine.forward.HiddenPool: [last, mean] of the unit-RMS rows, layer by layer),
+    (1, 2 x layers x hidden) fp32; what the length readout reads.
     """
 
     cache: object
@@ -138,6 +139,9 @@ class LlmEngine:
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
+        # Decoder layers (1-based) whose outputs each prefill pools into PrefillState.pooled:
+        # the last by default; the server sets those its length readout was trained on.
+        self.pool_layers = (self.n_layers,)
 
     def _choose_step_format(self) -> None:
         """Resolve ``decode_weights: auto`` by timing steps (engine/step_format.py).
@@ -237,7 +241,7 @@ class LlmEngine:
         cache = self.forward.new_cache()
         begin, n_chunks = 0, 0
         hooks = PassHooks(interrupt, window + 1,
-                          HiddenPool(self.model.model.norm.variance_epsilon))
+                          HiddenPool(self.model.model.norm.variance_epsilon, self.pool_layers))
         with torch.inference_mode(), self.forward.hooked(hooks):
             while begin < len(ids):
                 reason = stop.check(0, None, begin)

@@ -1,8 +1,9 @@
 """N^ read from the goal's own prefill: the exported readout head, run with onnxruntime.
 
-The head (rlp/models/prefill_readout.py) reads the last decoder layer's states the prefill
-pooled (engine.PrefillState.pooled, (1, 2 hidden)), so it runs after the prefill, in about a
-millisecond, instead of beside it as the RLP does. Its time, measured at load, is what the
+The head (rlp/models/prefill_readout.py) reads the decoder layers' states the prefill pooled
+(engine.PrefillState.pooled, (1, 2 x layers x hidden); the service makes the engine pool the
+layers named in the file), so it runs after the prefill, in well under a millisecond, instead
+of beside it as the RLP does. Its time, measured at load, is what the
 time model's WCET counts for the prediction phase.
 """
 
@@ -21,7 +22,11 @@ TIMING_REPEATS = 20  # runs timed at load; the median is time_s
 
 
 class PrefillReadout:
-    """(N^, N^_q) from pooled prefill states; ``time_s`` its measured run time, seconds."""
+    """(N^, N^_q) from pooled prefill states; ``time_s`` its measured run time, seconds.
+
+    ``pool_layers``: the decoder layers (1-based) it reads; the engine must pool those
+    (LlmEngine.pool_layers), in that order.
+    """
 
     name = 'prefill readout'
 
@@ -32,6 +37,11 @@ class PrefillReadout:
             raise ValueError(f'not a prefill readout export (metadata {meta!r})')
         self.format = OutputFormat.from_metadata(meta)
         self.model_key = meta.get('model_key', '')
+        try:
+            self.pool_layers = tuple(int(n) for n in meta.get(
+                'pool_layers', meta['n_layers']).split(','))
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f'readout export without its pooled layers ({meta!r})') from exc
         self.session = session
         self.n_features = session.get_inputs()[0].shape[-1]
         if not isinstance(self.n_features, int):
@@ -53,7 +63,7 @@ class PrefillReadout:
                                                 providers=resolve_providers(provider)))
 
     def run(self, pooled) -> np.ndarray:
-        """Return the raw output (C,) for pooled states (1, 2 hidden) (torch or numpy)."""
+        """Return the raw output (C,) for pooled states (1, 2 W) (torch or numpy)."""
         values = np.asarray(pooled.cpu() if hasattr(pooled, 'cpu') else pooled,
                             dtype=np.float32).reshape(1, -1)
         if values.shape[1] != self.n_features:

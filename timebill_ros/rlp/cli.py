@@ -131,12 +131,24 @@ def cmd_export(args, ros_args):
                    args.embedding)
 
 
-def _features(engine, config, splits):
+def _pool_layers(args, engine):
+    """Return ``--pool-layers`` as a tuple of 1-based layers (default: middle and last)."""
+    from timebill_ros.rlp.models.prefill_readout import default_pool_layers
+    if not args.pool_layers:
+        return default_pool_layers(engine.n_layers)
+    try:
+        return tuple(int(part) for part in args.pool_layers.split(','))
+    except ValueError:
+        raise ValueError(f'--pool-layers must be a comma list of ints, got '
+                         f'{args.pool_layers!r}') from None
+
+
+def _features(engine, config, splits, layers):
     """Return prompt id -> pooled prefill states of every example (rlp.prefill_features)."""
     from timebill_ros.rlp.prefill_features import default_features_path, prefill_features
     examples = [e for split in splits.values() for e in split]
     path = default_features_path(engine.model_key, config.engine.model_cache_dir or None)
-    return prefill_features(engine, examples, path, log=print)
+    return prefill_features(engine, examples, path, log=print, layers=layers)
 
 
 def _readout_path(args, config):
@@ -159,10 +171,11 @@ def cmd_readout(args, ros_args):
         return 0
     _, engine = _engine(args, config)
     splits = load_examples(args.lengths, args.split_view)
-    model = PrefillReadoutModel(engine.model, _features(engine, config, splits),
+    layers = _pool_layers(args, engine)
+    model = PrefillReadoutModel(engine.model, _features(engine, config, splits, layers),
                                 bucket_tokens=args.bucket or None,
                                 n_model=splits['train'][0].n_model, epochs=args.epochs,
-                                seed=args.seed, head=args.head)
+                                seed=args.seed, head=args.head, pool_layers=layers)
     model.fit(splits['train'], splits['val'])
     print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
           f'({args.split_view} view, {len(splits["test"])} prompts)')
@@ -228,9 +241,11 @@ def cmd_eval(args, ros_args):
         n_trainable_layers=args.trainable_layers, max_input_tokens=args.max_input_tokens,
         epochs=args.epochs, seed=args.seed, head=args.head)
     if args.readout:
-        models += report.readout_variants(engine, n_model, _features(engine, config, splits),
-                                          print, buckets=_buckets(args.buckets),
-                                          epochs=args.epochs, seed=args.seed, head=args.head)
+        layers = _pool_layers(args, engine)
+        models += report.readout_variants(engine, n_model,
+                                          _features(engine, config, splits, layers), print,
+                                          buckets=_buckets(args.buckets), epochs=args.epochs,
+                                          seed=args.seed, head=args.head, pool_layers=layers)
     if args.only:
         models = [m for m in models if any(s in m.name for s in args.only.split(','))]
     rows = report.evaluate_models(models, splits)
@@ -281,6 +296,12 @@ def _rlp_args(parser):
                         help='bucket head: softmax cross-entropy or ordinal (cumulative link)')
 
 
+def _pool_layers_arg(parser):
+    parser.add_argument('--pool-layers', default='',
+                        help='prefill readout: decoder layers pooled, 1-based comma list '
+                        '(default: the middle and the last)')
+
+
 def _embedding_arg(parser):
     from timebill_ros.rlp.export import EMBEDDING_FORMATS
     parser.add_argument('--embedding', choices=EMBEDDING_FORMATS, default=EMBEDDING_FORMATS[0],
@@ -323,6 +344,7 @@ def add_parser(sub):
                          'cache)')
     readout.add_argument('--export', action='store_true', help='also export to ONNX and check')
     readout.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    _pool_layers_arg(readout)
     readout.set_defaults(func=cmd_readout)
     export = psub.add_parser('export', help=cmd_export.__doc__)
     _common(export)
@@ -338,6 +360,7 @@ def add_parser(sub):
                     help='rewrite the report from OUT/rlp_eval.json (same lengths and view)')
     ev.add_argument('--readout', action='store_true',
                     help='add the prefill readout (one per --buckets B; features cached)')
+    _pool_layers_arg(ev)
     ev.add_argument('--buckets', default='8,16,32,64,0',
                     help='RLP variants: comma list of B, tokens (0 = regression)')
     ev.set_defaults(func=cmd_eval)

@@ -86,20 +86,22 @@ def export_onnx(model, path, model_key: str, embedding: str = 'int8') -> pathlib
 def export_readout_onnx(model, path, model_key: str) -> pathlib.Path:
     """Write the prefill readout ``model.net`` as ONNX: ``pooled`` (1, 2 hidden) -> (1, C).
 
-    The metadata is the RLP's (``n_layers`` is the target model's: the head reads its last
-    layer) with ``input`` = ``pooled``; no embedding table, so nothing is quantized.
+    The metadata is the RLP's (``n_layers`` is the target model's) with ``input`` =
+    ``pooled`` and ``pool_layers`` (the layers the engine must pool, 1-based, comma list);
+    no embedding table, so nothing is quantized.
     """
     import onnx
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     net = model.net.eval()
-    example = torch.zeros(1, 2 * net.norm_weight.shape[0])
+    example = torch.zeros(1, 2 * net.norm_weight.shape[0])  # (1, 2 x layers x hidden)
     tmp = path.with_suffix('.tmp.onnx')
     torch.onnx.export(net, (example,), str(tmp), dynamo=True, input_names=[POOLED_NAME],
                       output_names=[OUTPUT_NAME], external_data=False, verbose=False)
     proto = onnx.load(str(tmp))
     metadata = {**rlp_metadata(model, model_key), 'input': POOLED_NAME, 'embedding': 'none',
-                'max_input_tokens': '0'}
+                'max_input_tokens': '0',
+                'pool_layers': ','.join(map(str, model.pool_layers))}
     for key, value in metadata.items():
         proto.metadata_props.add(key=META_PREFIX + key, value=value)
     onnx.save(proto, str(tmp))

@@ -26,25 +26,30 @@ def default_features_path(model_key: str, cache_dir=None) -> pathlib.Path:
     return root / 'rlp' / f'{model_key}__prefill_features.pt'
 
 
-def ids_key(input_ids: Sequence[int], forward_name: str) -> str:
-    """Return the cache key of one prompt's ids under one forward implementation."""
+def ids_key(input_ids: Sequence[int], forward_name: str, layers: Sequence[int]) -> str:
+    """Return the cache key of one prompt's ids, the forward and the layers pooled."""
     digest = hashlib.sha1(' '.join(map(str, input_ids)).encode()).hexdigest()[:16]
-    return f'{forward_name}:{digest}'
+    return f'{forward_name}:{",".join(map(str, layers))}:{digest}'
 
 
 def prefill_features(engine, examples: Sequence, path=None,
-                     log: Callable[[str], None] = print) -> Dict[str, torch.Tensor]:
-    """Return prompt id -> pooled states (1, 2 hidden) fp32 of each example's prefill.
+                     log: Callable[[str], None] = print,
+                     layers: Sequence[int] = ()) -> Dict[str, torch.Tensor]:
+    """Return prompt id -> pooled states (1, 2 x layers x hidden) fp32 of each prefill.
 
-    engine: an LlmEngine. examples: rlp.dataset.Example. path: the cache file (None: no
-    cache). Progress and an ETA are logged every SAVE_EVERY prompts.
+    engine: an LlmEngine (its ``pool_layers`` are set to ``layers``; () keeps them).
+    examples: rlp.dataset.Example. path: the cache file (None: no cache). Progress and an
+    ETA are logged every SAVE_EVERY prompts.
     """
+    if layers:
+        engine.pool_layers = tuple(layers)
+    layers = engine.pool_layers
     path = None if path is None else pathlib.Path(path)
     cache = torch.load(path, weights_only=True) if path is not None and path.is_file() else {}
     out, todo = {}, []
     for example in examples:
         ids = engine.encode(example.prompt)
-        key = ids_key(ids, engine.forward.name)
+        key = ids_key(ids, engine.forward.name, layers)
         if key in cache:
             out[example.prompt_id] = cache[key]
         else:

@@ -108,6 +108,10 @@ class TimeBillService:
             max_workers=1, thread_name_prefix='timebill-uncertainty')
         self.predictor = predictor
         self.readout = readout
+        if readout is not None:  # every prefill pools the layers the readout reads
+            engine.pool_layers = readout.pool_layers
+            if offload is not None:
+                offload[0].pool_layers = readout.pool_layers
         self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step, readout)
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,

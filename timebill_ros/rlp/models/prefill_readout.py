@@ -1,17 +1,18 @@
 """The prefill readout: N^ read from the target model's own prefill (a probe of all its layers).
 
 The RLP of TimeBill runs a small copy of the target model's first L layers beside the prefill.
-The prefill itself computes the last layer's hidden states anyway: this model is the RLP's
+The prefill itself computes every layer's hidden states anyway: this model is the RLP's
 norm + head (rlp.py) on those states, pooled as the RLP pools its own (the last token's and
-the mean over tokens, after the final RMSNorm). The engine pools them during every prefill
-(engine.forward.HiddenPool: unit-RMS rows, [last, mean], (1, 2 hidden)); the head learns the
-final norm's weight and the MLP. Measured on the family-held-out split (README, issue 14):
-the 30-layer probe is the only predictor beating every baseline on MAE and R^2; reading it
-from the server's prefill costs no separate t_Predict, at the price of predicting after the
-prefill (the admission-time u_J keeps the L = 4 RLP, which runs before it).
+the mean over tokens, after an RMSNorm), for the middle and the last layer by default. The
+engine pools them during every prefill (engine.forward.HiddenPool: unit-RMS rows, [last,
+mean], (1, 2 x layers x hidden)); the head learns per-channel weights and the MLP. On the
+family-held-out split (README, issue 14) it is the only predictor beating every baseline on
+MAE and R^2; reading it from the server's prefill costs no separate t_Predict, at the price
+of predicting after the prefill (the admission-time u_J keeps the L = 4 RLP, which runs
+before it).
 """
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import nn
@@ -19,18 +20,31 @@ from torch import nn
 from timebill_ros.rlp.models.rlp import make_head, ordinal_log_probs, RlpModel
 
 
-class ReadoutNet(nn.Module):
-    """Final-norm weight + head; input the pooled unit-RMS states (1, 2 hidden) -> (1, C)."""
+def default_pool_layers(n_layers: int) -> tuple:
+    """Return the layers the readout pools by default: the middle one and the last (1-based).
 
-    def __init__(self, final_norm: nn.Module, n_outputs: int, ordinal: bool = False):
-        """Copy ``final_norm``'s weight (hidden,); a fresh head with ``n_outputs`` outputs."""
+    benchmarks/readout_layers.py (family view, 3 seeds): the last layer alone MAE 193.9
+    (sd 9.4), layers 15 + 30 of 30 172.8 (3.9), 8 + 15 + 22 + 30 174.3 (5.1).
+    """
+    return (max(1, n_layers // 2), n_layers)
+
+
+class ReadoutNet(nn.Module):
+    """Per-channel weights + head; input the pooled unit-RMS states (1, 2 W) -> (1, C).
+
+    weight: (W,), W = layers x hidden: the starting per-channel weights (the final norm's for
+    the last layer, ones for the others); they learn with the head.
+    """
+
+    def __init__(self, weight: torch.Tensor, n_outputs: int, ordinal: bool = False):
+        """Start from ``weight`` (W,); a fresh head with ``n_outputs`` outputs."""
         super().__init__()
-        self.norm_weight = nn.Parameter(final_norm.weight.detach().clone().float())
+        self.norm_weight = nn.Parameter(weight.detach().clone().float())
         self.head = make_head(self.norm_weight.shape[0], n_outputs)
         self.ordinal = ordinal
 
     def raw(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Return the head's raw output (1, C) for pooled states (1, 2 hidden)."""
+        """Return the head's raw output (1, C) for pooled states (1, 2 W)."""
         return self.head(pooled * torch.cat([self.norm_weight, self.norm_weight]))
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
@@ -44,7 +58,9 @@ class PrefillReadoutModel(RlpModel):
 
     Args:
         target_model: the target LLM (its final norm's weight is copied).
-        features: prompt id -> pooled states (1, 2 hidden), from the engine's prefill.
+        features: prompt id -> pooled states (1, 2 x layers x hidden), from the engine's
+            prefill with ``pool_layers``.
+        pool_layers: the decoder layers pooled, 1-based (default_pool_layers when None).
         bucket_tokens / n_model / epochs / seed / readout / head / log: as RlpModel (the
             defaults are those of the best family-view probe: B = 64, ordinal, median).
 
@@ -53,8 +69,13 @@ class PrefillReadoutModel(RlpModel):
     def __init__(self, target_model, features: Dict[str, torch.Tensor],
                  bucket_tokens: Optional[int] = 64, n_model: int = 1024, epochs: int = 6,
                  seed: int = 0, readout: str = 'median', head: str = 'ordinal',
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print,
+                 pool_layers: Optional[Sequence[int]] = None):
         n_layers = len(target_model.model.layers)
+        pool_layers = tuple(pool_layers or default_pool_layers(n_layers))
+        if not pool_layers or any(not 1 <= n <= n_layers for n in pool_layers):
+            raise ValueError(f'pool_layers must be in 1..{n_layers}, got {pool_layers!r}')
+        self.pool_layers = pool_layers
         super().__init__(target_model, encode=None, bucket_tokens=bucket_tokens,
                          n_model=n_model, n_layers=n_layers, n_trainable_layers=0,
                          epochs=epochs, seed=seed, feature_cache=features, log=log,
@@ -62,14 +83,22 @@ class PrefillReadoutModel(RlpModel):
 
     @property
     def name(self) -> str:
-        """Return e.g. ``prefill readout B=64 ordinal median``."""
+        """Return e.g. ``prefill readout 15+30 B=64 ordinal median`` (layers pooled first).
+
+        Only the last layer pooled: no layers named (``prefill readout B=64 ...``).
+        """
+        layers = ('' if self.pool_layers == (self.n_layers,)
+                  else ' ' + '+'.join(map(str, self.pool_layers)))
         if self.bucket_tokens is None:
-            return 'prefill readout regression'
+            return f'prefill readout{layers} regression'
         head = ' ordinal' if self.head == 'ordinal' else ''
-        return f'prefill readout B={self.bucket_tokens}{head} {self.readout}'
+        return f'prefill readout{layers} B={self.bucket_tokens}{head} {self.readout}'
 
     def _build_net(self, target_model) -> nn.Module:
-        return ReadoutNet(target_model.model.norm, self.n_classes, self.head == 'ordinal')
+        final = target_model.model.norm.weight.detach().float()
+        weight = torch.cat([final if n == self.n_layers else torch.ones_like(final)
+                            for n in self.pool_layers])
+        return ReadoutNet(weight, self.n_classes, self.head == 'ordinal')
 
     def _trainable(self) -> tuple:
         return [self.net.norm_weight], list(self.net.head.parameters())
