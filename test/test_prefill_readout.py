@@ -160,6 +160,14 @@ def test_readout_refuses_an_rlp_file_and_make_readout_logs_why(trained_readout, 
         PredictorConfig(prefill_readout='yes')
 
 
+def test_make_readout_refuses_layers_the_model_lacks(exported_readout):
+    lines = []
+    config = PredictorConfig(readout_file=str(exported_readout))
+    assert make_readout(config, 'tiny-model', log=lines.append, n_layers=2) is not None
+    assert make_readout(config, 'tiny-model', log=lines.append, n_layers=1) is None
+    assert 'reads layers (1, 2), the model has 1' in lines[-1]
+
+
 class BrokenReadout:
     name = 'broken readout'
     time_s = 0.001

@@ -24,11 +24,7 @@ def build_service(config, log=print):
     log(format_report(calibration))
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     readout = make_readout(config.predictor, engine.model_key,
-                           config.engine.model_cache_dir or None, log)
-    if readout is not None and max(readout.pool_layers) > engine.n_layers:
-        log(f'prefill readout unusable: it reads layers {readout.pool_layers}, the model has '
-            f'{engine.n_layers}; N^ from the RLP beside the prefill')
-        readout = None
+                           config.engine.model_cache_dir or None, log, engine.n_layers)
     time_model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
                                   online_state_path(config.engine, config.timing), log)
     batch_step, config = build_batch_step(config, engine, calibration, log)

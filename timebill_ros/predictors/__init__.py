@@ -39,11 +39,12 @@ def make_predictor(predictor_config, model_key='', prefill_s=None, cache_dir=Non
     return predictor
 
 
-def make_readout(predictor_config, model_key='', cache_dir=None, log=print):
+def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_layers=None):
     """Return the prefill readout of ``predictor_config`` (PrefillReadout), or None.
 
     None when ``kind`` is not rlp or ``prefill_readout`` is off; also when the file cannot be
-    loaded, after logging why (the RLP then predicts beside the prefill, as without it).
+    loaded or reads layers beyond ``n_layers`` (the model's, when given), after logging why
+    (the RLP then predicts beside the prefill, as without it).
     """
     if predictor_config.kind != 'rlp' or not predictor_config.prefill_readout:
         return None
@@ -56,6 +57,9 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print):
         if model_key and readout.model_key != model_key:
             raise ValueError(f'{path} was trained for model {readout.model_key!r}, '
                              f'not {model_key!r}')
+        if n_layers is not None and max(readout.pool_layers) > n_layers:
+            raise ValueError(f'{path} reads layers {readout.pool_layers}, the model has '
+                             f'{n_layers}')
     except Exception as exc:  # the server must still serve: the RLP predicts, say why
         log(f'prefill readout unavailable, N^ from the RLP beside the prefill: '
             f'{type(exc).__name__}: {exc}')

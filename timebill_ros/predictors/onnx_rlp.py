@@ -83,7 +83,6 @@ class OnnxRlpPredictor(LengthPredictor):
         self.session = session
         meta = read_metadata(session)
         self.format = OutputFormat.from_metadata(meta)
-        self.kind = self.format.kind
         self.model_key = meta.get('model_key', '')
         self.prefill_s = prefill_s
         self.min_input_tokens = min_input_tokens
@@ -167,6 +166,4 @@ class OnnxRlpPredictor(LengthPredictor):
 
         The regression variant has no distribution: N^_q is None.
         """
-        output = self._output(input_ids)
-        upper = None if self.kind == 'regression' else self.to_tokens(output, n_max, q)
-        return self.to_tokens(output, n_max), upper
+        return self.format.bounds(self._output(input_ids), n_max, q)

@@ -10,8 +10,6 @@ time model's WCET counts for the prediction phase.
 import pathlib
 import statistics
 import time
-from typing import Optional
-
 import numpy as np
 
 from timebill_ros.predictors.onnx_rlp import resolve_providers
@@ -73,11 +71,7 @@ class PrefillReadout:
 
     def predict_bounds(self, pooled, n_max: int, q: float = 0.0) -> tuple:
         """Return (N^, N^_q) in tokens, both <= n_max; N^_q is None for q == 0 or regression."""
-        output = self.run(pooled)
-        upper: Optional[int] = None
-        if q > 0 and self.format.kind != 'regression':
-            upper = self.format.to_tokens(output, n_max, q)
-        return self.format.to_tokens(output, n_max), upper
+        return self.format.bounds(self.run(pooled), n_max, q)
 
     def _measure_s(self) -> float:
         zeros = np.zeros((1, self.n_features), dtype=np.float32)

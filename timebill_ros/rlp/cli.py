@@ -189,22 +189,15 @@ def cmd_readout(args, ros_args):
 def _export_readout(model, engine, test, path):
     """Export the readout and check onnxruntime against torch on the test prompts."""
     import onnxruntime
-    import torch
-    from timebill_ros.rlp.export import export_readout_onnx
+    from timebill_ros.rlp.export import compare_with_torch, export_readout_onnx, POOLED_NAME
     from timebill_ros.predictors.prefill_readout import PrefillReadout
     export_readout_onnx(model, path, engine.model_key)
+    # Opened as the server opens it: its metadata must be a readout's.
     readout = PrefillReadout(onnxruntime.InferenceSession(
         str(path), providers=['CPUExecutionProvider']))
-    worst, same = 0.0, 0
-    with torch.inference_mode():
-        for example in test:
-            expected = model.net(model.features[example.prompt_id])
-            got = torch.from_numpy(readout.run(model.features[example.prompt_id]))
-            worst = max(worst, float((torch.softmax(expected[0], -1)
-                                      - torch.softmax(got, -1)).abs().max()))
-            same += model.output_tokens(expected) == readout.format.to_tokens(
-                got.numpy(), model.n_model)
-    print(f'ONNX vs torch on {len(test)} test prompts: max |probability difference| '
+    worst, same = compare_with_torch(model, readout.session,
+                                     [model.features[e.prompt_id] for e in test], POOLED_NAME)
+    print(f'ONNX vs torch on {len(test)} test prompts: max |difference| '
           f'{worst:.2e}, same N^ on {same}/{len(test)}; {readout.time_s * 1e3:.2f} ms a call')
     if worst > ONNX_ATOL:
         print(f'ONNX output differs from torch: {worst} > {ONNX_ATOL}', file=sys.stderr)

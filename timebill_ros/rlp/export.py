@@ -22,7 +22,7 @@ import torch
 from timebill_ros.timing import model as timing_model
 
 INPUT_NAME = 'input_ids'
-POOLED_NAME = 'pooled'  # the prefill readout's input: pooled last-layer states (1, 2 hidden)
+POOLED_NAME = 'pooled'  # the prefill readout's input: pooled layer states (1, 2 x L x hidden)
 OUTPUT_NAME = 'output'
 META_PREFIX = 'timebill.'
 MAX_EXPORT_TOKENS = 8192
@@ -146,8 +146,11 @@ def read_metadata(session) -> Dict[str, str]:
     return {k[len(META_PREFIX):]: v for k, v in props.items() if k.startswith(META_PREFIX)}
 
 
-def compare_with_torch(model, session, id_lists: Sequence[Sequence[int]]) -> tuple:
-    """Run torch and onnxruntime on each prompt once; return (max difference, same N^ count).
+def compare_with_torch(model, session, inputs: Sequence, input_name: str = INPUT_NAME) -> tuple:
+    """Run torch and onnxruntime on each input once; return (max difference, same N^ count).
+
+    inputs: token id lists (the RLP), or tensors ready for ``model.net`` (the prefill
+    readout's pooled states, (1, W), with ``input_name`` POOLED_NAME).
 
     max difference: the largest |torch - onnxruntime| over the prompts of what the server
     reads: the bucket probabilities (softmax of the output) of a classifier, the output
@@ -159,10 +162,11 @@ def compare_with_torch(model, session, id_lists: Sequence[Sequence[int]]) -> tup
     worst, same = 0.0, 0
     model.net.eval()
     with torch.inference_mode():
-        for ids in id_lists:
-            tensor = torch.tensor([list(ids)], dtype=torch.long)
+        for item in inputs:
+            tensor = (item if torch.is_tensor(item)
+                      else torch.tensor([list(item)], dtype=torch.long))
             expected = model.net(tensor)
-            got = torch.from_numpy(session.run([OUTPUT_NAME], {INPUT_NAME: tensor.numpy()})[0])
+            got = torch.from_numpy(session.run([OUTPUT_NAME], {input_name: tensor.numpy()})[0])
             same += model.output_tokens(expected) == model.output_tokens(got)
             if model.bucket_tokens is not None:
                 expected, got = torch.softmax(expected, -1), torch.softmax(got, -1)

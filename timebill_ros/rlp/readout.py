@@ -84,3 +84,8 @@ class OutputFormat:
         if top:  # ">= N_model": the true length may be anything up to N_max
             return n_max
         return int(min(n_max, n_hat))
+
+    def bounds(self, output, n_max: int, q: Optional[float] = None) -> tuple:
+        """Return (N^, N^_q) of one output, tokens; N^_q None without ``q`` or a distribution."""
+        upper = None if not q or self.kind == 'regression' else self.to_tokens(output, n_max, q)
+        return self.to_tokens(output, n_max), upper

@@ -241,9 +241,11 @@ class _GoalRun:
         chunks = self._chunk_sizes()
         # u_J predicted while the goal waited is reused as N^ (its call may still run).
         readout = self.runner.readout
-        prediction = None if readout else job.prediction
-        if prediction is not None and prediction.cancel():
-            prediction = None  # still waiting for the admission thread: predict beside prefill
+        prediction = job.prediction
+        # Not started on the admission thread: it never runs (the goal predicts beside its
+        # prefill); with a readout N^ comes from the prefill, a u_J call in flight just ends.
+        if prediction is not None and (prediction.cancel() or readout is not None):
+            prediction = None
         early = prediction is not None
         # t^_WCET's head is predicted before anything runs, so the WCET is a true forecast.
         if readout is not None:
@@ -384,8 +386,7 @@ class _GoalRun:
                 result.predict_time_s = done.end_s - done.start_s
                 if not early:
                     self.model.observe_predict(job.n_x, done.end_s - done.start_s)
-                if done.n_upper is not None and n_hat <= done.n_upper <= job.n_max:
-                    self.n_upper = done.n_upper
+                self._keep_upper(n_hat, done.n_upper)
                 return n_hat
             result.predictor = (f'fallback (predictor error: predicted {n_hat} tokens, '
                                 f'outside [0, {job.n_max}])')
@@ -410,9 +411,13 @@ class _GoalRun:
             result.predictor = f'fallback (readout error: {type(exc).__name__}: {exc})'
             n_hat, n_upper = job.n_max, None
         result.predict_time_s = self.clock() - start
-        if n_upper is not None and n_hat <= n_upper <= job.n_max:
-            self.n_upper = n_upper
+        self._keep_upper(n_hat, n_upper)
         return n_hat
+
+    def _keep_upper(self, n_hat, n_upper):
+        """Budget with N^_q when there is one and N^ <= N^_q <= N_max, tokens."""
+        if n_upper is not None and n_hat <= n_upper <= self.job.n_max:
+            self.n_upper = n_upper
 
     def _cannot_decode(self, extra_s):
         """Return CANNOT_FINISH when ``extra_s`` seconds plus one step no longer fit."""
