@@ -180,7 +180,7 @@ class PredictorConfig:
     timeout_s: if the predictor has not answered this long after prefill ends, the goal goes on
         with the fallback N^ and the result says so.
     prefill_readout: with ``kind`` rlp, read N^ (and N^_q) after the prefill from the goal's
-        own pooled last-layer states (the readout head, ~1 ms) instead of running the RLP
+        own pooled layer states (the readout head, ~0.1 ms) instead of running the RLP
         beside the prefill; the RLP then only gives the admission-time u_J. A missing or
         broken readout file: the server logs why and predicts with the RLP as before.
     readout_file: the readout ONNX file; empty = the cache entry ``timebill predictor readout

@@ -1,10 +1,10 @@
-"""Pooled last-layer states of the engine's own prefill, per corpus prompt, cached on disk.
+"""Pooled layer states of the engine's own prefill, per corpus prompt, cached on disk.
 
 What the prefill readout (rlp/models/prefill_readout.py) trains on: exactly what the server's
 prefill hands it (engine.PrefillState.pooled), computed by the same engine over the whole
-chat-formatted prompt. One prefill per prompt (~270 k prompt tokens for the corpus: about 8
-min on 2 cores); the cache is keyed by a hash of the token ids and the forward, saved every
-SAVE_EVERY prompts, so a stopped run resumes.
+chat-formatted prompt. One prefill per prompt (~270 k prompt tokens for the corpus: about 15
+min on 2 cores); the cache is keyed by a hash of the token ids, the forward and the layers
+pooled, saved every SAVE_EVERY prompts, so a stopped run resumes.
 """
 
 import hashlib
