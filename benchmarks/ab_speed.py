@@ -31,7 +31,7 @@ def child():
     import threading
 
     from timebill_ros import params, prompts
-    from timebill_ros.factory import build_service
+    from timebill_ros.server.factory import build_service
     try:
         from timebill_ros.server.goals import GoalRequest
     except ImportError:

@@ -33,7 +33,7 @@ from kill_latency import percentile  # a sibling script: one percentile for both
 def gc_child():
     """Build the server core; print JSON with full-collection times before/after a freeze."""
     from timebill_ros import params
-    from timebill_ros.factory import build_service
+    from timebill_ros.server.factory import build_service
     build_service(params.config_from_flat({}), log=lambda line: None)
 
     def collect_ms(rounds=5):
@@ -149,7 +149,7 @@ def main(argv=None):
         return 0
     from timebill_ros import params
     from timebill_ros.config import ServerConfig
-    from timebill_ros.demo import served
+    from timebill_ros.cli.demo import served
     gc_pause = _gc_pause()
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)

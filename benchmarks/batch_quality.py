@@ -106,8 +106,8 @@ def _row(result, prompt_id, factor, mode, budget_s):
 def run(out):
     """Run the benchmark; write DIR/batch_quality.json."""
     from timebill_ros import params
-    from timebill_ros.factory import build_service
-    from timebill_ros.schedbench import load_pool, make_subsets
+    from timebill_ros.server.factory import build_service
+    from timebill_ros.bench.schedbench import load_pool, make_subsets
     from timebill_ros.server import status
     from timebill_ros.server.goals import GoalRequest
     out = pathlib.Path(out)
@@ -173,7 +173,7 @@ def report(data):
     from transformers import AutoTokenizer
 
     from timebill_ros.config import EngineConfig
-    from timebill_ros.model_source import resolve_model_dir
+    from timebill_ros.engine.model_source import resolve_model_dir
     scorer = rouge_scorer.RougeScorer(['rougeL'])
     reference = data['reference']
     lines = ['# Batched vs alone at the same budgets (issue 13, TimeBill side)', '',

@@ -21,7 +21,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from timebill_ros.config import EngineConfig, EvictionConfig
     from timebill_ros.engine import LlmEngine, fixed_chunks
-    from timebill_ros.stopping import StopCriteria
+    from timebill_ros.engine.stopping import StopCriteria
     engine = LlmEngine.load(EngineConfig(), EvictionConfig())
     ids = engine.random_ids(args.n_x)
     engine.prefill(ids[:256], StopCriteria())  # warm-up

@@ -49,7 +49,7 @@ def plan(out, seed=0):
     from timebill_ros.config import EngineConfig, TimingConfig
     from timebill_ros.engine import LlmEngine
     from timebill_ros.config import EvictionConfig
-    from timebill_ros.timing.profiler import load_or_calibrate
+    from timebill_ros.timing.startup import load_or_calibrate
     engine = LlmEngine.load(EngineConfig(), EvictionConfig())
     calibration = load_or_calibrate(engine, EngineConfig(), TimingConfig(), log=print)
     co = calibration.coefficients
@@ -85,7 +85,7 @@ def plan(out, seed=0):
 def _core():
     """Return (status, GoalRequest, build_service, params) of the timebill_ros on the path."""
     from timebill_ros import params
-    from timebill_ros.factory import build_service
+    from timebill_ros.server.factory import build_service
     try:
         from timebill_ros.server import status
         from timebill_ros.server.goals import GoalRequest

@@ -19,7 +19,7 @@ import threading
 
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import DEFAULT_THREADS, LlmEngine
-from timebill_ros.stopping import StopCriteria
+from timebill_ros.engine.stopping import StopCriteria
 
 PROMPT_TOKENS = 200
 

@@ -17,13 +17,13 @@ import statistics
 
 import numpy as np
 
-from timebill_ros.cli import _load_config
+from timebill_ros.params import load_config
 from timebill_ros.engine import LlmEngine
-from timebill_ros.rlp.dataset import load_examples
-from timebill_ros.rlp.metrics import length_metrics
-from timebill_ros.rlp.models.base import true_lengths
-from timebill_ros.rlp.models.prefill_readout import PrefillReadoutModel
-from timebill_ros.rlp.prefill_features import default_features_path, prefill_features
+from timebill_ros.training.dataset import load_examples
+from timebill_ros.training.metrics import length_metrics
+from timebill_ros.training.models.base import true_lengths
+from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+from timebill_ros.training.prefill_features import default_features_path, prefill_features
 
 LENGTHS = 'data/rlp/lengths_1024.jsonl'
 ALL_LAYERS = (8, 15, 22, 30)  # decoder layers pooled once (1-based; 30 = the last)
@@ -37,7 +37,7 @@ def _subset(pooled, layers, hidden):
 
 
 def run(layer_sets, seeds, out):
-    config = _load_config(None, [])
+    config = load_config(None, [])
     engine = LlmEngine.load(config.engine, config.eviction)
     splits = load_examples(LENGTHS, 'family')
     examples = [e for split in splits.values() for e in split]

@@ -43,7 +43,7 @@ def _start(variant, log_path, node_name):
     import dataclasses
     from timebill_ros import params
     from timebill_ros.config import RosConfig, ServerConfig
-    from timebill_ros.demo import _start_server
+    from timebill_ros.cli.demo import _start_server
     env_extra, switch_s = VARIANTS[variant]
     params_file = pathlib.Path('log') / f'{node_name}_params.yaml'
     params_file.write_text(params.to_yaml(dataclasses.replace(
@@ -149,7 +149,7 @@ def main(argv=None):
         pathlib.Path(args.report).with_suffix('.md').write_text(text)
         print(text)
         return 0
-    from timebill_ros.demo import _stop_server
+    from timebill_ros.cli.demo import _stop_server
     from timebill_ros.ros.session import client_session
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The RLP's ONNX file in fp32 and after onnxruntime's dynamic int8 quantization, side by side.
 
     make predictor
-    timebill predictor export --embedding float32 --onnx ~/.cache/timebill_ros/rlp/\
+    timebill predictor export --embedding float32 --onnx ~/.cache/timebill_ros/training/\
         HuggingFaceTB--SmolLM2-135M-Instruct__rlp.fp32.onnx
     python benchmarks/rlp_int8.py --out benchmarks/results/rlp_int8
 
@@ -40,12 +40,14 @@ def run(out, repeats):
     """Measure; write DIR/rlp_int8.json and return the data."""
     import numpy as np
 
-    from timebill_ros import model_source, params
+    from timebill_ros import params
+    from timebill_ros.engine import model_source
     from timebill_ros.engine import LlmEngine
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
-    from timebill_ros.rlp.dataset import load_examples
-    from timebill_ros.rlp.export import default_onnx_path, quantize_int8
-    from timebill_ros.rlp.cli import DEFAULT_LENGTHS
+    from timebill_ros.training.dataset import load_examples
+    from timebill_ros.predictors.contract import default_onnx_path
+    from timebill_ros.training.export import quantize_int8
+    from timebill_ros.cli.predictor import DEFAULT_LENGTHS
     config = params.config_from_flat({})
     fp32 = default_onnx_path(model_source.model_key(config.engine)).with_suffix('.fp32.onnx')
     if not fp32.is_file():

@@ -23,7 +23,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from timebill_ros.config import EngineConfig, EvictionConfig
     from timebill_ros.engine import LlmEngine
-    from timebill_ros.stopping import CancelStop, DeadlineStop, StopCriteria
+    from timebill_ros.engine.stopping import CancelStop, DeadlineStop, StopCriteria
     engine = LlmEngine.load(EngineConfig(), EvictionConfig())
     ids = engine.random_ids(args.n_kv)
     interrupt = StopCriteria([CancelStop(threading.Event()),

@@ -42,7 +42,7 @@ def _goals(goal_set):
     first run (used to choose the estimator) never saw.
     """
     from timebill_ros import prompts
-    from timebill_ros.bench import rlp_test_prompts
+    from timebill_ros.bench.timebill import rlp_test_prompts
     if goal_set == 'first':
         goals = rlp_test_prompts(N_TEST_PROMPTS)
         return goals + [(f'log{n}', prompts.long_prompt(n, seed=5000 + n)) for n in LOG_LINES]
@@ -194,7 +194,7 @@ def main(argv=None):
     parser.add_argument('--goal-set', choices=('first', 'second'), default='second')
     parser.add_argument('--tag', default='wcet_drift', help='output file names')
     args = parser.parse_args(argv)
-    from timebill_ros.demo import served
+    from timebill_ros.cli.demo import served
     from timebill_ros.timing.model import Calibration
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)

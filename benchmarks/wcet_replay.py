@@ -55,7 +55,7 @@ def main(argv=None):
     parser.add_argument('--set', action='append', default=[], metavar='FIELD=VALUE')
     args = parser.parse_args(argv)
     from timebill_ros.timing.model import Calibration
-    from timebill_ros.timing.online import OnlineSettings
+    from timebill_ros.config import OnlineSettings
     rows = json.loads(open(args.run, encoding='utf-8').read())['goals']
     calibration = Calibration.load(args.calibration)
     fields = dict(item.split('=', 1) for item in args.set)

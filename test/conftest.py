@@ -6,7 +6,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine
-from timebill_ros.model_source import resolve_model_dir
+from timebill_ros.engine.model_source import resolve_model_dir
 
 TINY_SEED = 1234
 

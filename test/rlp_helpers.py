@@ -1,6 +1,6 @@
 """Shared by the RLP tests: a small labelled set with a relation a predictor can learn."""
 
-from timebill_ros.rlp.dataset import Example
+from timebill_ros.training.dataset import Example
 
 
 def planted(n, split):

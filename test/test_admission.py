@@ -9,7 +9,8 @@ from timebill_ros.server.job import Job
 from timebill_ros.server.overrun import policy_by_name
 from timebill_ros.timing import budget
 from timebill_ros.timing.model import TimingCoefficients
-from timebill_ros.timing.online import EVICT_PRIOR_S_PER_TOKEN, OnlineSettings, TimeModel, WORST
+from timebill_ros.config import OnlineSettings
+from timebill_ros.timing.online import EVICT_PRIOR_S_PER_TOKEN, TimeModel, WORST
 
 # Dyadic numbers, so the least times are exact: with no margin (prior_margin 1) a 128-token
 # prompt's prefill is 128 / 128 + 0.5 = 1.5 s and one step at 128 cached tokens

@@ -2,7 +2,8 @@
 
 import pytest
 
-from timebill_ros import bench, prompts
+from timebill_ros import prompts
+from timebill_ros.bench import timebill as bench
 
 
 def _row(status, response, met=True, alpha=0.0, decided=True, prompt='p1'):
@@ -52,7 +53,7 @@ def test_long_prompts_reach_a_few_thousand_tokens(smollm2_tokenizer):
 
 
 def test_rlp_test_prompts_are_held_out_and_varied():
-    from timebill_ros.rlp.corpus import build_corpus
+    from timebill_ros.training.corpus import build_corpus
     test_ids = {it.prompt_id for it in build_corpus() if it.split == 'test'}
     chosen = bench.rlp_test_prompts()
     assert len(chosen) == bench.RLP_TEST_PROMPTS and chosen == bench.rlp_test_prompts()

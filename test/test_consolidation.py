@@ -5,14 +5,14 @@ import types
 import pytest
 
 from timebill_ros.config import SchedulerConfig, ServerConfig
-from timebill_ros.factory import build_batch_step
+from timebill_ros.server.factory import build_batch_step
 from timebill_ros.server.scheduler import EdfPolicy, FifoPolicy
 from timebill_ros.server.scheduler.consolidation import cut_batch, keep_on_time
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.batch import (BatchScale, BatchStepCoefficients, ScaledSteps,
                                        choose_batch_size, step_scale)
-from timebill_ros.timing.model import (CACHE_ENV, Calibration, TimingCoefficients,
-                                       default_calibration_path)
+from timebill_ros.paths import CACHE_ENV
+from timebill_ros.timing.model import Calibration, TimingCoefficients, default_calibration_path
 from timebill_ros.timing.online import TimeModel
 
 

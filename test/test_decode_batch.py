@@ -2,7 +2,8 @@
 
 import pytest
 
-from timebill_ros.stopping import CANCELED, DEADLINE, MAX_TOKENS, StopCriteria, StopCriterion
+from timebill_ros.engine.stopping import (CANCELED, DEADLINE, MAX_TOKENS, StopCriteria,
+                                          StopCriterion)
 
 PROMPTS = ['Go to the kitchen and bring the red cup.',
            'Is the gripper open? Answer yes or no, then explain why in one sentence.',

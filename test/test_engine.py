@@ -5,12 +5,12 @@ import threading
 import pytest
 import torch
 
-from timebill_ros import model_source
+from timebill_ros.engine import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import GenerationStopped, LlmEngine, fixed_chunks
-from timebill_ros.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, CancelStop,
-                                   DeadlineStop, EosStop, MaxTokensStop, StopCriteria,
-                                   StopCriterion)
+from timebill_ros.engine.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, CancelStop,
+                                          DeadlineStop, EosStop, MaxTokensStop, StopCriteria,
+                                          StopCriterion)
 
 PROMPT = 'Explain in two short paragraphs why the sky is blue and why sunsets are red.'
 

@@ -1,6 +1,6 @@
 """The engine benchmark's arithmetic and report (the timings themselves are not tested)."""
 
-from timebill_ros import enginebench
+from timebill_ros.bench import engine as enginebench
 
 
 def test_step_weight_bytes_halve_with_fp16_decode_weights(make_tiny_engine):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from timebill_ros.config import EvictionConfig
-from timebill_ros.eviction import (KnormScorer, SnapKVScorer, StreamingLLMScorer,
-                                   gather_positions, keep_indices, make_scorer, n_keep_for)
-from timebill_ros.stopping import StopCriteria
+from timebill_ros.engine.eviction import (KnormScorer, SnapKVScorer, StreamingLLMScorer,
+                                          gather_positions, keep_indices, make_scorer, n_keep_for)
+from timebill_ros.engine.stopping import StopCriteria
 
 PROMPT = 'Explain in two short paragraphs why the sky is blue and why sunsets are red.'
 

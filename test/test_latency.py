@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from timebill_ros.latency import evaluate as ev
-from timebill_ros.latency import selection
-from timebill_ros.latency.design import GridDesign
-from timebill_ros.latency.few_shot import few_shot_probes, few_shot_profile
+from timebill_ros.timing import selection
+from timebill_ros.timing.design import GridDesign
+from timebill_ros.timing.few_shot import few_shot_probes, few_shot_profile
 from timebill_ros.latency.grid import GridRun, LatencyGrid
 from timebill_ros.latency.harness import measure_grid
 from timebill_ros.latency.hardware import Hardware
@@ -26,9 +26,9 @@ from timebill_ros.latency.predictors.section_tps import SectionTps
 from timebill_ros.latency.predictors.simfli_lm import SimFLiLinear
 from timebill_ros.latency.predictors.simfli_sam import SimFLiSaturating, fit_saturating_tps
 from timebill_ros.latency.predictors.timebill_ls import TimeBillLeastSquares
-from timebill_ros.latency.probe import Probe
+from timebill_ros.engine.probe import Probe
 from timebill_ros.latency.wcet import GoalTiming, exceed_table
-from timebill_ros.stopping import StepTimer, StopCriteria
+from timebill_ros.engine.stopping import StepTimer, StopCriteria
 from timebill_ros.timing.model import COEFFICIENT_NAMES, Calibration, TimingCoefficients
 
 # Roughly this CPU: quadratic prefill, decoding step growing with the cache.
@@ -402,7 +402,7 @@ def test_report_tables_and_plot(tmp_path):
 
 def test_timed_probe_rejects_a_wrong_answer():
     """An engine returning a probe of other lengths is a RuntimeError."""
-    from timebill_ros.latency.harness import timed_probe
+    from timebill_ros.engine.probe import timed_probe
 
     class Wrong:
         def measure_probe(self, n_in, n_out):

@@ -8,7 +8,7 @@ from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine, make_forward
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import fbgemm_fp16_available, LeanLlamaForward
-from timebill_ros.stopping import StopCriteria
+from timebill_ros.engine.stopping import StopCriteria
 
 PROMPT = 'List the steps to pick up the red cup from the table and put it in the sink.'
 

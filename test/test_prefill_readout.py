@@ -18,15 +18,15 @@ from timebill_ros.config import BudgetConfig, EngineConfig, PredictorConfig, Ser
 from timebill_ros.engine import LlmEngine
 from timebill_ros.predictors import FallbackPredictor, make_readout
 from timebill_ros.predictors.prefill_readout import PrefillReadout
-from timebill_ros.rlp.dataset import Example
-from timebill_ros.rlp.export import export_onnx, export_readout_onnx
-from timebill_ros.rlp.models.prefill_readout import PrefillReadoutModel, ReadoutNet
-from timebill_ros.rlp.models.rlp import RlpModel, RlpNet
-from timebill_ros.rlp.prefill_features import prefill_features
+from timebill_ros.training.dataset import Example
+from timebill_ros.training.export import export_onnx, export_readout_onnx
+from timebill_ros.training.models.prefill_readout import PrefillReadoutModel, ReadoutNet
+from timebill_ros.training.models.rlp import RlpModel, RlpNet
+from timebill_ros.training.prefill_features import prefill_features
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
 from timebill_ros.server.service import TimeBillService
-from timebill_ros.stopping import StopCriteria
+from timebill_ros.engine.stopping import StopCriteria
 from timebill_ros.timing.model import TimingCoefficients
 
 COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)

@@ -10,12 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from timebill_ros import model_source
+from timebill_ros.engine import model_source
 
-from timebill_ros.timing import profiler
+from timebill_ros.timing import profiler, startup
+from timebill_ros.paths import CACHE_ENV
 from timebill_ros.timing import model as tm
 from timebill_ros.config import EngineConfig, TimingConfig
-from timebill_ros.latency.probe import Probe
+from timebill_ros.engine.probe import Probe
 from timebill_ros.timing.profiler import ProfileGrid
 
 TRUE = tm.TimingCoefficients(a=2e-8, b=2e-4, c=5e-3, p=2e-6, q=0.02)
@@ -80,7 +81,7 @@ class FakeEngine:
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     """Point TIMEBILL_CACHE at a temporary directory so the home cache is never touched."""
-    monkeypatch.setenv(tm.CACHE_ENV, str(tmp_path / 'cache'))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / 'cache'))
 
 
 def test_full_grid_shape():
@@ -250,15 +251,15 @@ def test_load_or_calibrate_profiles_once_then_uses_cache():
     """The first call profiles and caches; the second only loads."""
     engine_config, timing_config, log = EngineConfig(), TimingConfig(startup_method='grid'), []
     first_engine = FakeEngine()
-    first = profiler.load_or_calibrate(first_engine, engine_config, timing_config,
-                                       log=log.append)
+    first = startup.load_or_calibrate(first_engine, engine_config, timing_config,
+                                      log=log.append)
     assert first.method == 'startup' and first_engine.calls
     key = tm.calibration_key(*profiler.key_fields(engine_config))
     path = tm.default_calibration_path(key)
     assert tm.Calibration.load(path) == first
     second_engine = FakeEngine()
-    second = profiler.load_or_calibrate(second_engine, engine_config, timing_config,
-                                        log=log.append)
+    second = startup.load_or_calibrate(second_engine, engine_config, timing_config,
+                                       log=log.append)
     assert second == first and second_engine.calls == []
     assert any('cached' in line for line in log)
 
@@ -269,21 +270,21 @@ def test_load_or_calibrate_honours_calibration_file(tmp_path):
     made = profiler.profile(FakeEngine(), profiler.startup_grid())
     made.save(path)
     engine, log = FakeEngine(), []
-    loaded = profiler.load_or_calibrate(engine, EngineConfig(dtype='bfloat16'),
-                                        TimingConfig(calibration_file=str(path)), log=log.append)
+    loaded = startup.load_or_calibrate(engine, EngineConfig(dtype='bfloat16'),
+                                       TimingConfig(calibration_file=str(path)), log=log.append)
     assert loaded == made and engine.calls == []
     assert any('warning' in line for line in log)  # made for float32, engine is bfloat16
     with pytest.raises(FileNotFoundError, match='missing.yaml'):
-        profiler.load_or_calibrate(engine, EngineConfig(),
-                                   TimingConfig(calibration_file=str(tmp_path / 'missing.yaml')))
+        startup.load_or_calibrate(engine, EngineConfig(),
+                                  TimingConfig(calibration_file=str(tmp_path / 'missing.yaml')))
 
 
 def test_load_or_calibrate_raises_without_cache_when_not_calibrating():
     """No cache and no start-up calibration raises."""
     engine = FakeEngine()
     with pytest.raises(RuntimeError, match='timebill profile'):
-        profiler.load_or_calibrate(engine, EngineConfig(),
-                                   TimingConfig(calibrate_on_start=False), log=lambda _m: None)
+        startup.load_or_calibrate(engine, EngineConfig(),
+                                  TimingConfig(calibrate_on_start=False), log=lambda _m: None)
     assert engine.calls == []
 
 
@@ -295,8 +296,8 @@ def test_load_or_calibrate_recalibrates_over_corrupt_cache():
     with open(path, 'w', encoding='utf-8') as stream:
         stream.write('coefficients: [')
     log = []
-    calibration = profiler.load_or_calibrate(FakeEngine(), engine_config, TimingConfig(),
-                                             log=log.append)
+    calibration = startup.load_or_calibrate(FakeEngine(), engine_config, TimingConfig(),
+                                            log=log.append)
     assert tm.Calibration.load(path) == calibration
     assert any('unreadable' in line for line in log)
 
@@ -325,8 +326,8 @@ def test_profile_takes_key_fields_from_the_engine_config():
 def test_load_or_calibrate_few_shot_at_start_up():
     """startup_method few_shot (the default) calibrates from five probes and caches it."""
     engine, log = FakeEngine(noise=0.0), []
-    calibration = profiler.load_or_calibrate(engine, EngineConfig(), TimingConfig(),
-                                             log=log.append)
+    calibration = startup.load_or_calibrate(engine, EngineConfig(), TimingConfig(),
+                                            log=log.append)
     assert calibration.method == 'few_shot'
     assert [call[0] for call in engine.calls] == ['probe'] * 6  # warm-up + 5
     for name in tm.COEFFICIENT_NAMES:

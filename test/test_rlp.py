@@ -12,15 +12,16 @@ from rlp_helpers import planted
 from timebill_ros.config import PredictorConfig
 from timebill_ros.predictors import FallbackPredictor, make_predictor
 from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor, PredictorTiming
-from timebill_ros.rlp import collect as collect_mod
-from timebill_ros.rlp.compress import compress_ids
-from timebill_ros.rlp.corpus import SPLITS, build_corpus, split_of
-from timebill_ros.rlp.dataset import Example, load_examples
-from timebill_ros.rlp.export import compare_with_torch, export_onnx, read_metadata
-from timebill_ros.rlp.metrics import length_metrics
-from timebill_ros.rlp.models.base import bucket_length, bucket_of
-from timebill_ros.rlp.models.rlp import (ordinal_log_probs, ordinal_threshold_logits,
-                                         RlpModel)
+from timebill_ros.training import collect as collect_mod
+from timebill_ros.predictors.compress import compress_ids
+from timebill_ros.training.corpus import SPLITS, build_corpus, split_of
+from timebill_ros.training.dataset import Example, load_examples
+from timebill_ros.predictors.contract import read_metadata
+from timebill_ros.training.export import compare_with_torch, export_onnx
+from timebill_ros.training.metrics import length_metrics
+from timebill_ros.training.models.base import bucket_length, bucket_of
+from timebill_ros.training.models.rlp import (ordinal_log_probs, ordinal_threshold_logits,
+                                              RlpModel)
 
 
 def test_corpus_is_deterministic_split_and_diverse():
@@ -320,8 +321,8 @@ def test_verify_reruns_through_the_server_path(make_tiny_engine, tmp_path):
 
 
 def test_report_and_overlap_tables_format_every_row():
-    from timebill_ros.rlp.overlap import format_overlap
-    from timebill_ros.rlp.report import format_table
+    from timebill_ros.training.overlap import format_overlap
+    from timebill_ros.training.report import format_table
     ex = Example('t-1', 'x', 'test', 'p', 10, False, 5, 128)
     rows = [{'predictor': 'RLP', 'mae': 1.0, 'rmse': 2.0, 'r2': 0.5, 'within': 0.9,
              'val_mae': 3.0, 'fit_s': 4.0, 'predict_ms': 5.0}]
@@ -337,7 +338,7 @@ def test_report_and_overlap_tables_format_every_row():
 
 
 def test_readouts_of_a_bucket_distribution():
-    from timebill_ros.rlp.readout import bucket_cdf, quantile_bucket, read_bucket
+    from timebill_ros.predictors.readout import bucket_cdf, quantile_bucket, read_bucket
     # Most mass on bucket 0 (the mode), but 60 % beyond it: the median is further out.
     logits = np.log([0.4, 0.05, 0.05, 0.3, 0.2])
     assert np.allclose(bucket_cdf(logits), [0.4, 0.45, 0.5, 0.8, 1.0])
@@ -351,8 +352,8 @@ def test_readouts_of_a_bucket_distribution():
 
 
 def test_constant_mean_baseline_and_report_rows(tiny_model, smollm2_tokenizer):
-    from timebill_ros.rlp.models.constant_mean import ConstantMean
-    from timebill_ros.rlp.report import evaluate_models
+    from timebill_ros.training.models.constant_mean import ConstantMean
+    from timebill_ros.training.report import evaluate_models
     train, test = planted(24, 'train'), planted(8, 'test')
     splits = {'train': train, 'val': planted(8, 'val'), 'test': test}
     baseline = ConstantMean()
@@ -372,8 +373,8 @@ def test_constant_mean_baseline_and_report_rows(tiny_model, smollm2_tokenizer):
 
 
 def test_wcet_coverage_table_and_plot_without_baselines(tmp_path):
-    from timebill_ros.rlp.metrics import wcet_coverage
-    from timebill_ros.rlp.report import format_wcet_table, save_report
+    from timebill_ros.training.metrics import wcet_coverage
+    from timebill_ros.training.report import format_wcet_table, save_report
     assert wcet_coverage([10, 300, 40], [20, 100, 50], 256) == {
         'cover': pytest.approx(2 / 3), 'mean_fraction': pytest.approx(170 / 3 / 256)}
     assert wcet_coverage([1000], [2000], 256)['cover'] == 1.0  # both capped at N_max
@@ -395,7 +396,7 @@ def test_wcet_coverage_table_and_plot_without_baselines(tmp_path):
 
 
 def test_family_view_holds_whole_families_out(tmp_path):
-    from timebill_ros.rlp.corpus import family_splits
+    from timebill_ros.training.corpus import family_splits
     items = build_corpus()
     families = family_splits()
     assert set(families.values()) == {'train', 'val', 'test'}

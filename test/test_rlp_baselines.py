@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from timebill_ros.rlp.dataset import Example
-from timebill_ros.rlp.models.input_length_lr import InputLengthLR
-from timebill_ros.rlp.models.rtlm_mlp import RtlmMlpModel
-from timebill_ros.rlp.rules import RULE_NAMES, rule_scores
+from timebill_ros.training.dataset import Example
+from timebill_ros.training.models.input_length_lr import InputLengthLR
+from timebill_ros.training.models.rtlm_mlp import RtlmMlpModel
+from timebill_ros.training.rules import RULE_NAMES, rule_scores
 
 N_MODEL = 512  # tokens
 

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from timebill_ros import schedbench
-from timebill_ros.rlp.dataset import Example
+from timebill_ros.bench import schedbench
+from timebill_ros.training.dataset import Example
 from timebill_ros.timing.model import TimingCoefficients
 
 

@@ -120,36 +120,43 @@ def test_policy_from_config_and_bad_names():
 class _LengthOfPrompt:
     """A length predictor for the tau test: N^ = characters of the prompt, capped."""
 
+    name = 'rlp'
+
     def predict(self, prompt, input_ids, n_max):
         return min(n_max, len(prompt))
 
 
-class _Broken:
-    def predict(self, prompt, input_ids, n_max):
-        raise AssertionError('tau should have come from the cache')
+def test_offload_tau_is_the_quantile_of_training_predictions_stored_at_export(tmp_path):
+    import os
 
-
-def test_offload_tau_is_the_quantile_of_training_predictions_and_is_cached(tmp_path):
     import numpy as np
 
-    from timebill_ros.predictors.threshold import _train_prompts, offload_threshold
+    from timebill_ros.predictors.threshold import offload_threshold, write_train_lengths
+    from timebill_ros.training.export import train_prompts
     model_file = tmp_path / 'rlp.onnx'
     model_file.write_bytes(b'stand-in for the ONNX file: only its size and mtime are read')
-    tau = offload_threshold(_LengthOfPrompt(), lambda p: [], 0.9, 512, str(model_file),
-                            log=lambda line: None, max_prompts=40)
-    prompts = _train_prompts(40)
+    prompts = train_prompts(40)
     assert len(prompts) == 40
-    assert tau == pytest.approx(np.quantile([min(512, len(p)) for p in prompts], 0.9))
-    assert offload_threshold(_Broken(), lambda p: [], 0.9, 512, str(model_file),
-                             log=lambda line: None, max_prompts=40) == tau
+    # What the export stores: N^ read without N_max (None = the top bucket, ">= N_model").
+    stored = [_LengthOfPrompt().predict(p, [], float('inf')) for p in prompts] + [None]
+    write_train_lengths(model_file, stored)
+    tau = offload_threshold(_LengthOfPrompt(), 0.9, 512, str(model_file), log=lambda line: None)
+    capped = [min(512, len(p)) for p in prompts] + [512]
+    assert tau == pytest.approx(np.quantile(capped, 0.9))
+    # A re-exported file (another size or mtime) makes the stored predictions stale.
+    os.utime(model_file, ns=(0, 0))
+    assert offload_threshold(_LengthOfPrompt(), 0.9, 512, str(model_file),
+                             log=lambda line: None) == float('inf')
+    assert offload_threshold(_LengthOfPrompt(), 0.9, 512, str(tmp_path / 'missing.onnx'),
+                             log=lambda line: None) == float('inf')
     with pytest.raises(ValueError, match='quantile'):
-        offload_threshold(_LengthOfPrompt(), lambda p: [], 1.0, 512)
+        offload_threshold(_LengthOfPrompt(), 1.0, 512)
 
 
 def test_the_fallback_predictor_offloads_nothing():
     from timebill_ros.predictors import FallbackPredictor
     from timebill_ros.predictors.threshold import offload_threshold
-    assert offload_threshold(FallbackPredictor(), lambda p: [], 0.9, 128,
+    assert offload_threshold(FallbackPredictor(), 0.9, 128,
                              log=lambda line: None) == float('inf')
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
+from timebill_ros.paths import CACHE_ENV
 from timebill_ros.timing import model as tm
 from timebill_ros.timing.model import Calibration, TimingCoefficients
 
@@ -16,7 +17,7 @@ COEFFS = TimingCoefficients(a=1e-6, b=1e-3, c=0.05, p=2e-5, q=0.01)
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     """Point TIMEBILL_CACHE at a temporary directory so the home cache is never touched."""
-    monkeypatch.setenv(tm.CACHE_ENV, str(tmp_path / 'cache'))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / 'cache'))
 
 
 def _calibration(**overrides):
@@ -257,7 +258,7 @@ def test_default_calibration_path_cache_resolution(tmp_path, monkeypatch):
         tmp_path / 'cache' / 'calibration' / f'{key}.yaml')
     assert tm.default_calibration_path(key, cache_dir=str(tmp_path / 'other')) == str(
         tmp_path / 'other' / 'calibration' / f'{key}.yaml')
-    monkeypatch.delenv(tm.CACHE_ENV)
+    monkeypatch.delenv(CACHE_ENV)
     monkeypatch.setenv('HOME', str(tmp_path / 'home'))
     assert tm.default_calibration_path(key) == str(
         tmp_path / 'home' / '.cache' / 'timebill_ros' / 'calibration' / f'{key}.yaml')

@@ -8,6 +8,9 @@ Validation lives in ``__post_init__`` and raises ``ValueError`` naming the bad v
 import dataclasses
 import math
 
+from timebill_ros.checks import (check_choice, check_count, check_int, check_nonneg_real,
+                                 check_positive)
+
 POLICY_NAMES = ('kill', 'skip_next', 'partial')
 ADMISSION_POLICIES = ('feasibility', 'none')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
@@ -23,31 +26,6 @@ PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 STARTUP_METHODS = ('few_shot', 'grid')
 SCHEDULER_POLICIES = ('fifo', 'edf', 'luf', 'muf', 'slack', 'up')
 UNCERTAINTY_SOURCES = ('predictor', 'none')
-
-
-def _check_positive(name, value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f'{name} must be a number, got {value!r}')
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f'{name} must be finite and > 0, got {value!r}')
-
-
-def _check_nonneg(name, value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f'{name} must be a number, got {value!r}')
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f'{name} must be finite and >= 0, got {value!r}')
-
-
-def _check_count(name, value, minimum=1):
-    """Raise ValueError unless ``value`` is an int >= ``minimum`` (a bool is not one)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f'{name} must be an int >= {minimum}, got {value!r}')
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f'{name} must be one of {choices}, got {value!r}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,16 +70,16 @@ class EngineConfig:
     stop_bound_s: float = 0.0
 
     def __post_init__(self):
-        _check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
-        _check_choice('engine.forward', self.forward, FORWARDS)
-        _check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
-        _check_nonneg('engine.stop_bound_s', self.stop_bound_s)
+        check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
+        check_choice('engine.forward', self.forward, FORWARDS)
+        check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
+        check_nonneg_real('engine.stop_bound_s', self.stop_bound_s)
         if (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                 or self.threads < 0):
             raise ValueError(f'engine.threads must be an int >= 0, got {self.threads!r}')
         for name in ('max_new_tokens', 'max_model_new_tokens', 'prefill_chunk_tokens',
                      'feedback_every_tokens'):
-            _check_count(f'engine.{name}', getattr(self, name))
+            check_count(f'engine.{name}', getattr(self, name))
         if self.max_new_tokens > self.max_model_new_tokens:
             raise ValueError(
                 f'engine.max_new_tokens ({self.max_new_tokens}) exceeds '
@@ -121,8 +99,8 @@ class EvictionConfig:
     window_size: int = 32
 
     def __post_init__(self):
-        _check_choice('eviction.scorer', self.scorer, SCORER_NAMES)
-        _check_count('eviction.window_size', self.window_size)
+        check_choice('eviction.scorer', self.scorer, SCORER_NAMES)
+        check_count('eviction.window_size', self.window_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +133,7 @@ class BudgetConfig:
     keep_cache_when_hopeless: bool = True
 
     def __post_init__(self):
-        _check_positive('budget.pessimistic_factor', self.pessimistic_factor)
+        check_positive('budget.pessimistic_factor', self.pessimistic_factor)
         if self.pessimistic_factor < 1:
             raise ValueError(
                 f'budget.pessimistic_factor must be >= 1, got {self.pessimistic_factor!r}')
@@ -163,7 +141,7 @@ class BudgetConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f'budget.{name} must be in [0, 1), got {value!r}')
-        _check_choice('budget.mode', self.mode, BUDGET_MODES)
+        check_choice('budget.mode', self.mode, BUDGET_MODES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,24 +176,24 @@ class PredictorConfig:
     readout_file: str = ''
 
     def __post_init__(self):
-        _check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
+        check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
         if not isinstance(self.prefill_readout, bool):
             raise TypeError(f'predictor.prefill_readout must be a bool, got '
                             f'{self.prefill_readout!r}')
         for name in ('model_file', 'readout_file'):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f'predictor.{name} must be a str, got {getattr(self, name)!r}')
-        _check_choice('predictor.provider', self.provider, PREDICTOR_PROVIDERS)
+        check_choice('predictor.provider', self.provider, PREDICTOR_PROVIDERS)
         for name in ('threads', 'min_input_tokens', 'max_input_tokens'):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f'predictor.{name} must be an int, got {value!r}')
-            _check_positive(f'predictor.{name}', value)
+            check_positive(f'predictor.{name}', value)
         if self.max_input_tokens < self.min_input_tokens:
             raise ValueError(
                 f'predictor.max_input_tokens ({self.max_input_tokens!r}) must be >= '
                 f'predictor.min_input_tokens ({self.min_input_tokens!r})')
-        _check_positive('predictor.timeout_s', self.timeout_s)
+        check_positive('predictor.timeout_s', self.timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,18 +238,51 @@ class TimingConfig:
     persist_period_s: float = 30.0
 
     def __post_init__(self):
-        _check_positive('timing.max_calibration_s', self.max_calibration_s)
-        _check_choice('timing.startup_method', self.startup_method, STARTUP_METHODS)
-        _check_positive('timing.persist_period_s', self.persist_period_s)
+        check_positive('timing.max_calibration_s', self.max_calibration_s)
+        check_choice('timing.startup_method', self.startup_method, STARTUP_METHODS)
+        check_positive('timing.persist_period_s', self.persist_period_s)
         self.online_settings()  # validates the online fields
 
     def online_settings(self):
         """Return the OnlineSettings of these parameters."""
-        from timebill_ros.timing.online import OnlineSettings
         return OnlineSettings(
             enabled=self.online, speed_gain=self.speed_gain,
             residual_window=self.residual_window, wcet_quantile=self.wcet_quantile,
             min_residuals=self.min_residuals, prior_margin=self.prior_margin)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineSettings:
+    """How the model corrects itself (the ``timing`` parameters of the same names).
+
+    enabled: False = the calibration as measured (no factor, no margin: the fixed model).
+    speed_gain: weight of a goal that ran faster than assumed in a phase's speed factor, in
+        (0, 1] (a slower goal sets it at once).
+    residual_window: residuals kept per phase (goals).
+    wcet_quantile: upper quantile of the residuals for WORST; 1 - it for LEAST.
+    min_residuals: below this many residuals the prior margin is used as well.
+    prior_margin: upper margin (>= 1) before enough residuals; LEAST uses its inverse.
+    """
+
+    # Defaults: the ``timing`` parameters' (one home for them).
+    enabled: bool = TimingConfig.online
+    speed_gain: float = TimingConfig.speed_gain
+    residual_window: int = TimingConfig.residual_window
+    wcet_quantile: float = TimingConfig.wcet_quantile
+    min_residuals: int = TimingConfig.min_residuals
+    prior_margin: float = TimingConfig.prior_margin
+
+    def __post_init__(self):
+        """Check every field, naming the bad one."""
+        if not 0 < self.speed_gain <= 1:
+            raise ValueError(f'timing.speed_gain must be in (0, 1], got {self.speed_gain!r}')
+        check_int('timing.residual_window', self.residual_window, 1)
+        check_int('timing.min_residuals', self.min_residuals, 0)
+        if not 0.5 <= self.wcet_quantile <= 1:
+            raise ValueError(
+                f'timing.wcet_quantile must be in [0.5, 1], got {self.wcet_quantile!r}')
+        if not math.isfinite(self.prior_margin) or self.prior_margin < 1:
+            raise ValueError(f'timing.prior_margin must be >= 1, got {self.prior_margin!r}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +292,7 @@ class OverrunConfig:
     default_policy: str = 'kill'
 
     def __post_init__(self):
-        _check_choice('overrun.default_policy', self.default_policy, POLICY_NAMES)
+        check_choice('overrun.default_policy', self.default_policy, POLICY_NAMES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +308,7 @@ class AdmissionConfig:
     policy: str = 'feasibility'
 
     def __post_init__(self):
-        _check_choice('admission.policy', self.policy, ADMISSION_POLICIES)
+        check_choice('admission.policy', self.policy, ADMISSION_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +326,7 @@ class QueueConfig:
 
     def __post_init__(self):
         for name in ('max_depth', 'max_prompt_chars'):
-            _check_count(f'queue.{name}', getattr(self, name))
+            check_count(f'queue.{name}', getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,10 +370,10 @@ class SchedulerConfig:
     continuous: bool = False
 
     def __post_init__(self):
-        _check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
-        _check_nonneg('scheduler.up_alpha', self.up_alpha)
-        _check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
-        _check_count('scheduler.batch_size', self.batch_size, minimum=0)  # 0: at start-up
+        check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
+        check_nonneg_real('scheduler.up_alpha', self.up_alpha)
+        check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
+        check_count('scheduler.batch_size', self.batch_size, minimum=0)  # 0: at start-up
         if (isinstance(self.batch_gain, bool) or not isinstance(self.batch_gain, (int, float))
                 or not 0 < self.batch_gain < 1):
             raise ValueError(f'scheduler.batch_gain must be in (0, 1), got {self.batch_gain!r}')
@@ -396,8 +407,8 @@ class OffloadConfig:
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise TypeError(f'offload.enabled must be a bool, got {self.enabled!r}')
-        _check_count('offload.threads', self.threads)
-        _check_positive('offload.quantile', self.quantile)
+        check_count('offload.threads', self.threads)
+        check_positive('offload.quantile', self.quantile)
         if not self.quantile < 1:
             raise ValueError(f'offload.quantile must be in (0, 1), got {self.quantile!r}')
 
@@ -421,14 +432,14 @@ class StatsConfig:
     firm_k: int = 10
 
     def __post_init__(self):
-        _check_count('stats.window', self.window)
-        _check_positive('stats.period_s', self.period_s)
+        check_count('stats.window', self.window)
+        check_positive('stats.period_s', self.period_s)
         if not 0 <= self.miss_rate_warn <= self.miss_rate_error <= 1:
             raise ValueError(
                 'stats.miss_rate_warn <= stats.miss_rate_error in [0, 1] required, got '
                 f'{self.miss_rate_warn!r} and {self.miss_rate_error!r}')
         for name in ('firm_m', 'firm_k'):
-            _check_count(f'stats.{name}', getattr(self, name))
+            check_count(f'stats.{name}', getattr(self, name))
         if self.firm_m > self.firm_k:
             raise ValueError(
                 f'stats.firm_m ({self.firm_m}) must be <= stats.firm_k ({self.firm_k})')
@@ -459,9 +470,9 @@ class RosConfig:
     gil_switch_interval_s: float = 0.001
 
     def __post_init__(self):
-        _check_positive('ros.gil_switch_interval_s', self.gil_switch_interval_s)
-        _check_count('ros.request_queue_depth', self.request_queue_depth)
-        _check_count('ros.result_timeout_s', self.result_timeout_s)
+        check_positive('ros.gil_switch_interval_s', self.gil_switch_interval_s)
+        check_count('ros.request_queue_depth', self.request_queue_depth)
+        check_count('ros.result_timeout_s', self.result_timeout_s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,3 +89,16 @@ def to_yaml(config, node_name='/**'):
     """Return a ROS 2 params YAML document for ``config`` (every parameter, dotted groups)."""
     tree = {group: dataclasses.asdict(getattr(config, group)) for group in groups()}
     return yaml.safe_dump({node_name: {'ros__parameters': tree}}, sort_keys=False)
+
+
+def load_config(params_file=None, overrides=()):
+    """Return the ServerConfig of a params file plus ``GROUP.FIELD=VALUE`` overrides.
+
+    The loader every ``timebill`` verb shares: ``params_file`` (a ROS 2 params YAML, or None
+    for the defaults), then each override in order, its value parsed as YAML.
+    """
+    flat = load_yaml(params_file) if params_file else {}
+    for item in overrides:
+        name, _, raw = item.partition('=')
+        flat[name] = yaml.safe_load(raw)
+    return config_from_flat(flat)

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from timebill_ros.engine.forward import PassHooks
-from timebill_ros.stopping import EOS, MAX_TOKENS, StopCriteria
+from timebill_ros.engine.stopping import EOS, MAX_TOKENS, StopCriteria
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from timebill_ros.stopping import StopCriteria
+from timebill_ros.engine.stopping import StopCriteria
 
 
 class Interrupted(Exception):

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from timebill_ros.engine.forward import Forward, PassHooks
-from timebill_ros.eviction import gather_positions
+from timebill_ros.engine.eviction import gather_positions
 
 
 class TransformersForward(Forward):

@@ -28,16 +28,17 @@ from typing import Callable, Optional
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from timebill_ros import model_source
+from timebill_ros.checks import check_count
 from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine import model_source
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
 from timebill_ros.engine.forward import Forward, HiddenPool, Interrupted, PassHooks
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
 from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
-from timebill_ros.eviction import keep_indices, make_scorer, n_keep_for
-from timebill_ros.latency.probe import Probe
-from timebill_ros.stopping import StepTimer, StopCriteria
+from timebill_ros.engine.eviction import keep_indices, make_scorer, n_keep_for
+from timebill_ros.engine.probe import Probe
+from timebill_ros.engine.stopping import StepTimer, StopCriteria
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # One-token step weight formats (engine.decode_weights): int8 is weight-only, per output row.
@@ -308,8 +309,8 @@ class LlmEngine:
 
     def measure_prefill_s(self, n_x: int, repeats: int = 1) -> float:
         """Return the median seconds to prefill ``n_x`` random non-special tokens."""
-        _check_count('n_x', n_x, self.context_tokens)
-        _check_count('repeats', repeats)
+        check_count('n_x', n_x, maximum=self.context_tokens)
+        check_count('repeats', repeats)
         ids = self.random_ids(n_x)
         return statistics.median(
             self.prefill(ids, StopCriteria()).prefill_s for _ in range(repeats))
@@ -322,8 +323,8 @@ class LlmEngine:
         included - so the estimate covers what the server pays per token, not only the
         model's forward. The cache grows by one token per step.
         """
-        _check_count('steps', steps)
-        _check_count('n_kv', n_kv, self.context_tokens - steps - 1)
+        check_count('steps', steps)
+        check_count('n_kv', n_kv, maximum=self.context_tokens - steps - 1)
         state = self.prefill(self.random_ids(n_kv), StopCriteria())
         out = self.decode(state, steps + 1, StopCriteria(), on_tokens=lambda n, text: None,
                           feedback_every=self.engine_config.feedback_every_tokens)
@@ -336,9 +337,9 @@ class LlmEngine:
         Each goal is a prefill of ``n_kv`` random tokens (not timed); the first step is not
         timed either; then ``steps`` steps of the engine's own batch.
         """
-        _check_count('batch_size', batch_size, self.forward.max_batch)
-        _check_count('steps', steps)
-        _check_count('n_kv', n_kv, self.context_tokens - steps - 2)
+        check_count('batch_size', batch_size, maximum=self.forward.max_batch)
+        check_count('steps', steps)
+        check_count('n_kv', n_kv, maximum=self.context_tokens - steps - 2)
         batch = self.new_batch()
         for _ in range(batch_size):
             batch.join(self.prefill(self.random_ids(n_kv), StopCriteria()), steps + 2,
@@ -356,8 +357,8 @@ class LlmEngine:
         feedback callback included); no KV eviction; EOS does not stop it, so the answer is
         exactly ``n_out`` tokens. Returns the prefill seconds and each decoding step's seconds.
         """
-        _check_count('n_out', n_out)
-        _check_count('n_in', n_in, self.context_tokens - n_out + 1)
+        check_count('n_out', n_out)
+        check_count('n_in', n_in, maximum=self.context_tokens - n_out + 1)
         state = self.prefill(self.random_ids(n_in), StopCriteria())
         timer = StepTimer()
         self.decode(state, n_out, StopCriteria([timer]), on_tokens=lambda n, text: None,
@@ -404,14 +405,6 @@ class LlmEngine:
         generator = torch.Generator().manual_seed(n_tokens)
         picks = torch.randint(len(candidates), (n_tokens,), generator=generator)
         return candidates[picks].tolist()
-
-
-def _check_count(name: str, value, maximum: Optional[int] = None) -> None:
-    """Check ``value`` is an int in [1, maximum]."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f'{name} must be an int >= 1, got {value!r}')
-    if maximum is not None and value > maximum:
-        raise ValueError(f'{name} must be <= {maximum}, got {value!r}')
 
 
 def _lean_chosen(model, engine_config: EngineConfig) -> bool:

@@ -13,8 +13,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from timebill_ros.latency.probe import Probe
-from timebill_ros.timing.model import check_int
+from timebill_ros.engine.probe import Probe
+from timebill_ros.checks import check_int
 
 FORMAT_VERSION = 1
 

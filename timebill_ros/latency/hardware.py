@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from timebill_ros.timing.model import check_nonneg_real
+from timebill_ros.checks import check_nonneg_real
 
 
 @dataclasses.dataclass(frozen=True)

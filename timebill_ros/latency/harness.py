@@ -10,8 +10,8 @@ import time
 from typing import Callable, Optional, Sequence
 
 from timebill_ros.latency.grid import GridRun, LatencyGrid
-from timebill_ros.latency.probe import Probe
-from timebill_ros.timing.model import check_int, check_nonneg_real
+from timebill_ros.engine.probe import timed_probe
+from timebill_ros.checks import check_int, check_nonneg_real
 
 WARM_UP_TOKENS = 8
 
@@ -22,14 +22,6 @@ def _check_lengths(name, values):
     if not lengths:
         raise ValueError(f'{name} must hold at least one length')
     return lengths
-
-
-def timed_probe(engine, n_in, n_out):
-    """Return ``engine.measure_probe(n_in, n_out)`` after checking it is a matching Probe."""
-    probe = engine.measure_probe(n_in, n_out)
-    if not isinstance(probe, Probe) or (probe.n_in, probe.n_out) != (n_in, n_out):
-        raise RuntimeError(f'engine.measure_probe({n_in}, {n_out}) returned {probe!r}')
-    return probe
 
 
 def measure_grid(engine, n_in_values: Sequence[int], n_out_max: int, *, repeats=3,

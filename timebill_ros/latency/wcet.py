@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from timebill_ros.timing.budget import pessimistic_tokens
-from timebill_ros.stopping import EosStop, StopCriteria
+from timebill_ros.engine.stopping import EosStop, StopCriteria
 
 K_VALUES = tuple(range(1, 9))
 

@@ -16,9 +16,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from timebill_ros.predictors.base import LengthPredictor
-from timebill_ros.rlp.compress import compress_ids
-from timebill_ros.rlp.export import INPUT_NAME, OUTPUT_NAME, read_metadata
-from timebill_ros.rlp.readout import OutputFormat
+from timebill_ros.predictors.compress import compress_ids
+from timebill_ros.predictors.contract import INPUT_NAME, OUTPUT_NAME, read_metadata
+from timebill_ros.predictors.readout import OutputFormat
 from timebill_ros.timing.model import fit_prefill
 
 TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens

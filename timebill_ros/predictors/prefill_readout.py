@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from timebill_ros.predictors.onnx_rlp import resolve_providers
-from timebill_ros.rlp.export import OUTPUT_NAME, POOLED_NAME, read_metadata
-from timebill_ros.rlp.readout import OutputFormat
+from timebill_ros.predictors.contract import OUTPUT_NAME, POOLED_NAME, read_metadata
+from timebill_ros.predictors.readout import OutputFormat
 
 TIMING_REPEATS = 20  # runs timed at load; the median is time_s
 

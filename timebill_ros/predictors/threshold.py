@@ -1,10 +1,14 @@
 """RT-LM's offload threshold tau (Eq. 4): the k-quantile of predicted lengths on training data.
 
-Computed once per predictor file, quantile and N_max, and cached as JSON beside the ONNX file
-(``<file>.tau.json``), since it costs one prediction per training prompt (~50 ms each here).
+The predictions are made once, when the RLP is exported (``timebill predictor train
+--export``, :func:`timebill_ros.training.export.export_train_lengths`), and stored beside the
+ONNX file as ``<file>.lengths.json``: N^ of each of a fixed sample of training prompts, read
+without an N_max (``null`` where the RLP says its top bucket, ">= N_model"). At start-up the
+server only caps them at its N_max and takes the quantile: no corpus, no model work.
 """
 
 import json
+import math
 import pathlib
 
 import numpy as np
@@ -12,21 +16,42 @@ import numpy as np
 MAX_PROMPTS = 200  # a deterministic sample of the training split is enough for a quantile
 
 
-def _train_prompts(max_prompts):
-    """Return up to ``max_prompts`` training-split prompts of the RLP corpus, spread evenly."""
-    from timebill_ros.rlp.corpus import build_corpus
-    prompts = [item.prompt for item in build_corpus() if item.split == 'train']
-    step = max(1, len(prompts) // max_prompts)
-    return prompts[::step][:max_prompts]
+def lengths_path(model_file) -> pathlib.Path:
+    """Return the file of the training predictions stored beside ``model_file``."""
+    return pathlib.Path(f'{model_file}.lengths.json')
 
 
-def offload_threshold(predictor, encode, quantile, n_max, model_file=None, log=print,
-                      max_prompts=MAX_PROMPTS):
-    """Return tau, tokens: the ``quantile`` of N^ over the predictor's training prompts.
+def _stamp(model_file) -> dict:
+    """Return what ties a lengths file to its ONNX file: its size and mtime."""
+    stat = pathlib.Path(model_file).stat()
+    return {'size': stat.st_size, 'mtime_ns': stat.st_mtime_ns}
 
-    predictor: a LengthPredictor. encode(prompt) -> input_ids (the server's chat template).
-    n_max: the N_max the predictions are capped at, tokens. model_file: the predictor's
-    file; tau is cached beside it (None: not cached).
+
+def write_train_lengths(model_file, lengths) -> pathlib.Path:
+    """Store N^ of the training sample (tokens; None = the top bucket) beside ``model_file``."""
+    lengths = [None if n is None or math.isinf(n) else int(n) for n in lengths]
+    if not lengths:
+        raise ValueError('need at least one training prediction')
+    path = lengths_path(model_file)
+    path.write_text(json.dumps({'stamp': _stamp(model_file), 'n_hat_tokens': lengths}))
+    return path
+
+
+def read_train_lengths(model_file):
+    """Return the stored N^ list of ``model_file`` (None = top bucket); ValueError if stale."""
+    path = lengths_path(model_file)
+    saved = json.loads(path.read_text())
+    if saved.get('stamp') != _stamp(model_file):
+        raise ValueError(f'{path} was made for another version of {model_file}')
+    return saved['n_hat_tokens']
+
+
+def offload_threshold(predictor, quantile, n_max, model_file=None, log=print):
+    """Return tau, tokens: the ``quantile`` of N^ (capped at ``n_max``) over training prompts.
+
+    predictor: the LengthPredictor the server runs. model_file: its ONNX file, beside which
+    the export stored the training predictions. Without them (fallback predictor, no file,
+    missing or stale predictions) tau is infinity: no goal is offloaded by its uncertainty.
     """
     if not 0 < quantile < 1:
         raise ValueError(f'quantile must be in (0, 1), got {quantile!r}')
@@ -34,27 +59,15 @@ def offload_threshold(predictor, encode, quantile, n_max, model_file=None, log=p
         log('offload threshold: the fallback predictor says N_max for every goal, so no '
             'goal is offloaded by its uncertainty (tau = infinity)')
         return float('inf')
-    cache, stamp = None, None
-    if model_file is not None and pathlib.Path(model_file).is_file():
-        stat = pathlib.Path(model_file).stat()
-        cache = pathlib.Path(f'{model_file}.tau.json')
-        stamp = {'size': stat.st_size, 'mtime_ns': stat.st_mtime_ns, 'quantile': quantile,
-                 'n_max': n_max, 'max_prompts': max_prompts}
-        try:
-            saved = json.loads(cache.read_text())
-            if saved.get('stamp') == stamp:
-                return float(saved['tau_tokens'])
-        except (OSError, ValueError, KeyError):
-            pass
-    prompts = _train_prompts(max_prompts)
-    lengths = [predictor.predict(p, encode(p), n_max) for p in prompts]
+    try:
+        stored = read_train_lengths(model_file)
+    except (TypeError, OSError, ValueError, KeyError) as exc:
+        log(f'offload threshold: no training predictions beside {model_file} ({exc}); no goal '
+            'is offloaded by its uncertainty (tau = infinity). Re-export the RLP with '
+            '`timebill predictor train --export` to store them')
+        return float('inf')
+    lengths = [n_max if n is None else min(n, n_max) for n in stored]
     tau = float(np.quantile(lengths, quantile))
     log(f'offload threshold tau = {tau:.0f} tokens ({quantile:.2f}-quantile of N^ over '
-        f'{len(prompts)} training prompts)')
-    if cache is not None:
-        try:
-            cache.write_text(json.dumps({'stamp': stamp, 'tau_tokens': tau,
-                                         'n_prompts': len(prompts)}))
-        except OSError as exc:
-            log(f'warning: could not cache tau at {cache}: {exc}')
+        f'{len(lengths)} training prompts)')
     return tau

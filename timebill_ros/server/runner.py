@@ -15,7 +15,7 @@ import itertools
 import time
 from typing import Optional
 
-from timebill_ros import stopping
+from timebill_ros.engine import stopping
 from timebill_ros.engine import GenerationStopped
 from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, JobResult

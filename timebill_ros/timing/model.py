@@ -15,7 +15,6 @@ model / device / dtype / threads (:func:`calibration_key`). This module never im
 import dataclasses
 import datetime
 import hashlib
-import math
 import numbers
 import os
 import re
@@ -26,33 +25,16 @@ import numpy as np
 import scipy.optimize
 import yaml
 
+from timebill_ros.checks import check_int, check_nonneg_real, check_text
+from timebill_ros.paths import cache_root
+
 FORMAT_VERSION = 1
 METHODS = ('full_grid', 'startup', 'few_shot')
-CACHE_ENV = 'TIMEBILL_CACHE'
-DEFAULT_CACHE_DIR = os.path.join('~', '.cache', 'timebill_ros')
 COEFFICIENT_NAMES = ('a', 'b', 'c', 'p', 'q')
 _YAML_HEADER = (
     '# TimeBill timing calibration (written by timebill_ros; see timebill profile).\n'
     '# t_prefill(N_x) = a N_x^2 + b N_x + c, t_decode_step(N_kv) = p N_kv + q, seconds.\n'
     '# prefill_points / decode_points: raw [tokens, seconds] measurements.\n')
-
-
-def check_int(name, value, minimum=0):
-    """Return ``value`` (e.g. a token count) as an int; raise unless it is an int >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f'{name} must be an int, got {value!r}')
-    if value < minimum:
-        raise ValueError(f'{name} must be >= {minimum}, got {value!r}')
-    return int(value)
-
-
-def check_nonneg_real(name, value):
-    """Return ``value`` as a float; raise unless it is a finite real number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f'{name} must be a number, got {value!r}')
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f'{name} must be finite and >= 0, got {value!r}')
-    return float(value)
 
 
 def _check_alpha(alpha):
@@ -62,15 +44,6 @@ def _check_alpha(alpha):
     if not 0 <= alpha < 1:
         raise ValueError(f'alpha must be in [0, 1), got {alpha!r}')
     return float(alpha)
-
-
-def _check_text(name, value):
-    """Return ``value``; raise unless it is a non-empty string."""
-    if not isinstance(value, str):
-        raise TypeError(f'{name} must be a string, got {value!r}')
-    if not value:
-        raise ValueError(f'{name} must not be empty')
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,8 +202,8 @@ def calibration_key(model_key, device, dtype, threads):
     shortening a very long model key) changed anything, a short hash of the original fields
     is appended so distinct combinations never share a key.
     """
-    raw = [_check_text('model_key', model_key), _check_text('device', device),
-           _check_text('dtype', dtype), f't{check_int("threads", threads)}']
+    raw = [check_text('model_key', model_key), check_text('device', device),
+           check_text('dtype', dtype), f't{check_int("threads", threads)}']
     safe = [_UNSAFE.sub('_', part).lstrip('.') or '_' for part in raw]
     safe[0] = safe[0][:80]
     key = '__'.join(safe)
@@ -240,18 +213,9 @@ def calibration_key(model_key, device, dtype, threads):
     return key
 
 
-def cache_root(cache_dir=None):
-    """Return the cache directory: ``cache_dir``, else $TIMEBILL_CACHE, else the default.
-
-    The default is ``~/.cache/timebill_ros``.
-    """
-    chosen = cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR
-    return os.path.expanduser(chosen)
-
-
 def default_calibration_path(key, cache_dir=None):
     """Return ``<cache>/calibration/<key>.yaml`` (cache as in :func:`cache_root`)."""
-    key = _check_text('key', key)
+    key = check_text('key', key)
     if _UNSAFE.search(key) or key.startswith('.'):
         raise ValueError(f'key must be filename-safe (see calibration_key), got {key!r}')
     return os.path.join(cache_root(cache_dir), 'calibration', f'{key}.yaml')
@@ -293,7 +257,7 @@ def _check_created(value):
     """Return an ISO 8601 time string; raise unless ``value`` parses as one."""
     if isinstance(value, datetime.datetime):
         return value.isoformat()
-    _check_text('created', value)
+    check_text('created', value)
     try:
         datetime.datetime.fromisoformat(value)
     except ValueError:
@@ -342,9 +306,9 @@ class Calibration:
             raise TypeError(
                 f'coefficients must be TimingCoefficients, got {self.coefficients!r}')
         checked = {
-            'model_key': _check_text('model_key', self.model_key),
-            'device': _check_text('device', self.device),
-            'dtype': _check_text('dtype', self.dtype),
+            'model_key': check_text('model_key', self.model_key),
+            'device': check_text('device', self.device),
+            'dtype': check_text('dtype', self.dtype),
             'threads': check_int('threads', self.threads),
             'prefill_mape_pct': _check_mape('prefill_mape_pct', self.prefill_mape_pct),
             'decode_mape_pct': _check_mape('decode_mape_pct', self.decode_mape_pct),

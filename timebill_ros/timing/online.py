@@ -43,8 +43,9 @@ from typing import Callable, Optional
 import numpy as np
 import yaml
 
-from timebill_ros.config import TimingConfig
-from timebill_ros.timing.model import TimingCoefficients, check_int, now_iso
+from timebill_ros.checks import check_int
+from timebill_ros.config import OnlineSettings
+from timebill_ros.timing.model import TimingCoefficients, now_iso
 
 EXPECTED, WORST, LEAST = 'expected', 'worst', 'least'
 BOUNDS = (EXPECTED, WORST, LEAST)
@@ -57,40 +58,6 @@ EVICT_PRIOR_S_PER_TOKEN = 5e-5
 # feeds is applied to sums of up to hundreds of steps.
 MIN_DECODE_STEPS = 8
 STATE_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class OnlineSettings:
-    """How the model corrects itself (the ``timing`` parameters of the same names).
-
-    enabled: False = the calibration as measured (no factor, no margin: the fixed model).
-    speed_gain: weight of a goal that ran faster than assumed in a phase's speed factor, in
-        (0, 1] (a slower goal sets it at once).
-    residual_window: residuals kept per phase (goals).
-    wcet_quantile: upper quantile of the residuals for WORST; 1 - it for LEAST.
-    min_residuals: below this many residuals the prior margin is used as well.
-    prior_margin: upper margin (>= 1) before enough residuals; LEAST uses its inverse.
-    """
-
-    # Defaults: the ``timing`` parameters' (one home for them).
-    enabled: bool = TimingConfig.online
-    speed_gain: float = TimingConfig.speed_gain
-    residual_window: int = TimingConfig.residual_window
-    wcet_quantile: float = TimingConfig.wcet_quantile
-    min_residuals: int = TimingConfig.min_residuals
-    prior_margin: float = TimingConfig.prior_margin
-
-    def __post_init__(self):
-        """Check every field, naming the bad one."""
-        if not 0 < self.speed_gain <= 1:
-            raise ValueError(f'timing.speed_gain must be in (0, 1], got {self.speed_gain!r}')
-        check_int('timing.residual_window', self.residual_window, 1)
-        check_int('timing.min_residuals', self.min_residuals, 0)
-        if not 0.5 <= self.wcet_quantile <= 1:
-            raise ValueError(
-                f'timing.wcet_quantile must be in [0.5, 1], got {self.wcet_quantile!r}')
-        if not math.isfinite(self.prior_margin) or self.prior_margin < 1:
-            raise ValueError(f'timing.prior_margin must be >= 1, got {self.prior_margin!r}')
 
 
 class PhaseTracker:

@@ -1,6 +1,6 @@
 """Base class of latency predictors and the fitted model they return.
 
-A predictor turns a few measured :class:`~timebill_ros.latency.probe.Probe` s into a
+A predictor turns a few measured :class:`~timebill_ros.engine.probe.Probe` s into a
 :class:`LatencyModel`, which predicts the TimeBill pieces (prefill seconds at n_in tokens,
 one decoding step's seconds at n_kv cached tokens) and the end-to-end latency
 L(n_in, n_out), seconds, of an n_out-token answer.
@@ -12,8 +12,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from timebill_ros.latency.probe import Probe
-from timebill_ros.timing.model import TimingCoefficients, check_int
+from timebill_ros.engine.probe import Probe
+from timebill_ros.checks import check_int
+from timebill_ros.timing.model import TimingCoefficients
 
 STEPS = 'steps'    # n_out - 1 decoding steps, step i at n_in + i - 1 cached (TimeBill Eq. 5-7)
 TOKENS = 'tokens'  # n_out tokens at step(n_in) each (SimFLi Eq. 2: coef_decode * n_out)

@@ -1,7 +1,7 @@
 """Kill: the goal stops at its deadline, or earlier once it cannot finish; response discarded."""
 
 from timebill_ros.server.overrun.base import OverrunPolicy
-from timebill_ros.stopping import DeadlineStop
+from timebill_ros.engine.stopping import DeadlineStop
 
 
 class KillPolicy(OverrunPolicy):

@@ -8,7 +8,7 @@ room for more of the answer before it.
 """
 
 from timebill_ros.server.overrun.base import OverrunPolicy
-from timebill_ros.stopping import DeadlineStop
+from timebill_ros.engine.stopping import DeadlineStop
 
 
 class PartialPolicy(OverrunPolicy):

@@ -1,0 +1,356 @@
+"""``timebill enginebench``: decoding and prefill speed of each engine format, side by side.
+
+Every engine format shares one loaded model (the lean forward reads its weights; 16-bit decode
+weights are copies) and the measurements alternate between formats round by round, so a drift
+of the machine's speed hits all formats alike. Rows:
+- ``transformers fp32``: transformers' modules on a DynamicCache (the engine before the lean
+  forward; kept for non-Llama models), the reference;
+- ``lean <decode weights>``: the lean forward on the preallocated KV cache, the prefill in the
+  model's dtype, one-token steps in the named format.
+Decode: seconds per token of the engine's own decode loop (stop checks, text streaming and a
+feedback callback included) after a prefill of N_KV random tokens; each round continues the
+same cache (it grows by the round's steps, a few percent of N_KV at most).
+Greedy agreement: held-out prompts (RLP test split) answered greedily by each format; tokens
+identical until the first difference, and ROUGE-L F1 against the transformers fp32 answer.
+Floor: weight bytes a one-token step reads / measured copy bandwidth.
+``llama.cpp Q4_1``: the same model file on llama.cpp (enginebench_llama_cpp.py), when
+llama-cpp-python is installed (``make bench-deps``); its decode is the bare model step.
+"""
+
+import dataclasses
+import json
+import pathlib
+import statistics
+import time
+
+import torch
+
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine.stopping import StopCriteria
+
+FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
+           ('lean fp16', 'lean', 'float16'), ('lean int8', 'lean', 'int8'))
+DECODE_KV = (100, 1000, 3000)
+BATCH_SIZES = (1, 2, 4, 8)
+BATCH_KV = 100  # prompt tokens of every row of a batch
+PREFILL_TOKENS = (128, 512, 2048, 4096)
+AGREEMENT_PROMPTS = 6
+AGREEMENT_TOKENS = 64
+
+
+@dataclasses.dataclass
+class Row:
+    """One engine format's measurements (seconds, tokens)."""
+
+    name: str
+    decode_s: dict = dataclasses.field(default_factory=dict)   # n_kv -> [s/token per round]
+    prefill_s: dict = dataclasses.field(default_factory=dict)  # n_x -> [s per round]
+    agreement: list = dataclasses.field(default_factory=list)  # per prompt (same, rouge_l)
+    batch_s: dict = dataclasses.field(default_factory=dict)    # B -> [s/token per round]
+
+
+def _engines(formats, threads):
+    from timebill_ros.engine import LlmEngine
+    first = LlmEngine.load(EngineConfig(threads=threads, forward='transformers'),
+                           EvictionConfig())
+    engines = {}
+    for name, forward, decode_weights in formats:
+        config = EngineConfig(threads=threads, forward=forward, decode_weights=decode_weights)
+        engines[name] = LlmEngine(config, EvictionConfig(), model=first.model,
+                                  tokenizer=first.tokenizer)
+    return engines
+
+
+def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress, llama=None):
+    for n_kv in n_kv_values:
+        states = {name: engine.prefill(engine.random_ids(n_kv), StopCriteria())
+                  for name, engine in engines.items()}
+        if llama is not None:
+            llama.start_decode(n_kv)
+        for _ in range(rounds):
+            times = {}
+            for name, engine in engines.items():
+                out = engine.decode(states[name], steps + 1, StopCriteria(),
+                                    on_tokens=lambda n, text: None, feedback_every=4)
+                times[name] = out.decode_s / (len(out.token_ids) - 1)
+            if llama is not None:
+                times[llama.name] = llama.decode_s(steps)
+            for name, per_token in times.items():
+                rows[name].decode_s.setdefault(n_kv, []).append(per_token)
+                progress(f'decode  {name:18s} N_kv={n_kv:5d}: {per_token * 1e3:6.1f} ms/token')
+
+
+def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
+    """Aggregate seconds per token of B goals decoding together (lean forward only)."""
+    lean = {name: e for name, e in engines.items() if e.forward.max_batch >= max(batch_sizes)}
+    for size in batch_sizes:
+        states = {name: [engine.prefill(engine.random_ids(BATCH_KV + row), StopCriteria())
+                         for row in range(size)] for name, engine in lean.items()}
+        for _ in range(rounds):
+            for name, engine in lean.items():
+                batch = engine.new_batch()
+                for state in states[name]:
+                    batch.join(state, steps + 2, StopCriteria())
+                batch.step()  # the first step: not timed
+                start = time.perf_counter()
+                for _ in range(steps):
+                    batch.step()
+                per_token = (time.perf_counter() - start) / (steps * size)
+                rows[name].batch_s.setdefault(size, []).append(per_token)
+                progress(f'batch   {name:18s} B={size}: {per_token * 1e3:6.1f} ms/token '
+                         f'(aggregate)')
+
+
+def _measure_prefill(engines, rows, n_x_values, rounds, progress, llama=None):
+    for n_x in n_x_values:
+        for _ in range(rounds):
+            times = {name: engine.measure_prefill_s(n_x) for name, engine in engines.items()
+                     # other decode weights: the same prefill as the fp32 row of their forward
+                     if engine.engine_config.decode_weights == 'float32'}
+            if llama is not None:
+                times[llama.name] = llama.prefill_s(n_x)
+            for name, seconds in times.items():
+                rows[name].prefill_s.setdefault(n_x, []).append(seconds)
+                progress(f'prefill {name:18s} N_x={n_x:5d}: {seconds:6.2f} s')
+
+
+def _llama_answer(llama, reference_engine, input_ids, n_tokens):
+    """Return llama.cpp's greedy answer as (token_ids, text), cut before the first EOS.
+
+    As the engine's answers: the EOS that ends an answer is not part of it.
+    """
+    from timebill_ros.training.collect import response_length
+    token_ids = llama.greedy(input_ids, n_tokens)
+    n_steps, capped = response_length(token_ids, set(reference_engine.eos_token_ids),
+                                      len(token_ids))
+    if not capped:
+        token_ids = token_ids[:n_steps - 1]
+    text = reference_engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+    return token_ids, text
+
+
+def _measure_agreement(engines, rows, n_prompts, n_tokens, progress, llama=None):
+    from timebill_ros.bench.timebill import _rouge_l_scorer, rlp_test_prompts
+    rouge = _rouge_l_scorer()
+    reference_name = next(iter(engines))
+    reference_engine = engines[reference_name]
+    for prompt_id, prompt in rlp_test_prompts(n_prompts):
+        answers = {}
+        for name, engine in engines.items():
+            state = engine.prefill(engine.encode(prompt), StopCriteria())
+            out = engine.decode(state, n_tokens, StopCriteria())
+            answers[name] = (out.token_ids, out.text)
+        if llama is not None:
+            answers[llama.name] = _llama_answer(llama, reference_engine,
+                                                reference_engine.encode(prompt), n_tokens)
+        reference_ids, reference_text = answers[reference_name]
+        for name, (token_ids, text) in answers.items():
+            same = 0
+            for a, b in zip(token_ids, reference_ids):
+                if a != b:
+                    break
+                same += 1
+            rows[name].agreement.append(
+                {'prompt_id': prompt_id, 'identical': token_ids == reference_ids,
+                 'same_prefix': same, 'tokens': len(token_ids),
+                 'rouge_l': rouge(reference_text, text)})
+        progress(f'agreement {prompt_id}: ' + ', '.join(
+            f'{n}: {rows[n].agreement[-1]["same_prefix"]}' for n in answers))
+
+
+def copy_bandwidth_gbs(megabytes=256, repeats=5) -> float:
+    """Return the best of ``repeats`` copies of a ``megabytes`` buffer: read + write, GB/s."""
+    source = torch.empty(megabytes * 2 ** 20 // 4, dtype=torch.float32).uniform_()
+    target = torch.empty_like(source)
+    best = float('inf')
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() * 4 / best / 1e9
+
+
+def step_weight_bytes(engine) -> int:
+    """Bytes of weights one decoding step reads: every linear layer and the LM head."""
+    forward = engine.forward
+    if not hasattr(forward, 'layers'):
+        return 0
+    linears = [forward.lm_head]
+    for layer in forward.layers:
+        linears += [layer.qkv, layer.out, layer.gate_up, layer.down]
+    return sum(linear.step_bytes for linear in linears)
+
+
+def _median_ms(values):
+    return f'{statistics.median(values) * 1e3:.1f}' if values else '-'
+
+
+def report(rows, meta) -> str:
+    """Return the markdown tables of a run."""
+    kvs = sorted({n for row in rows.values() for n in row.decode_s})
+    xs = sorted({n for row in rows.values() for n in row.prefill_s})
+    reference = next(iter(rows.values()))
+    lines = [f'# Engine speed ({meta["model"]}, {meta["threads"]} threads)', '',
+             f'Command: `{meta["command"]}`; {meta["rounds"]} interleaved rounds, medians; '
+             f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s.', '',
+             '| engine | ' + ' | '.join(f'decode ms/token @{n} KV' for n in kvs)
+             + ' | speed-up @' + str(kvs[0]) + ' | floor ms/token | '
+             + ' | '.join(f'prefill {n} tok (s)' for n in xs) + ' |',
+             '|' + '---|' * (len(kvs) + len(xs) + 3)]
+    for name, row in rows.items():
+        speedup = (statistics.median(reference.decode_s[kvs[0]])
+                   / statistics.median(row.decode_s[kvs[0]]))
+        prefill = [f'{statistics.median(row.prefill_s[n]):.2f}' if n in row.prefill_s
+                   else '(= fp32)' for n in xs]
+        lines.append(f'| {name} | ' + ' | '.join(_median_ms(row.decode_s.get(n)) for n in kvs)
+                     + f' | {speedup:.2f}x | {meta["floor_ms"][name]:.1f} | '
+                     + ' | '.join(prefill) + ' |')
+    sizes = sorted({b for row in rows.values() for b in row.batch_s})
+    base = statistics.median(reference.decode_s[kvs[0]])
+    lines += ['', f'Batched decoding, {BATCH_KV} prompt tokens a goal: aggregate ms per token '
+              f'(throughput vs {reference.name} at B=1, {kvs[0]} KV):', '',
+              '| engine | ' + ' | '.join(f'B={b}' for b in sizes) + ' |',
+              '|' + '---|' * (len(sizes) + 1)]
+    for name, row in rows.items():
+        if row.batch_s:
+            lines.append(f'| {name} | ' + ' | '.join(
+                f'{statistics.median(row.batch_s[b]) * 1e3:.1f} '
+                f'({base / statistics.median(row.batch_s[b]):.1f}x)' for b in sizes) + ' |')
+    lines += ['', f'Greedy agreement with {reference.name}, {meta["agreement_tokens"]} tokens, '
+              'held-out prompts (RLP test split):', '',
+              '| engine | answers identical | tokens equal until the first difference (each) '
+              '| mean ROUGE-L |', '|---|---|---|---|']
+    for name, row in rows.items():
+        if not row.agreement:
+            continue
+        same = ', '.join(str(a['same_prefix']) for a in row.agreement)
+        identical = sum(a['identical'] for a in row.agreement)
+        mean_rouge = statistics.mean(a['rouge_l'] for a in row.agreement)
+        lines.append(f'| {name} | {identical}/{len(row.agreement)} | {same} | '
+                     f'{mean_rouge:.3f} |')
+    lines += ['', 'llama.cpp row: ' + meta['llama_cpp']]
+    if meta.get('auto'):
+        lines += ['', '`engine.decode_weights: auto` on this machine: ' + meta['auto']]
+    return '\n'.join(lines) + '\n'
+
+
+def plot(rows, path) -> None:
+    """Write decode ms/token vs KV length and batched aggregate ms/token vs B to ``path``."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for index, (name, row) in enumerate(rows.items()):
+        color = f'C{index}'  # one colour per engine in both panels
+        kvs = sorted(row.decode_s)
+        left.plot(kvs, [statistics.median(row.decode_s[n]) * 1e3 for n in kvs], marker='o',
+                  label=name, color=color)
+        if row.batch_s:
+            sizes = sorted(row.batch_s)
+            right.plot(sizes, [statistics.median(row.batch_s[b]) * 1e3 for b in sizes],
+                       marker='o', label=name, color=color)
+    left.set(title='decode, one goal', xlabel='KV tokens', ylabel='ms per token')
+    right.set(title='batched decode (aggregate)', xlabel='goals per step B',
+              ylabel='ms per token')
+    for axis in (left, right):
+        axis.set_ylim(bottom=0)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _rows_from_json(data) -> dict:
+    """Return the rows of a saved enginebench.json (JSON keys back to ints)."""
+    rows = {}
+    for raw in data['rows']:
+        row = Row(raw['name'], agreement=raw['agreement'])
+        for field in ('decode_s', 'prefill_s', 'batch_s'):
+            setattr(row, field, {int(k): v for k, v in raw[field].items()})
+        rows[row.name] = row
+    return rows
+
+
+def _write(out, rows, meta, progress):
+    out.mkdir(parents=True, exist_ok=True)
+    text = report(rows, meta)
+    (out / 'enginebench.md').write_text(text)
+    plot(rows, out / 'enginebench.png')
+    (out / 'enginebench.json').write_text(json.dumps(
+        {'meta': meta, 'rows': [dataclasses.asdict(r) for r in rows.values()]}, indent=1))
+    progress(text)
+
+
+def _auto_choice(engine, threads) -> str:
+    """Return what ``decode_weights: auto`` chooses on this machine, with its step times."""
+    from timebill_ros.engine import LlmEngine
+    auto = LlmEngine(EngineConfig(threads=threads, decode_weights='auto'), EvictionConfig(),
+                     model=engine.model, tokenizer=engine.tokenizer)
+    probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms/step'
+                      for name, seconds in auto.step_format_probe.items())
+    return f'{auto.engine_config.decode_weights} ({probe})'
+
+
+def _llama(args, kvs, xs):
+    """Return (the llama.cpp engine or None, the report's note on its row)."""
+    from timebill_ros.bench import llama_cpp as enginebench_llama_cpp
+    if not enginebench_llama_cpp.available():
+        return None, 'skipped: llama-cpp-python is not installed (`make bench-deps`).'
+    context = max(max(xs), max(kvs) + args.rounds * (args.steps + 1)) + 16
+    llama = enginebench_llama_cpp.LlamaCppEngine(args.threads or torch.get_num_threads(),
+                                                 context)
+    return llama, ('llama-cpp-python, the embedded Q4_1 GGUF, same threads; decode is the '
+                   'bare model step (no sampling, stop checks or text streaming).')
+
+
+def run_enginebench(args, progress=print) -> int:
+    """Run the benchmark; write enginebench.md, .png and .json under ``args.out``.
+
+    With ``args.from_json`` only re-make the table and plot from a saved run.
+    """
+    if args.from_json:
+        data = json.loads(pathlib.Path(args.from_json).read_text())
+        _write(pathlib.Path(args.out), _rows_from_json(data), data['meta'], progress)
+        return 0
+    torch.manual_seed(0)
+    engines = _engines(FORMATS, args.threads)
+    auto = _auto_choice(engines['lean fp32'], args.threads)
+    progress(f'decode_weights auto chooses {auto}')
+    rows = {name: Row(name) for name in engines}
+    kvs = DECODE_KV[:2] if args.quick else DECODE_KV
+    xs = PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS
+    llama, llama_note = _llama(args, kvs, xs)
+    if llama is not None:
+        rows[llama.name] = Row(llama.name)
+    with torch.inference_mode():
+        _measure_decode(engines, rows, kvs, args.rounds, args.steps, progress, llama)
+        _measure_batches(engines, rows, BATCH_SIZES, args.rounds, args.steps, progress)
+        _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
+    _measure_agreement(engines, rows, 2 if args.quick else AGREEMENT_PROMPTS,
+                       AGREEMENT_TOKENS, progress, llama)
+    bandwidth = copy_bandwidth_gbs()
+    lean_fp32 = step_weight_bytes(engines['lean fp32'])
+    floor_ms = {name: (step_weight_bytes(engine) or lean_fp32) / (bandwidth * 1e9) * 1e3
+                for name, engine in engines.items()}
+    if llama is not None:
+        from timebill_ros.engine.model_source import embedded_gguf_path
+        floor_ms[llama.name] = embedded_gguf_path().stat().st_size / (bandwidth * 1e9) * 1e3
+    first = next(iter(engines.values()))
+    meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
+            'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
+            'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note, 'auto': auto,
+            'command': 'timebill enginebench' + (' --quick' if args.quick else '')}
+    _write(pathlib.Path(args.out), rows, meta, progress)
+    return 0
+
+
+def add_arguments(parser):
+    """Add the flags of ``timebill enginebench`` to the argparse ``parser``."""
+    parser.add_argument('--out', default='benchmarks/results/engine')
+    parser.add_argument('--threads', type=int, default=0, help='0 = torch default')
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--steps', type=int, default=16, help='decoding steps a round')
+    parser.add_argument('--quick', action='store_true',
+                        help='KV 100/1000, prefill 128/512, 2 prompts')
+    parser.add_argument('--from-json', default='', metavar='JSON',
+                        help='only re-make the table and plot of a saved run')

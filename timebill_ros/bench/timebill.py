@@ -1,0 +1,351 @@
+"""``timebill bench``: TimeBill vs Vanilla vs fixed eviction ratios, through the real node.
+
+Protocol (after TimeBill Sec. 6.4, adapted to one CPU): a prompt set of varied lengths is
+released as a periodic job stream. Each job's budget T is a fraction (``BUDGET_FRACTIONS``) of
+that prompt's Vanilla estimate t^_e2e(N_x, alpha=0, N_max) from the calibrated time model;
+the next job is released at the previous job's deadline, so an overrun under Skip-Next makes
+the next jobs come due while it runs (they end SKIPPED). Each method has its own server
+process (``timebill serve``, ``budget.mode`` / ``budget.fixed_alpha`` and its
+``METHOD_PARAMS``); all run at once and each job stream runs on every method in turn, so a
+drift of the machine's speed hits all methods alike.
+The time model is calibrated afresh (start-up grid) at the start of the run and shared by all
+servers, so budgets and alpha* use the machine's speed of the moment.
+Score: ROUGE-L F1 of each response against the full-cache answer (Vanilla, no deadline);
+jobs that do not complete score 0, as in the paper. Every method runs under Kill, Skip-Next
+and Partial (the anytime policy: a truncated answer delivered on time is scored as it is).
+``timebill`` predicts as the server does by default (predictor.kind=rlp: N^ read from the
+goal's own prefill by the readout head, the RLP for nothing else here), ``timebill-rlp`` with
+the RLP beside the prefill instead (``predictor.prefill_readout`` off; the same when no
+readout is built), ``timebill-fallback`` the same pipeline with N^ = N_max; the fixed-ratio
+methods run no predictor (as in the paper).
+``--prompt-set rlp-test`` takes held-out prompts of the RLP corpus (test split) instead of the
+robot prompt set, so the RLP is scored on prompts it never trained on.
+"""
+
+import contextlib
+import json
+import pathlib
+import tempfile
+import time
+
+from timebill_ros import params, prompts
+from timebill_ros.config import EngineConfig, ServerConfig
+
+BUDGET_FRACTIONS = (0.9, 1.0, 1.1, 1.25)
+# (name, budget.mode, budget.fixed_alpha, predictor.kind)
+METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 'fallback'),
+           ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
+           ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'),
+           ('timebill-fallback', 'timebill', 0.0, 'fallback'),
+           ('timebill-fixed', 'timebill', 0.0, 'rlp'), ('timebill-clamp', 'timebill', 0.0, 'rlp'),
+           ('timebill-rlp', 'timebill', 0.0, 'rlp'))
+# Server parameters of a method beyond its budget mode and predictor. ``timebill-fixed``
+# decides as the server did before issue 9: the calibration as it is (no speed factor, no
+# learned margin), no admission control and the paper's clamp of alpha* to alpha_max; it
+# shows what the self-correcting model changes. ``timebill-clamp``: the self-correcting model
+# with the paper's clamp (no EXPECTED fallback, alpha_max when nothing fits), to show what
+# the two rules for goals that do not fit change.
+PAPER_CLAMP = {'budget.expected_fallback': False, 'budget.keep_cache_when_hopeless': False}
+METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none',
+                                    **PAPER_CLAMP},
+                 'timebill-clamp': PAPER_CLAMP,
+                 'timebill-rlp': {'predictor.prefill_readout': False}}
+POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
+N_MAX = 48
+COMPLETED = 1
+RLP_TEST_PROMPTS = 8
+
+
+def decode_weights_of(calibration_file) -> str:
+    """Return the step format a calibration was taken with (its dtype's last field).
+
+    Servers of a benchmark run use it rather than each resolving ``auto`` on its own. A file
+    that does not exist (yet) gives ``auto``; the server then refuses the missing file itself.
+    """
+    from timebill_ros.timing.model import Calibration
+    if not pathlib.Path(calibration_file).is_file():
+        return 'auto'
+    return Calibration.load(calibration_file).dtype.rsplit('-', 1)[-1]
+
+
+def _server_params(name, mode, fixed_alpha, kind, folder, calibration_file, n_max):
+    flat = {'engine.max_new_tokens': n_max, 'budget.mode': mode,
+            'budget.fixed_alpha': fixed_alpha, 'predictor.kind': kind,
+            'timing.calibration_file': calibration_file,
+            'engine.decode_weights': decode_weights_of(calibration_file),
+            # Each server keeps its own online state: methods must not learn from each other.
+            'timing.state_file': str(pathlib.Path(folder) / f'{name}.online.yaml')}
+    flat.update(METHOD_PARAMS.get(name, {}))
+    config = params.config_from_flat(flat)
+    path = pathlib.Path(folder) / f'{name}.yaml'
+    path.write_text(params.to_yaml(config))
+    return str(path)
+
+
+def _rouge_l_scorer():
+    """Return f(reference, candidate) -> ROUGE-L F1, with one scorer built for all calls."""
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(['rougeL'])
+    return lambda reference, candidate: scorer.score(reference, candidate)['rougeL'].fmeasure
+
+
+def _stream(client, items, policy_code, n_max):
+    """Release jobs periodically; return their results in order."""
+    from timebill_ros.ros.client import make_goal
+    handles = []
+    release = time.monotonic()
+    for _, prompt, budget_s in items:
+        time.sleep(max(0.0, release - time.monotonic()))
+        goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max, policy=policy_code)
+        handles.append(client.send(goal))
+        release += budget_s
+    return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
+
+
+def _server(index, method, tmp, n_max):
+    """Start ``timebill serve`` for one method; a context yielding a connected client."""
+    from timebill_ros.cli.demo import served
+    name = method[0]
+    params_file = _server_params(*method, tmp, str(pathlib.Path(tmp) / 'calibration.yaml'),
+                                 n_max)
+    return served(params_file, pathlib.Path(tmp) / f'{name}.log',
+                  node_name=f'timebill_bench_{index}')
+
+
+def _row(name, policy, fraction, pname, budget_s, res):
+    from timebill_ros.ros.conversions import duration_to_s
+    return {'method': name, 'policy': policy, 'fraction': fraction, 'prompt': pname,
+            'budget_s': budget_s, 'status': res.status, 'response': res.response,
+            'alpha': res.eviction_ratio, 'prompt_tokens': res.prompt_tokens,
+            'predicted_tokens': res.predicted_tokens,
+            'response_tokens': res.response_tokens, 'predictor': res.predictor,
+            'decided': res.predicted_wcet.sec > 0 or res.predicted_wcet.nanosec > 0,
+            'deadline_met': res.deadline_met, 'truncated': bool(res.truncated),
+            'message': res.message, 'prefill_s': duration_to_s(res.prefill_time),
+            'decode_s': duration_to_s(res.decode_time),
+            'total_s': duration_to_s(res.total_time)}
+
+
+def _run_interleaved(clients, items_by_fraction, n_max):
+    """Run every budget fraction under every policy, the methods' streams interleaved.
+
+    clients: [(method name, client)]. Each (fraction, policy) stream runs on every method's
+    server one after the other, the order rotated from stream to stream, so that the
+    machine's drift (10-30 % within minutes on a shared machine) hits every method alike.
+    Returns one row per job.
+    """
+    rows, turn = [], 0
+    for fraction, items in items_by_fraction.items():
+        for policy, code in POLICIES:
+            order = clients[turn % len(clients):] + clients[:turn % len(clients)]
+            turn += 1
+            for name, client in order:
+                for (pname, _, budget_s), res in zip(items,
+                                                     _stream(client, items, code, n_max)):
+                    rows.append(_row(name, policy, fraction, pname, budget_s, res))
+                    print(f'  {name:15s} {policy:9s} T={fraction:.2f}x {pname:8s} '
+                          f'N_x={res.prompt_tokens:5d} status={res.status} '
+                          f'alpha={res.eviction_ratio:.2f}', flush=True)
+    return rows
+
+
+def _references(client, prompt_set, n_max):
+    """Full-cache answers (Vanilla, generous deadline) used as ROUGE-L references."""
+    from timebill_ros.ros.client import make_goal
+    refs = {}
+    for name, prompt in prompt_set:
+        result, _ = client.run(make_goal(prompt, budget_s=600.0, max_new_tokens=n_max))
+        refs[name] = result.response
+    return refs
+
+
+def _budgets(prompt_set, coefficients, engine, n_max, fractions=BUDGET_FRACTIONS):
+    """Return {fraction: [(name, prompt, T seconds)]} from the Vanilla t^_e2e at N_max."""
+    out = {}
+    for fraction in fractions:
+        out[fraction] = []
+        for name, prompt in prompt_set:
+            n_x = len(engine.encode(prompt))
+            t_e2e = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, 0.0, n_max)
+            out[fraction].append((name, prompt, round(fraction * t_e2e, 3)))
+    return out
+
+
+def summarize(rows, refs):
+    """Return [{method, policy, fraction, completion_rate, misses, rouge_l}] aggregated."""
+    rouge_l = _rouge_l_scorer()
+    groups = {}
+    for row in rows:
+        key = (row['method'], row['policy'], row['fraction'])
+        groups.setdefault(key, []).append(row)
+    table = []
+    for (method, policy, fraction), items in groups.items():
+        done = [r for r in items if r['status'] == COMPLETED and r['deadline_met']]
+        scores = [rouge_l(refs[r['prompt']], r['response']) if r in done else 0.0
+                  for r in items]
+        decided = [r['alpha'] for r in items if r['decided']]
+        table.append({'method': method, 'policy': policy, 'fraction': fraction,
+                      'completion_rate': len(done) / len(items),
+                      'misses': len(items) - len(done),
+                      'rouge_l': sum(scores) / len(scores),
+                      'mean_alpha': sum(decided) / len(decided) if decided else 0.0})
+    return table
+
+
+def write_report(table, out_dir, calibration_report):
+    """Write results.md and results.png under out_dir."""
+    lines = ['| policy | T / t^_e2e(vanilla) | method | completion rate | misses | '
+             'ROUGE-L | mean alpha* (jobs that ran) |', '|---|---|---|---|---|---|---|']
+    for r in sorted(table, key=lambda r: (r['policy'], r['fraction'], r['method'])):
+        lines.append(f"| {r['policy']} | {r['fraction']:.2f} | {r['method']} | "
+                     f"{r['completion_rate']:.2f} | {r['misses']} | {r['rouge_l']:.3f} | "
+                     f"{r['mean_alpha']:.2f} |")
+    text = '\n'.join(lines) + '\n\nTime model (ETE) fit:\n```\n' + calibration_report + '\n```\n'
+    (out_dir / 'bench.md').write_text(text)
+    _plot(table, out_dir / 'bench.png')
+    return text
+
+
+def _plot(table, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, len(POLICIES), figsize=(5 * len(POLICIES), 7), sharex=True)
+    for col, (policy, _) in enumerate(POLICIES):
+        for name, *_ in METHODS:
+            pts = sorted((r['fraction'], r['completion_rate'], r['rouge_l']) for r in table
+                         if r['method'] == name and r['policy'] == policy)
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            axes[0][col].plot(xs, [p[1] for p in pts], marker='o', label=name)
+            axes[1][col].plot(xs, [p[2] for p in pts], marker='o', label=name)
+        axes[0][col].set_title(f'{policy}: completion rate')
+        axes[1][col].set_title(f'{policy}: ROUGE-L vs full-cache answer')
+        axes[1][col].set_xlabel('budget T / vanilla t^_e2e')
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def _selected_methods(names):
+    if not names:
+        return METHODS
+    wanted = [n.strip() for n in names.split(',')]
+    unknown = sorted(set(wanted) - {m[0] for m in METHODS})
+    if unknown:
+        raise ValueError(f'unknown method(s) {unknown}; known: {[m[0] for m in METHODS]}')
+    # Vanilla first: its server also produces the full-cache reference answers.
+    return [m for m in METHODS if m[0] in wanted or m[0] == 'vanilla']
+
+
+def rlp_test_prompts(n=RLP_TEST_PROMPTS):
+    """Return [(prompt_id, prompt)]: ``n`` test-split corpus prompts, one per category first.
+
+    Deterministic: categories in corpus order, the first test prompt of each, then the
+    second of each, ... until ``n``.
+    """
+    from timebill_ros.training.corpus import build_corpus
+    by_category = {}
+    for item in build_corpus():
+        if item.split == 'test':
+            by_category.setdefault(item.category, []).append(item)
+    out, rank = [], 0
+    while len(out) < n and any(len(v) > rank for v in by_category.values()):
+        out += [(v[rank].prompt_id, v[rank].prompt) for v in by_category.values()
+                if len(v) > rank][:n - len(out)]
+        rank += 1
+    return out
+
+
+def _prompt_set(args):
+    if args.prompt_set == 'rlp-test':
+        return rlp_test_prompts(args.prompts or RLP_TEST_PROMPTS)
+    return prompts.benchmark_prompts(quick=args.quick)
+
+
+def run_bench(args):
+    """Run the benchmark; write bench.md, bench.png and bench_raw.json under args.out."""
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.timing.profiler import format_report, profile, startup_grid
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_max = args.n_max
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max))
+    engine = LlmEngine.load(config.engine, config.eviction)
+    # A fresh calibration, taken in the same machine state as the runs (shared machines
+    # drift), used by this process for the budgets and by every server it starts.
+    calibration = profile(engine, startup_grid(engine.context_tokens), progress=print)
+    prompt_set = _prompt_set(args)
+    fractions = tuple(float(f) for f in args.fractions.split(',')) if args.fractions \
+        else BUDGET_FRACTIONS
+    items = _budgets(prompt_set, calibration.coefficients, engine, n_max, fractions)
+    del engine
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
+        calibration.save(pathlib.Path(tmp) / 'calibration.yaml')
+        # Every method's server runs at once (an idle server takes no compute), so that
+        # the streams of all methods can be interleaved.
+        clients = []
+        for index, method in enumerate(_selected_methods(args.methods)):
+            print(f'starting the server of method {method[0]}', flush=True)
+            clients.append((method[0], servers.enter_context(_server(index, method, tmp,
+                                                                     n_max))))
+        refs = _references(dict(clients)['vanilla'], prompt_set, n_max)
+        rows = _run_interleaved(clients, items, n_max)
+    table = summarize(rows, refs)
+    (out_dir / 'bench_raw.json').write_text(json.dumps({'rows': rows, 'refs': refs}, indent=1))
+    print(write_report(table, out_dir, format_report(calibration)))
+    return 0
+
+
+def predictor_breakdown(raw, method='timebill', baseline='timebill-fallback', n_max=None):
+    """Compare two methods job by job, split by whether ``method`` predicted N^ < N_max.
+
+    raw: the ``bench_raw.json`` dict. Returns {group: {jobs, rouge_l, done, alpha}} with each
+    value a (method, baseline) pair; groups ``short`` (N^ < N_max: the RLP changed alpha*) and
+    ``n_max`` (N^ = N_max: both decided alike, differences are timing).
+    """
+    rouge_l = _rouge_l_scorer()
+    refs = raw['refs']
+
+    def key(row):
+        return row['policy'], row['fraction'], row['prompt']
+
+    ours = {key(r): r for r in raw['rows'] if r['method'] == method}
+    base = {key(r): r for r in raw['rows'] if r['method'] == baseline}
+    n_max = n_max or max(r['predicted_tokens'] for r in base.values())
+
+    def done(row):
+        return row['status'] == COMPLETED and row['deadline_met']
+
+    def score(row):
+        return rouge_l(refs[row['prompt']], row['response']) if done(row) else 0.0
+
+    out = {}
+    for group in ('short', 'n_max'):
+        keys = [k for k, r in ours.items() if k in base
+                and (r['predicted_tokens'] < n_max) == (group == 'short')]
+        if not keys:
+            continue
+        out[group] = {'jobs': len(keys)}
+        for name, fn in (('rouge_l', score), ('done', done), ('alpha', lambda r: r['alpha'])):
+            out[group][name] = tuple(sum(fn(rows[k]) for k in keys) / len(keys)
+                                     for rows in (ours, base))
+    return out
+
+
+def add_arguments(parser):
+    """Add the flags of ``timebill bench`` to the argparse ``parser``."""
+    parser.add_argument('--out', default='benchmarks/results')
+    parser.add_argument('--quick', action='store_true', help='fewer prompts')
+    parser.add_argument('--prompt-set', choices=('robot', 'rlp-test'), default='robot',
+                        help='robot prompts, or held-out test prompts of the RLP corpus')
+    parser.add_argument('--n-max', type=int, default=48, help='N_max of every goal, tokens')
+    parser.add_argument('--fractions', default='',
+                        help='comma list of budget fractions T / t^_e2e (default 0.9,1,1.1,1.25)')
+    parser.add_argument('--breakdown', metavar='RAW_JSON',
+                        help='only print the RLP-vs-fallback breakdown of a bench_raw.json')
+    parser.add_argument('--prompts', type=int, default=0,
+                        help='with --prompt-set rlp-test: how many held-out prompts')
+    parser.add_argument('--methods', default='',
+                        help='comma list of methods (vanilla is always run); default all')

@@ -1,0 +1,36 @@
+"""The ``timebill`` command: one module per verb group (offline side; never run by the node).
+
+serve / send (``server``), profile, demo, bench / enginebench / schedbench (``bench``),
+predictor, latency, params-doc (``params_doc``).
+"""
+
+import argparse
+import sys
+
+
+def _split_ros_args(argv):
+    """Split argv at ``--ros-args``: (ours, ros args including the marker)."""
+    if '--ros-args' in argv:
+        i = argv.index('--ros-args')
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def build_parser():
+    """Return the argparse parser of the ``timebill`` command."""
+    from timebill_ros.cli import bench, demo, latency, predictor, profile, server
+    parser = argparse.ArgumentParser(
+        prog='timebill', description='timebill_ros: serve, profile, send, demo, bench, '
+        'enginebench, schedbench, predictor, latency.')
+    sub = parser.add_subparsers(dest='command', required=True)
+    for module in (server, profile, demo, bench, predictor, latency):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the ``timebill`` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, ros_args = _split_ros_args(argv)
+    args = build_parser().parse_args(ours)
+    return args.func(args, ros_args)

@@ -1,0 +1,49 @@
+"""``timebill bench``, ``enginebench`` and ``schedbench``: the benchmarks through the real node.
+
+Each benchmark's flags live beside it (``add_arguments`` in ``timebill_ros.bench.*``).
+"""
+
+
+def cmd_enginebench(args, ros_args):
+    """Decode / prefill speed and greedy agreement of each engine format, side by side."""
+    from timebill_ros.bench.engine import run_enginebench
+    return run_enginebench(args)
+
+
+def cmd_schedbench(args, ros_args):
+    """Scheduling policies (RT-LM) under Poisson load with deadlines, through the real node."""
+    from timebill_ros.bench.schedbench import run_schedbench
+    return run_schedbench(args)
+
+
+def cmd_bench(args, ros_args):
+    """Run the TimeBill benchmark through the real node."""
+    from timebill_ros.bench.timebill import run_bench
+    if args.breakdown:
+        return _print_breakdown(args.breakdown)
+    return run_bench(args)
+
+
+def _print_breakdown(raw_path):
+    import json
+    from timebill_ros.bench.timebill import predictor_breakdown
+    table = predictor_breakdown(json.loads(open(raw_path, encoding='utf-8').read()))
+    print('| jobs | N^ | ROUGE-L rlp / fallback | on time rlp / fallback | '
+          'mean alpha* rlp / fallback |\n|---|---|---|---|---|')
+    for group, row in table.items():
+        label = 'N^ < N_max' if group == 'short' else 'N^ = N_max'
+        print(f"| {row['jobs']} | {label} | {row['rouge_l'][0]:.3f} / {row['rouge_l'][1]:.3f} | "
+              f"{row['done'][0]:.2f} / {row['done'][1]:.2f} | "
+              f"{row['alpha'][0]:.2f} / {row['alpha'][1]:.2f} |")
+    return 0
+
+
+def add_parser(sub):
+    """Add the ``bench``, ``enginebench`` and ``schedbench`` commands to ``sub``."""
+    from timebill_ros.bench import engine, schedbench, timebill
+    for name, func, module in (('bench', cmd_bench, timebill),
+                               ('enginebench', cmd_enginebench, engine),
+                               ('schedbench', cmd_schedbench, schedbench)):
+        parser = sub.add_parser(name, help=func.__doc__)
+        module.add_arguments(parser)
+        parser.set_defaults(func=func)

@@ -1,0 +1,385 @@
+"""``timebill predictor collect|train|export|eval``: the response-length predictors."""
+
+import pathlib
+import sys
+
+DEFAULT_LENGTHS = 'data/rlp/lengths_1024.jsonl'
+ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
+ONNX_ATOL = 1e-3  # fp32 export vs torch: bucket probabilities (or the scaled length)
+INT8_AGREEMENT = 0.9  # int8-embedding export: share of check prompts with torch's N^
+
+
+def _config(args):
+    from timebill_ros.params import load_config
+    return load_config(args.params, args.set)
+
+
+def _engine(args, config=None):
+    from timebill_ros.engine import LlmEngine
+    config = config or _config(args)
+    return config, LlmEngine.load(config.engine, config.eviction)
+
+
+def _paths(args, config):
+    """Return (ONNX path, torch checkpoint path); needs no loaded model."""
+    from timebill_ros.engine import model_source
+    from timebill_ros.predictors.contract import default_onnx_path
+    onnx_path = pathlib.Path(args.onnx or config.predictor.model_file
+                             or default_onnx_path(model_source.model_key(config.engine),
+                                                  config.engine.model_cache_dir or None))
+    return onnx_path, onnx_path.with_suffix('.pt')
+
+
+def cmd_collect(args, ros_args):
+    """Run the target LLM over the corpus and append response lengths (resumable)."""
+    from timebill_ros.training.collect import collect
+    from timebill_ros.training.corpus import build_corpus
+    _, engine = _engine(args)
+    items = build_corpus()
+    if args.split:
+        items = [it for it in items if it.split == args.split]
+    n = collect(engine, items, pathlib.Path(args.out), n_model=args.n_model,
+                max_batch=args.batch, limit=args.limit or None)
+    print(f'collected {n} prompts into {args.out}')
+    return 0
+
+
+def cmd_verify(args, ros_args):
+    """Re-measure some collected lengths unbatched, through the server's decode path."""
+    from timebill_ros.training.collect import verify
+    from timebill_ros.training.corpus import build_corpus
+    _, engine = _engine(args)
+    rows = verify(engine, build_corpus(), args.lengths, args.n)
+    same = sum(b == s for _, b, s in rows)
+    within = sum(abs(b - s) <= 16 for _, b, s in rows)
+    print(f'{same}/{len(rows)} identical, {within}/{len(rows)} within 16 tokens '
+          '(batched collection vs unbatched server path)')
+    return 0
+
+
+def _rlp_settings(args, n_model):
+    return {'bucket_tokens': args.bucket or None, 'n_model': n_model, 'n_layers': args.layers,
+            'n_trainable_layers': args.trainable_layers,
+            'max_input_tokens': args.max_input_tokens, 'epochs': args.epochs, 'seed': args.seed,
+            'head': args.head}
+
+
+def cmd_train(args, ros_args):
+    """Train the RLP on the train split (val picks the epoch); save it; optionally export."""
+    import torch
+    from timebill_ros.training.dataset import load_examples
+    from timebill_ros.training.models.rlp import RlpModel
+    config = _config(args)
+    onnx_path, pt_path = _paths(args, config)
+    if args.if_missing and onnx_path.is_file():
+        print(f'RLP already built: {onnx_path}')
+        return _train_lengths_if_missing(args, config, onnx_path)
+    _, engine = _engine(args, config)
+    splits = load_examples(args.lengths, args.split_view)
+    settings = _rlp_settings(args, splits['train'][0].n_model)
+    model = RlpModel(engine.model, engine.encode, **settings)
+    model.fit(splits['train'], splits['val'])
+    pt_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'settings': settings, 'state_dict': model.net.state_dict()}, pt_path)
+    print(f'saved {pt_path}')
+    if args.export:
+        return _export(model, engine, splits, onnx_path, args.embedding, config.predictor)
+    return 0
+
+
+def _train_lengths_if_missing(args, config, onnx_path):
+    """Store the training predictions beside an RLP built before they were stored."""
+    from timebill_ros.predictors.threshold import read_train_lengths
+    from timebill_ros.training.export import export_train_lengths
+    try:
+        read_train_lengths(onnx_path)
+        return 0
+    except (OSError, ValueError, KeyError):
+        _, engine = _engine(args, config)
+        export_train_lengths(onnx_path, engine.encode, config.predictor)
+        return 0
+
+
+def _export(model, engine, splits, onnx_path, embedding, predictor_config):
+    """Export and check against torch: fp32 to ONNX_ATOL, int8 by N^ agreement.
+
+    Then store the exported RLP's N^ of the training sample beside it (the offload
+    threshold's input).
+    """
+    import onnxruntime
+    from timebill_ros.training.export import (compare_with_torch, export_onnx,
+                                              export_train_lengths)
+    export_onnx(model, onnx_path, engine.model_key, embedding)
+    session = onnxruntime.InferenceSession(str(onnx_path), providers=['CPUExecutionProvider'])
+    by_length = sorted(splits['test'], key=lambda e: e.n_prompt_tokens)
+    picks = sorted({round(i * (len(by_length) - 1) / (ONNX_CHECK_PROMPTS - 1))
+                    for i in range(ONNX_CHECK_PROMPTS)})  # shortest to longest, evenly
+    ids = [model.input_ids(by_length[i].prompt) for i in picks]
+    diff, same = compare_with_torch(model, session, ids)
+    lengths = sorted(len(i) for i in ids)
+    print(f'ONNX ({embedding} embedding) vs torch on {len(ids)} test prompts '
+          f'({lengths[0]}..{lengths[-1]} tokens): max |difference| {diff:.2e}, '
+          f'same N^ on {same}/{len(ids)}')
+    if embedding == 'float32' and diff > ONNX_ATOL:
+        print(f'ONNX output differs from torch: {diff} > {ONNX_ATOL}', file=sys.stderr)
+        return 1
+    if same < INT8_AGREEMENT * len(ids):
+        print(f'ONNX N^ differs from torch on {len(ids) - same}/{len(ids)} prompts',
+              file=sys.stderr)
+        return 1
+    print(f'exported {onnx_path} ({onnx_path.stat().st_size / 1e6:.0f} MB)')
+    export_train_lengths(onnx_path, engine.encode, predictor_config)
+    return 0
+
+
+def cmd_export(args, ros_args):
+    """Export the trained RLP (.pt next to the ONNX path) to ONNX and check it."""
+    import torch
+    from timebill_ros.training.dataset import load_examples
+    from timebill_ros.training.models.rlp import RlpModel
+    config = _config(args)
+    onnx_path, pt_path = _paths(args, config)
+    if not pt_path.is_file():
+        print(f'no trained RLP at {pt_path}: run `timebill predictor train`', file=sys.stderr)
+        return 2
+    _, engine = _engine(args, config)
+    saved = torch.load(pt_path, weights_only=True)
+    model = RlpModel(engine.model, engine.encode, **saved['settings'])
+    model.net.load_state_dict(saved['state_dict'])
+    return _export(model, engine, load_examples(args.lengths, args.split_view), onnx_path,
+                   args.embedding, config.predictor)
+
+
+def _pool_layers(args, engine):
+    """Return ``--pool-layers`` as a tuple of 1-based layers (default: middle and last)."""
+    from timebill_ros.training.models.prefill_readout import default_pool_layers
+    if not args.pool_layers:
+        return default_pool_layers(engine.n_layers)
+    try:
+        return tuple(int(part) for part in args.pool_layers.split(','))
+    except ValueError:
+        raise ValueError(f'--pool-layers must be a comma list of ints, got '
+                         f'{args.pool_layers!r}') from None
+
+
+def _features(engine, config, splits, layers):
+    """Return prompt id -> pooled prefill states of every example (rlp.prefill_features)."""
+    from timebill_ros.training.prefill_features import default_features_path, prefill_features
+    examples = [e for split in splits.values() for e in split]
+    path = default_features_path(engine.model_key, config.engine.model_cache_dir or None)
+    return prefill_features(engine, examples, path, log=print, layers=layers)
+
+
+def _readout_path(args, config):
+    from timebill_ros.engine import model_source
+    from timebill_ros.predictors.contract import default_readout_path
+    return pathlib.Path(args.onnx or config.predictor.readout_file
+                        or default_readout_path(model_source.model_key(config.engine),
+                                                config.engine.model_cache_dir or None))
+
+
+def cmd_readout(args, ros_args):
+    """Train the prefill readout on the engine's pooled prefill states; optionally export it."""
+    import torch
+    from timebill_ros.training.dataset import load_examples
+    from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+    config = _config(args)
+    path = _readout_path(args, config)
+    if args.if_missing and path.is_file():
+        print(f'prefill readout already built: {path}')
+        return 0
+    _, engine = _engine(args, config)
+    splits = load_examples(args.lengths, args.split_view)
+    layers = _pool_layers(args, engine)
+    model = PrefillReadoutModel(engine.model, _features(engine, config, splits, layers),
+                                bucket_tokens=args.bucket or None,
+                                n_model=splits['train'][0].n_model, epochs=args.epochs,
+                                seed=args.seed, head=args.head, pool_layers=layers)
+    model.fit(splits['train'], splits['val'])
+    print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
+          f'({args.split_view} view, {len(splits["test"])} prompts)')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'state_dict': model.net.state_dict()}, path.with_suffix('.pt'))
+    if args.export:
+        return _export_readout(model, engine, splits['test'], path)
+    return 0
+
+
+def _export_readout(model, engine, test, path):
+    """Export the readout and check onnxruntime against torch on the test prompts."""
+    import onnxruntime
+    from timebill_ros.predictors.contract import POOLED_NAME
+    from timebill_ros.training.export import compare_with_torch, export_readout_onnx
+    from timebill_ros.predictors.prefill_readout import PrefillReadout
+    export_readout_onnx(model, path, engine.model_key)
+    # Opened as the server opens it: its metadata must be a readout's.
+    readout = PrefillReadout(onnxruntime.InferenceSession(
+        str(path), providers=['CPUExecutionProvider']))
+    worst, same = compare_with_torch(model, readout.session,
+                                     [model.features[e.prompt_id] for e in test], POOLED_NAME)
+    print(f'ONNX vs torch on {len(test)} test prompts: max |difference| '
+          f'{worst:.2e}, same N^ on {same}/{len(test)}; {readout.time_s * 1e3:.2f} ms a call')
+    if worst > ONNX_ATOL:
+        print(f'ONNX output differs from torch: {worst} > {ONNX_ATOL}', file=sys.stderr)
+        return 1
+    print(f'exported {path} ({path.stat().st_size / 1e6:.1f} MB)')
+    return 0
+
+
+def _buckets(text: str) -> tuple:
+    """Parse ``--buckets`` (comma list of B in tokens, 0 = regression) into RLP_BUCKETS form."""
+    try:
+        values = [int(part) for part in text.split(',') if part.strip()]
+    except ValueError:
+        raise ValueError(f'--buckets must be a comma list of ints, got {text!r}') from None
+    if not values or any(v < 0 for v in values):
+        raise ValueError(f'--buckets needs ints >= 0 (0 = regression), got {text!r}')
+    return tuple(v or None for v in values)
+
+
+def cmd_eval(args, ros_args):
+    """Train every predictor on train, print MAE / RMSE / R^2 on test, save the table."""
+    import json
+    from timebill_ros.training import report
+    from timebill_ros.training.dataset import load_examples
+    splits = load_examples(args.lengths, args.split_view)
+    if args.report_only:  # rewrite the tables and the plot from a saved run
+        rows = json.loads((pathlib.Path(args.out) / 'rlp_eval.json').read_text())
+        print(f'saved {report.save_report(rows, splits, args.out)}')
+        return 0
+    config, engine = _engine(args)
+    n_model = splits['train'][0].n_model
+    models = report.baseline_models(print) + report.rlp_variants(
+        engine, n_model, {}, print, buckets=_buckets(args.buckets), n_layers=args.layers,
+        n_trainable_layers=args.trainable_layers, max_input_tokens=args.max_input_tokens,
+        epochs=args.epochs, seed=args.seed, head=args.head)
+    if args.readout:
+        layers = _pool_layers(args, engine)
+        models += report.readout_variants(engine, n_model,
+                                          _features(engine, config, splits, layers), print,
+                                          buckets=_buckets(args.buckets), epochs=args.epochs,
+                                          seed=args.seed, head=args.head, pool_layers=layers)
+    if args.only:
+        models = [m for m in models if any(s in m.name for s in args.only.split(','))]
+    rows = report.evaluate_models(models, splits)
+    print(report.format_table(rows, splits))
+    print(f'saved {report.save_report(rows, splits, args.out)}')
+    return 0
+
+
+def cmd_overlap(args, ros_args):
+    """Measure t_Predict against t_prefill when both run concurrently, as in the server."""
+    from timebill_ros.server.factory import build_predictor
+    from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
+    from timebill_ros.timing.startup import load_or_calibrate
+    from timebill_ros.training.overlap import format_overlap, measure_overlap
+    config, engine = _engine(args)
+    calibration = load_or_calibrate(engine, config.engine, config.timing, log=print)
+    predictor = build_predictor(config, engine, calibration.coefficients)
+    if not isinstance(predictor, OnnxRlpPredictor):
+        print(f'no RLP to measure: {predictor.name}', file=sys.stderr)
+        return 2
+    rows = measure_overlap(engine, predictor, repeats=args.repeats)
+    text = format_overlap(rows)
+    print(text)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text('Regenerate: `timebill predictor overlap`\n\n' + text + '\n')
+    print(f'saved {out}')
+    return 0
+
+
+def _common(parser, lengths=True):
+    parser.add_argument('--params', help='ROS 2 params YAML for the engine settings')
+    parser.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE')
+    if lengths:
+        parser.add_argument('--lengths', default=DEFAULT_LENGTHS, help='lengths JSONL')
+        parser.add_argument('--split-view', choices=('prompt', 'family'), default='prompt',
+                            help='prompt: each prompt its own split (templates shared); '
+                            'family: whole template families held out for val and test')
+
+
+def _rlp_args(parser):
+    parser.add_argument('--layers', type=int, default=4, help='L, target decoder layers')
+    parser.add_argument('--trainable-layers', type=int, default=1, help='last T layers train')
+    parser.add_argument('--max-input-tokens', type=int, default=512, help='training N_p')
+    parser.add_argument('--epochs', type=int, default=6)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--head', choices=('softmax', 'ordinal'), default='softmax',
+                        help='bucket head: softmax cross-entropy or ordinal (cumulative link)')
+
+
+def _pool_layers_arg(parser):
+    parser.add_argument('--pool-layers', default='',
+                        help='prefill readout: decoder layers pooled, 1-based comma list '
+                        '(default: the middle and the last)')
+
+
+def _embedding_arg(parser):
+    from timebill_ros.training.export import EMBEDDING_FORMATS
+    parser.add_argument('--embedding', choices=EMBEDDING_FORMATS, default=EMBEDDING_FORMATS[0],
+                        help='weights of the embedding table in the ONNX file')
+
+
+def add_parser(sub):
+    """Add the ``predictor`` command and its subcommands to ``sub``."""
+    from timebill_ros.training.collect import MAX_BATCH, N_MODEL
+    parser = sub.add_parser('predictor', help=__doc__)
+    psub = parser.add_subparsers(dest='predictor_command', required=True)
+    col = psub.add_parser('collect', help=cmd_collect.__doc__)
+    _common(col, lengths=False)
+    col.add_argument('--out', default=DEFAULT_LENGTHS, help='lengths JSONL (appended)')
+    col.add_argument('--n-model', type=int, default=N_MODEL, help='N_model, tokens')
+    col.add_argument('--batch', type=int, default=MAX_BATCH, help='prompts per batch')
+    col.add_argument('--split', choices=('train', 'val', 'test'), help='only this split')
+    col.add_argument('--limit', type=int, default=0, help='at most this many prompts now')
+    col.set_defaults(func=cmd_collect)
+    ver = psub.add_parser('verify', help=cmd_verify.__doc__)
+    _common(ver)
+    ver.add_argument('--n', type=int, default=16, help='prompts to re-measure')
+    ver.set_defaults(func=cmd_verify)
+    train = psub.add_parser('train', help=cmd_train.__doc__)
+    _common(train)
+    _rlp_args(train)
+    train.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
+    train.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
+    train.add_argument('--export', action='store_true', help='also export to ONNX and check')
+    train.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    _embedding_arg(train)
+    train.set_defaults(func=cmd_train)
+    readout = psub.add_parser('readout', help=cmd_readout.__doc__)
+    _common(readout)
+    readout.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
+    readout.add_argument('--head', choices=('softmax', 'ordinal'), default='ordinal')
+    readout.add_argument('--epochs', type=int, default=6)
+    readout.add_argument('--seed', type=int, default=0)
+    readout.add_argument('--onnx', help='ONNX path (default: predictor.readout_file or the '
+                         'cache)')
+    readout.add_argument('--export', action='store_true', help='also export to ONNX and check')
+    readout.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    _pool_layers_arg(readout)
+    readout.set_defaults(func=cmd_readout)
+    export = psub.add_parser('export', help=cmd_export.__doc__)
+    _common(export)
+    export.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
+    _embedding_arg(export)
+    export.set_defaults(func=cmd_export)
+    ev = psub.add_parser('eval', help=cmd_eval.__doc__)
+    _common(ev)
+    _rlp_args(ev)
+    ev.add_argument('--out', default='benchmarks/results', help='folder of rlp_eval.md/json')
+    ev.add_argument('--only', default='', help='comma list of name parts to run')
+    ev.add_argument('--report-only', action='store_true',
+                    help='rewrite the report from OUT/rlp_eval.json (same lengths and view)')
+    ev.add_argument('--readout', action='store_true',
+                    help='add the prefill readout (one per --buckets B; features cached)')
+    _pool_layers_arg(ev)
+    ev.add_argument('--buckets', default='8,16,32,64,0',
+                    help='RLP variants: comma list of B, tokens (0 = regression)')
+    ev.set_defaults(func=cmd_eval)
+    over = psub.add_parser('overlap', help=cmd_overlap.__doc__)
+    _common(over, lengths=False)
+    over.add_argument('--repeats', type=int, default=3)
+    over.add_argument('--out', default='benchmarks/results/rlp_overlap.md')
+    over.set_defaults(func=cmd_overlap)
+    return parser

@@ -1,0 +1,175 @@
+"""Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
+
+from timebill_ros.predictors import make_predictor, make_readout
+from timebill_ros.server.service import TimeBillService
+
+
+def build_service(config, log=print):
+    """Load the model, the calibration, the online time-model state and the predictor.
+
+    Without a calibration file for this model/device/dtype/threads, this profiles the engine
+    (bounded by timing.max_calibration_s) and caches the result. The time model starts from
+    the state saved by the last run on the same calibration (timing.state_file), then the
+    warm-up goal measures the machine's speed of the moment (timing.warm_up).
+    Returns a TimeBillService, not yet started.
+    """
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.timing.profiler import format_report
+    from timebill_ros.timing.startup import load_or_calibrate, online_state_path
+
+    log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
+    engine = LlmEngine.load(config.engine, config.eviction)
+    config = resolved_engine(config, engine, log)
+    calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
+    log(format_report(calibration))
+    predictor = build_predictor(config, engine, calibration.coefficients, log=log)
+    readout = make_readout(config.predictor, engine.model_key,
+                           config.engine.model_cache_dir or None, log, engine.n_layers)
+    time_model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
+                                  online_state_path(config.engine, config.timing), log)
+    batch_step, config = build_batch_step(config, engine, calibration, log)
+    offload, tau = None, None
+    if config.offload.enabled:
+        offload, tau = build_offload(config, engine, predictor, log, readout)
+    service = TimeBillService(config, engine, predictor, time_model, log=log,
+                              state_path=online_state_path(config.engine, config.timing),
+                              offload=offload, tau_tokens=tau,
+                              batch_step=batch_step, readout=readout)
+    if config.timing.warm_up:
+        service.warm_up()
+    return service
+
+
+def resolved_engine(config, engine, log=print):
+    """Return ``config`` with the engine group the engine resolved (``decode_weights: auto``).
+
+    Calibration files and the online state key on the resolved format.
+    """
+    import dataclasses
+    if engine.step_format_probe:
+        probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms'
+                          for name, seconds in engine.step_format_probe.items())
+        log(f'engine.decode_weights auto: {engine.engine_config.decode_weights} '
+            f'(decoding step: {probe})')
+    return dataclasses.replace(config, engine=engine.engine_config)
+
+
+def build_batch_step(config, engine, calibration, log=print):
+    """Return ``(fit, config)``: the batched-step fit goals in a batch budget with, or None.
+
+    Only when the primary batches (``scheduler.consolidation`` or ``scheduler.continuous``)
+    on an engine that can: the calibration's ``batch_points`` when it has them, else probed
+    now (B = 1, 2, 4, 8 at 128 and 1,024 tokens a goal; ~30 s here) and saved with the cached
+    calibration (not into an explicit ``timing.calibration_file``). The config returned has
+    ``scheduler.batch_size`` 0 resolved (timing.batch.choose_batch_size; 1 when nothing
+    batches).
+    """
+    import dataclasses
+    scheduler = config.scheduler
+    batches = scheduler.consolidation or scheduler.continuous
+    fit, points = None, ()
+    if batches and engine.forward.max_batch >= 2:
+        fit, points = _batch_fit(config, engine, calibration, log)
+    if scheduler.batch_size == 0:
+        from timebill_ros.timing.batch import choose_batch_size
+        size = 1
+        if fit is not None:
+            sizes = [b for b in {b for b, _, _ in points} if b <= engine.forward.max_batch]
+            size = choose_batch_size(fit, sizes, scheduler.batch_gain)
+        log(f'scheduler.batch_size 0: C_f = {size} (per-token cost stops falling by more '
+            f'than {scheduler.batch_gain:.0%} past it)')
+        config = dataclasses.replace(
+            config, scheduler=dataclasses.replace(scheduler, batch_size=size))
+    return fit, config
+
+
+def _batch_fit(config, engine, calibration, log):
+    """Return (fit, points): the calibration's batch points, probed (and cached) if none."""
+    import dataclasses
+
+    from timebill_ros.timing.batch import fit_batch_step, probe_batches
+    points = calibration.batch_points
+    if not points:
+        log('batching: the calibration has no batched-step points; probing')
+        points = tuple(probe_batches(engine, progress=log))
+        if not config.timing.calibration_file:
+            from timebill_ros.timing.model import default_calibration_path
+            path = default_calibration_path(calibration.key)
+            dataclasses.replace(calibration, batch_points=points).save(path)
+            log(f'batched-step points saved with the calibration ({path})')
+    fit = fit_batch_step(points)
+    log(f'batched step: t_step(B, S) = {fit.q * 1e3:.1f} ms + {fit.r * 1e3:.2f} ms (B - 1) '
+        f'+ {fit.p * 1e6:.2f} us/token S')
+    return fit, points
+
+
+def _beside_prefill(predictor, readout):
+    """Return the predictor that runs beside each prefill: none when a readout gives N^."""
+    return None if readout is not None else predictor
+
+
+def build_offload(config, engine, predictor, log=print, readout=None):
+    """Return ((engine, TimeModel), tau) of the offload executor (``offload.*``).
+
+    Its engine is a second instance on ``offload.device`` with ``offload.threads`` threads,
+    with its own calibration (the cache entry of that device and thread count, profiled at
+    start-up when missing; never the primary's ``timing.calibration_file``) and online state.
+    """
+    import dataclasses
+
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.predictors.threshold import offload_threshold
+    from timebill_ros.predictors.contract import default_onnx_path
+    from timebill_ros.timing.startup import load_or_calibrate, online_state_path
+    engine_config = dataclasses.replace(config.engine, device=config.offload.device,
+                                        threads=config.offload.threads)
+    timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
+    log(f'loading the offload engine ({engine_config.device}, '
+        f'{engine_config.threads} threads)')
+    offload_engine = LlmEngine.load(engine_config, config.eviction)
+    engine_config = offload_engine.engine_config  # decode_weights auto resolved
+    offload_engine.bind_thread()  # the calibration below runs on this thread
+    try:
+        calibration = load_or_calibrate(offload_engine, engine_config, timing_config, log=log)
+    finally:
+        engine.bind_thread()
+    model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
+                             online_state_path(engine_config, timing_config), log)
+    model_file = None
+    if config.predictor.kind == 'rlp':
+        model_file = config.predictor.model_file or default_onnx_path(
+            engine.model_key, config.engine.model_cache_dir or None)
+    tau = offload_threshold(predictor, config.offload.quantile, config.engine.max_new_tokens,
+                            model_file, log)
+    return (offload_engine, model), tau
+
+
+def build_time_model(config, calibration, predictor, state_path, log=print):
+    """Return the TimeModel of ``calibration``, restored from ``state_path`` when it fits.
+
+    predictor: the length predictor running beside each prefill (its t^_Predict overhang is
+    part of a goal's time), or None (a prefill readout: the runner counts its time itself).
+    """
+    from timebill_ros.timing.online import TimeModel
+    model = TimeModel(calibration.coefficients, config.timing.online_settings(),
+                      predict_s=None if predictor is None else predictor.expected_time_s,
+                      calibration_created=calibration.created,
+                      calibration_chunk_tokens=config.engine.prefill_chunk_tokens)
+    if not config.timing.online:
+        log('time model: fixed (timing.online is false): no speed factor, no margin')
+        return model
+    try:
+        if model.load(state_path):
+            log(f'time model: online state restored from {state_path}')
+        else:
+            log(f'time model: no online state at {state_path} yet; starting from the '
+                'calibration')
+    except ValueError as exc:
+        log(f'time model: ignoring the online state at {state_path}: {exc}')
+    return model
+
+
+def build_predictor(config, engine, coefficients, log=print):
+    """Return the length predictor of ``config`` for ``engine``, compressing against Eq. 4a."""
+    return make_predictor(config.predictor, engine.model_key, coefficients.prefill_s,
+                          config.engine.model_cache_dir or None, log=log)

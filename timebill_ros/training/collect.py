@@ -1,0 +1,168 @@
+"""Record the target LLM's own response lengths over the corpus (the RLP's labels).
+
+Each prompt goes through the server's chat template (:meth:`LlmEngine.encode`), the
+server's prefill and greedy decoding capped at N_model tokens, several answers decoding
+together on the engine's batched decoding (each with its own cache: no padding). A batched
+step multiplies B rows at once where a lone step multiplies one, which can round a near-tie
+argmax differently, so a batched length may rarely differ from the unbatched server's;
+``verify`` measures how often.
+
+The output is JSONL, one line per prompt, appended as each answer ends, so a stopped run
+resumes where it stopped. Response length ``n_tokens`` counts generated tokens *including*
+the end-of-turn token, i.e. the decoding steps the server runs; ``capped`` marks answers that
+hit N_model (their true length is >= N_model).
+"""
+
+import hashlib
+import json
+import pathlib
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+from timebill_ros.training.corpus import CorpusItem
+
+N_MODEL = 1024  # most tokens collected per answer; the RLP's top bucket means ">= N_MODEL"
+MAX_BATCH = 8  # answers decoding together (the aggregate token rate flattens past 8 here)
+
+
+def prompt_sha(prompt: str) -> str:
+    """Return a short hash of a prompt text, to detect a corpus that changed under a file."""
+    return hashlib.sha256(prompt.encode()).hexdigest()[:12]
+
+
+def load_records(path) -> Dict[str, dict]:
+    """Return {prompt_id: record} of a lengths JSONL file ({} if it does not exist)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return {}
+    records = {}
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f'{path}:{line_no}: not JSON ({exc})') from exc
+        records[record['prompt_id']] = record
+    return records
+
+
+def response_length(tokens: List[int], eos_ids, n_model: int) -> tuple:
+    """Return (n_tokens, capped) for generated ``tokens``: up to and including the first EOS."""
+    for index, token in enumerate(tokens):
+        if token in eos_ids:
+            return index + 1, False
+    return n_model, True
+
+
+def result_length(result, n_model: int) -> tuple:
+    """Return (n_tokens, capped) of a DecodeResult stopped by EOS or N_model only.
+
+    An EOS answer counts its tokens plus the EOS (the decoding steps the server runs); any
+    other stop means the answer reached N_model.
+    """
+    from timebill_ros.engine import stopping
+    if result.stop_reason == stopping.EOS:
+        return len(result.token_ids) + 1, False
+    return n_model, True
+
+
+def _join(engine, batch, item, encoded, n_model, item_of_row):
+    """Prefill ``item`` and add it to ``batch``; ``item_of_row`` maps its row id to it."""
+    from timebill_ros.engine import stopping
+    state = engine.prefill(encoded[item.prompt_id], stopping.StopCriteria())
+    row_id = batch.join(state, n_model, stopping.StopCriteria(
+        [stopping.EosStop(engine.eos_token_ids)]))
+    item_of_row[row_id] = item
+
+
+def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]],
+                   n_model: int, max_batch: int):
+    """Yield ``(item, n_tokens, capped)`` as each item's greedy answer ends.
+
+    The server's own path: :meth:`LlmEngine.prefill` (no eviction) and the engine's batched
+    decoding (:meth:`LlmEngine.new_batch`), up to ``max_batch`` answers a step. An answer
+    leaves the batch at its EOS or at ``n_model`` tokens and the next prompt joins, so no
+    answer waits for a longer one (continuous batching; no padding). ``n_tokens`` counts the
+    EOS (the decoding steps the server runs).
+    """
+    batch, pending, item_of_row = engine.new_batch(), list(items), {}
+    while pending or len(batch):
+        while pending and len(batch) < max_batch:
+            _join(engine, batch, pending.pop(0), encoded, n_model, item_of_row)
+        for row_id, result in batch.step():
+            yield (item_of_row.pop(row_id), *result_length(result, n_model))
+
+
+def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
+            max_batch: int = MAX_BATCH, limit: Optional[int] = None,
+            log: Callable[[str], None] = print, clock=time.monotonic) -> int:
+    """Append the response length of every item not yet in ``out_path``; return how many.
+
+    ``limit`` caps the prompts done in this call (for a quick run). A record whose prompt text
+    changed since it was written is an error: delete the file to recollect. Each record is
+    written (and flushed) as its answer ends, so a stopped run resumes where it stopped;
+    progress lines every ``max_batch`` answers give the rate and an ETA.
+    """
+    out_path = pathlib.Path(out_path)
+    done = load_records(out_path)
+    by_id = {it.prompt_id: it for it in items}
+    for prompt_id, record in done.items():
+        item = by_id.get(prompt_id)
+        if item is not None and record.get('prompt_sha') != prompt_sha(item.prompt):
+            raise ValueError(f'{out_path}: prompt {prompt_id} changed since it was collected')
+        if item is not None and record.get('n_model') != n_model:
+            raise ValueError(f'{out_path}: {prompt_id} was collected with n_model='
+                             f'{record.get("n_model")}, not {n_model}')
+    pending = [it for it in items if it.prompt_id not in done][:limit]
+    if not pending:
+        log(f'all {len(items)} prompts already in {out_path}')
+        return 0
+    encoded = {it.prompt_id: engine.encode(it.prompt) for it in pending}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    start, n_done, n_capped, n_answer_tokens = clock(), 0, 0, 0
+    with out_path.open('a') as out:
+        for item, n_tokens, capped in decode_lengths(engine, pending, encoded, n_model,
+                                                     max_batch):
+            out.write(json.dumps({
+                'prompt_id': item.prompt_id, 'category': item.category,
+                'split': item.split, 'n_prompt_tokens': len(encoded[item.prompt_id]),
+                'n_tokens': n_tokens, 'capped': capped, 'n_model': n_model,
+                'prompt_sha': prompt_sha(item.prompt)}) + '\n')
+            out.flush()
+            n_done, n_capped = n_done + 1, n_capped + capped
+            n_answer_tokens += n_tokens
+            if n_done % max_batch == 0 or n_done == len(pending):
+                elapsed = clock() - start
+                eta = elapsed / n_done * (len(pending) - n_done)
+                log(f'{n_done}/{len(pending)} prompts ({n_capped} reached N_model), '
+                    f'{n_answer_tokens / max(elapsed, 1e-9):.0f} answer tokens/s, '
+                    f'{elapsed:.0f} s, ETA {eta:.0f} s')
+                sys.stdout.flush()
+    return n_done
+
+
+def verify(engine, items: List[CorpusItem], out_path, n_prompts: int,
+           log: Callable[[str], None] = print) -> List[tuple]:
+    """Re-measure ``n_prompts`` collected lengths through the server's own unbatched path.
+
+    Uses :meth:`LlmEngine.prefill` + :meth:`LlmEngine.decode` (no eviction) with EOS and
+    N_model as the only stops. Returns [(prompt_id, batched n_tokens, unbatched n_tokens)]
+    for ``n_prompts`` collected items spread evenly over the corpus order.
+    """
+    from timebill_ros.engine import stopping
+    records = load_records(out_path)
+    collected = [it for it in items if it.prompt_id in records]
+    chosen = collected[::max(1, len(collected) // max(1, n_prompts))][:n_prompts]
+    out = []
+    for item in chosen:
+        record = records[item.prompt_id]
+        n_model = record['n_model']
+        state = engine.prefill(engine.encode(item.prompt), stopping.StopCriteria([]))
+        result = engine.decode(state, n_model, stopping.StopCriteria(
+            [stopping.EosStop(engine.eos_token_ids)]))
+        single, _ = result_length(result, n_model)
+        out.append((item.prompt_id, record['n_tokens'], single))
+        log(f'{item.prompt_id}: batched {record["n_tokens"]}, unbatched {single}')
+    return out
