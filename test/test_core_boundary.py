@@ -1,4 +1,12 @@
-"""The core never imports rclpy or message types; only timebill_ros.ros does."""
+"""The layout's rules, by folder (DESIGN.md, two wings).
+
+- Every module lives in a known folder of one wing, or is one of the modules below both.
+- The robot side (server, engine, timing, predictors, ros) imports nothing of the offline
+  side (training, latency, bench, cli); below both imports neither wing.
+- Only ``ros/`` imports rclpy or message types; the offline front ends (cli, bench) may reach
+  the ROS adapter inside functions, never at module level; training and latency never.
+- The package's import graph has no cycle.
+"""
 
 import ast
 import pathlib
@@ -6,38 +14,159 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'timebill_ros'
+ROBOT = ('server', 'engine', 'timing', 'predictors', 'ros')
+OFFLINE = ('training', 'latency', 'bench', 'cli')
+BELOW_BOTH = ('__init__', 'config', 'params', 'checks', 'paths', 'prompts')
 ROS_MODULES = ('rclpy', 'builtin_interfaces', 'diagnostic_msgs', 'std_msgs', 'action_msgs',
-               'rcl_interfaces', 'timebill_ros.msg', 'timebill_ros.action', 'timebill_ros.ros')
+               'rcl_interfaces', 'lifecycle_msgs', 'timebill_ros.msg', 'timebill_ros.action',
+               'timebill_ros.ros')
+LAZY_ROS_ALLOWED = ('cli', 'bench')
+
+FILES = sorted(p for p in PACKAGE.rglob('*.py')
+               if p.relative_to(PACKAGE).parts[0] not in ('msg', 'action'))
 
 
-def _imports(path):
+def _module_name(path):
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix('').parts)
+    if parts[-1] == '__init__':
+        parts = parts[:-1]
+    return '.'.join(parts)
+
+
+MODULES = {_module_name(p): p for p in FILES}
+
+
+def _wing(path):
+    """Return 'robot', 'offline' or 'below' for a module file, or None if it fits no wing."""
+    top = path.relative_to(PACKAGE).parts
+    if len(top) == 1:
+        return 'below' if path.stem in BELOW_BOTH else None
+    if top[0] in ROBOT:
+        return 'robot'
+    return 'offline' if top[0] in OFFLINE else None
+
+
+def _imports(path, top_level_only=False):
+    """Yield (absolute module name, node) of each import in ``path``; relative ones resolved."""
     tree = ast.parse(path.read_text(encoding='utf-8'))
-    for node in ast.walk(tree):
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    package = _module_name(path).split('.')
+    if path.name != '__init__.py':
+        package = package[:-1]
+    for node in nodes:
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            yield node.module
+            for alias in node.names:
+                yield alias.name, node
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                stem = package[:len(package) - (node.level - 1)]
+                base = '.'.join(stem + ([node.module] if node.module else []))
+            for alias in node.names:
+                # ``from pkg import submodule`` imports the submodule, else the module itself.
+                child = f'{base}.{alias.name}'
+                yield (child if child in MODULES else base), node
 
 
-CORE_FILES = sorted(p for p in PACKAGE.rglob('*.py')
-                    if 'ros' not in p.relative_to(PACKAGE).parts[:1]
-                    and p.parent.name not in ('msg', 'action'))
+def _resolve(name):
+    """Return the package module ``name`` refers to (longest known prefix), or None."""
+    while name and name not in MODULES:
+        name = name.rpartition('.')[0]
+    return name or None
 
 
-def test_core_files_found():
-    assert len(CORE_FILES) > 15
+def _wing_of_name(name):
+    module = _resolve(name)
+    return None if module is None else _wing(MODULES[module])
 
 
-@pytest.mark.parametrize('path', CORE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_core_module_does_not_import_ros(path):
-    bad = [name for name in _imports(path)
-           if any(name == m or name.startswith(m + '.') for m in ROS_MODULES)]
-    # cli.py / demo.py / bench.py / schedbench.py are front ends: they may reach the ROS
-    # adapter lazily, inside functions, but never at module level.
-    if path.name in ('cli.py', 'demo.py', 'bench.py', 'schedbench.py'):
-        tree = ast.parse(path.read_text(encoding='utf-8'))
-        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        bad = [getattr(n, 'module', None) or n.names[0].name for n in top
-               if any((getattr(n, 'module', None) or n.names[0].name).startswith(m)
-                      for m in ROS_MODULES)]
-    assert not bad, f'{path.name} imports {bad}'
+def _is_ros(name):
+    return any(name == m or name.startswith(m + '.') for m in ROS_MODULES)
+
+
+def _edges():
+    """Return {module: set of package modules it imports} (anywhere in the file)."""
+    graph = {}
+    for name, path in MODULES.items():
+        targets = {_resolve(imported) for imported, _ in _imports(path)
+                   if imported.startswith('timebill_ros')}
+        graph[name] = {t for t in targets if t and t != name}
+    return graph
+
+
+def _cycle(graph):
+    """Return one import cycle of ``graph`` as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = 'open'
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 'open':
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 'done'
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_modules_found_in_both_wings():
+    wings = {_wing(p) for p in FILES}
+    assert {'robot', 'offline', 'below'} <= wings
+    assert len(FILES) > 100
+
+
+@pytest.mark.parametrize('path', FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_lives_in_a_wing(path):
+    assert _wing(path) is not None, (
+        f'{path.relative_to(PACKAGE)} is in no wing: robot side {ROBOT}, offline side '
+        f'{OFFLINE}, or below both {BELOW_BOTH} (DESIGN.md)')
+
+
+@pytest.mark.parametrize('path', FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_wing_imports_follow_the_rule(path):
+    wing = _wing(path)
+    allowed = {'robot': {'robot', 'below'}, 'below': {'below'},
+               'offline': {'robot', 'offline', 'below'}}[wing]
+    bad = sorted({name for name, _ in _imports(path) if name.startswith('timebill_ros')
+                  and not _is_ros(name) and _wing_of_name(name) not in allowed | {None}})
+    assert not bad, f'{path.relative_to(PACKAGE)} ({wing}) imports {bad}'
+
+
+@pytest.mark.parametrize('path', FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_ros_imports_ros(path):
+    top = path.relative_to(PACKAGE).parts[0]
+    if top == 'ros':
+        return
+    lazy_ok = top in LAZY_ROS_ALLOWED
+    names = _imports(path, top_level_only=lazy_ok)
+    bad = sorted({name for name, _ in names if _is_ros(name)})
+    where = 'at module level' if lazy_ok else 'at all'
+    assert not bad, f'{path.relative_to(PACKAGE)} may not import {bad} {where}'
+
+
+def test_no_import_cycle():
+    cycle = _cycle(_edges())
+    assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    graph = {'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}
+    assert _cycle(graph) == ['a', 'b', 'c', 'a']
+    assert _cycle({'a': {'b'}, 'b': set()}) is None
+
+
+def test_import_resolution_sees_submodules_and_relative_imports(tmp_path):
+    edges = _edges()
+    assert 'timebill_ros.engine.model_source' in edges['timebill_ros.engine.llm_engine']
+    assert 'timebill_ros.checks' in edges['timebill_ros.config']
