@@ -33,7 +33,8 @@ class EngineConfig:
     """The LLM engine (group ``engine``).
 
     model_path: transformers model directory; empty = the embedded SmolLM2-135M-Instruct GGUF.
-    model_cache_dir: where the converted embedded model is saved; empty = ~/.cache/timebill_ros.
+    model_cache_dir: where the converted embedded model is saved; empty = $TIMEBILL_CACHE,
+        else ~/.cache/timebill_ros.
     device: torch device (``cpu``, ``cuda``, ``cuda:0``).
     dtype: ``float32``, ``float16`` or ``bfloat16``: the weights as loaded (and the prefill's).
     forward: ``auto`` (the lean Llama forward on a preallocated KV cache for Llama-family
@@ -45,11 +46,13 @@ class EngineConfig:
         fp32 unless fp16 is >= 10 % faster (engine/step_format.py): both answer like fp32
         on held-out prompts, bf16 and int8 do not (README, engine benchmark).
     threads: torch intra-op threads; 0 = torch's default.
-    max_new_tokens: server default N_max, tokens.
-    max_model_new_tokens: N_model, the most tokens a goal may ask for, tokens.
+    max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
+        max_new_tokens 0.
+    max_model_new_tokens: N_model, the most tokens a goal may ask for, tokens; a goal asking
+        for more is REJECTED.
     prefill_chunk_tokens: the largest prefill chunk, tokens; the server makes a goal's chunks
         smaller where the time model says one layer of a chunk would outlast stop_bound_s.
-    feedback_every_tokens: publish feedback every this many generated tokens.
+    feedback_every_tokens: publish action feedback every this many generated tokens.
     stop_bound_s: the longest cancel and Kill may wait for the model, seconds: they are
         checked before every decoder layer, and prefill chunks are sized so that one layer of
         a chunk takes at most this (WORST bound of the time model); 0 = one decoding step at
@@ -154,9 +157,11 @@ class PredictorConfig:
         --export`` writes for this model (``<cache>/rlp/<model>__rlp.onnx``).
     threads: onnxruntime intra-op threads of the predictor.
     provider: ``auto`` (CUDA where onnxruntime-gpu sees a GPU, else CPU), ``cpu`` or ``cuda``.
-    min_input_tokens / max_input_tokens: clamp of N_p, the compressed predictor input, tokens.
-    timeout_s: if the predictor has not answered this long after prefill ends, the goal goes on
-        with the fallback N^ and the result says so.
+    min_input_tokens: lower clamp of N_p, the compressed predictor input, tokens.
+    max_input_tokens: upper clamp of N_p, the compressed predictor input, tokens
+        (>= min_input_tokens).
+    timeout_s: how long after prefill ends a goal waits for the predictor's answer, seconds;
+        then it goes on with the fallback N^ and the result says so.
     prefill_readout: with ``kind`` rlp, read N^ (and N^_q) after the prefill from the goal's
         own pooled layer states (the readout head, ~0.1 ms) instead of running the RLP
         beside the prefill; the RLP then only gives the admission-time u_J. A missing or
@@ -287,7 +292,13 @@ class OnlineSettings:
 
 @dataclasses.dataclass(frozen=True)
 class OverrunConfig:
-    """Overrun policy (group ``overrun``) of POLICY_DEFAULT goals: kill, skip_next, partial."""
+    """Overrun policy (group ``overrun``): what a goal does at or past its deadline.
+
+    default_policy: the overrun policy of a goal sent with ``POLICY_DEFAULT``: ``kill``
+        (stop at the deadline, or as soon as it cannot finish, and discard the text),
+        ``skip_next`` (finish late; goals that come due meanwhile end SKIPPED) or ``partial``
+        (stop at the deadline and return the text so far).
+    """
 
     default_policy: str = 'kill'
 
@@ -417,11 +428,17 @@ class OffloadConfig:
 class StatsConfig:
     """Stats and diagnostics (group ``stats``).
 
-    window: terminal goals in the sliding window.
+    window: size of the sliding window, goals: the last this many goals that reached a
+        terminal state.
     period_s: publishing period of ~/stats and /diagnostics, seconds.
-    miss_rate_warn / miss_rate_error: diagnostics level thresholds on the window's miss rate.
-    firm_m / firm_k: (m,k)-firm deadlines: diagnostics WARN when fewer than firm_m of the
-        last firm_k due goals met their deadline.
+    miss_rate_warn: diagnostics WARN when the window's deadline miss rate reaches this, in
+        [0, 1].
+    miss_rate_error: diagnostics ERROR when the window's deadline miss rate reaches this, in
+        [miss_rate_warn, 1].
+    firm_m: m of (m,k)-firm deadlines: diagnostics WARN when fewer than firm_m of the last
+        firm_k due goals met their deadline (<= firm_k).
+    firm_k: k of (m,k)-firm deadlines: the number of last due goals that firm_m is counted
+        over.
     """
 
     window: int = 50
@@ -449,7 +466,12 @@ class StatsConfig:
 class RosConfig:
     """ROS surface (group ``ros``).
 
-    action_name / events_topic / stats_topic: names, ``~/`` = under the node's name.
+    action_name: name of the Instruct action server; ``~/`` = under the node's name
+        (``/timebill/instruct`` for node ``timebill``).
+    events_topic: topic of the GoalEvent messages, one per goal that reached a terminal
+        state; ``~/`` = under the node's name.
+    stats_topic: topic of the ServerStats messages (sliding-window stats, every
+        stats.period_s); ``~/`` = under the node's name.
     result_timeout_s: how long the action server keeps a finished goal's result for clients
         that ask late, seconds (rclpy's default on Kilted is 10).
     request_queue_depth: history depth of the action's goal, cancel and result services,

@@ -18,12 +18,12 @@ def _split_ros_args(argv):
 
 def build_parser():
     """Return the argparse parser of the ``timebill`` command."""
-    from timebill_ros.cli import bench, demo, latency, predictor, profile, server
+    from timebill_ros.cli import bench, demo, latency, params_doc, predictor, profile, server
     parser = argparse.ArgumentParser(
         prog='timebill', description='timebill_ros: serve, profile, send, demo, bench, '
-        'enginebench, schedbench, predictor, latency.')
+        'enginebench, schedbench, predictor, latency, params-doc.')
     sub = parser.add_subparsers(dest='command', required=True)
-    for module in (server, profile, demo, bench, predictor, latency):
+    for module in (server, profile, demo, bench, predictor, latency, params_doc):
         module.add_parser(sub)
     return parser
 
