@@ -57,3 +57,16 @@ def check_text(name, value):
     if not value:
         raise ValueError(f'{name} must not be empty')
     return value
+
+
+def check_lengths(name, values, minimum_count=1):
+    """Return ``values`` (token counts) as a strictly increasing tuple of ints >= 1.
+
+    Raises unless it holds at least ``minimum_count`` of them.
+    """
+    lengths = tuple(check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values))
+    if any(x >= y for x, y in zip(lengths, lengths[1:])):
+        raise ValueError(f'{name} must be strictly increasing, got {lengths!r}')
+    if len(lengths) < minimum_count:
+        raise ValueError(f'{name} needs >= {minimum_count} lengths, got {lengths!r}')
+    return lengths

@@ -1,4 +1,5 @@
-"""Latency profiling: measurement harness, few-shot probes and latency predictors (SimFLi).
+"""The SimFLi latency study (offline): measurement grid, latency predictors, evaluation, WCET.
 
-Never imports rclpy.
+The few-shot calibration the server runs at start-up lives in ``timebill_ros.timing``; this
+package compares it with SimFLi's predictors. Never imported by the robot side.
 """

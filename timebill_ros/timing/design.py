@@ -8,15 +8,7 @@ test extrapolation, as SimFLi's Table 4 does with its second token range.
 import dataclasses
 from typing import Tuple
 
-from timebill_ros.checks import check_int
-
-
-def _lengths(name, values):
-    """Return ``values`` as a strictly increasing tuple of ints >= 1 (tokens)."""
-    lengths = tuple(check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values))
-    if not lengths or any(a >= b for a, b in zip(lengths, lengths[1:])):
-        raise ValueError(f'{name} must be non-empty and strictly increasing, got {lengths!r}')
-    return lengths
+from timebill_ros.checks import check_lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +29,7 @@ class GridDesign:
     def __post_init__(self):
         """Check the lengths, naming the bad field."""
         for name in ('id_n_in', 'heldout_n_in', 'id_n_out', 'heldout_n_out', 'probe_n_out'):
-            object.__setattr__(self, name, _lengths(name, getattr(self, name)))
+            object.__setattr__(self, name, check_lengths(name, getattr(self, name)))
         if self.heldout_n_in[0] <= self.id_n_in[-1]:
             raise ValueError('heldout_n_in must lie above id_n_in')
         if self.heldout_n_out[0] <= self.id_n_out[-1]:

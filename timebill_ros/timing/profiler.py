@@ -25,7 +25,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from timebill_ros.checks import check_int
+from timebill_ros.checks import check_int, check_lengths
 from timebill_ros.config import EngineConfig
 from timebill_ros.engine import model_source
 from timebill_ros.timing.model import (
@@ -37,16 +37,6 @@ PREFILL = 'prefill'
 DECODE = 'decode'
 _UNKNOWNS = {PREFILL: 3, DECODE: 2}
 _LENGTH_NAME = {PREFILL: 'N_x', DECODE: 'N_kv'}
-
-
-def _check_lengths(name, values, minimum_count):
-    """Return ``values`` (token counts) as a strictly increasing tuple of ints >= 1."""
-    lengths = tuple(check_int(f'{name}[{i}]', v, 1) for i, v in enumerate(values))
-    if any(x >= y for x, y in zip(lengths, lengths[1:])):
-        raise ValueError(f'{name} must be strictly increasing, got {lengths!r}')
-    if len(lengths) < minimum_count:
-        raise ValueError(f'{name} needs >= {minimum_count} lengths, got {lengths!r}')
-    return lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +58,9 @@ class ProfileGrid:
 
     def __post_init__(self):
         """Check the fields, naming the bad one."""
-        object.__setattr__(self, 'prefill_n_x', _check_lengths(
+        object.__setattr__(self, 'prefill_n_x', check_lengths(
             'prefill_n_x', self.prefill_n_x, _UNKNOWNS[PREFILL]))
-        object.__setattr__(self, 'decode_n_kv', _check_lengths(
+        object.__setattr__(self, 'decode_n_kv', check_lengths(
             'decode_n_kv', self.decode_n_kv, _UNKNOWNS[DECODE]))
         check_int('repeats', self.repeats, 1)
         check_int('decode_steps', self.decode_steps, 1)
