@@ -44,7 +44,7 @@ class EngineConfig:
         or ``auto``); a format other than ``dtype`` keeps a copy of the linear weights in
         it. ``auto`` (default) times fp32 and fp16 steps at start-up and keeps the faster,
         fp32 unless fp16 is >= 10 % faster (engine/step_format.py): both answer like fp32
-        on held-out prompts, bf16 and int8 do not (README, engine benchmark).
+        on held-out prompts, bf16 and int8 do not (docs/engine.md).
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
         max_new_tokens 0.
@@ -407,7 +407,8 @@ class OffloadConfig:
     threads: torch intra-op threads of the offload engine (with both executors on one CPU,
         give ``engine.threads`` the rest of the cores).
     quantile: k of RT-LM's Eq. 4, in (0, 1): tau = the k-quantile of the predictor's
-        predictions over its training prompts (computed once, cached beside the predictor).
+        predictions over its training prompts (made when the RLP is exported and stored beside
+        it as ``<file>.lengths.json``; capped at N_max at start-up).
     """
 
     enabled: bool = False

@@ -6,7 +6,7 @@ AVX-512 Xeon (some of this project's machines in 2026-11) the two are equally fa
 which is exact, is the better choice; on CUDA 16-bit wins. So ``auto`` times a few decoding
 steps in each faithful format on the loaded model and keeps the faster, preferring the exact
 format unless the other is at least ``MIN_GAIN`` faster. ``int8`` and ``bfloat16`` are never
-chosen: their greedy answers drift from fp32's within a few tokens (README, engine benchmark).
+chosen: their greedy answers drift from fp32's within a few tokens (docs/engine.md).
 """
 
 import statistics

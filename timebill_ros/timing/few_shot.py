@@ -4,8 +4,8 @@ SimFLi's measurement budget (five (n_in, n_out) probes, prompt lengths spaced ex
 answer lengths drawn with a fixed seed) with TimeBill's cost model: the prefill quadratic is
 fitted to the five TTFTs and the decoding-step line to each probe's mean step time at its
 mean cache length. The result is the same :class:`Calibration` file ``timebill profile`` writes,
-with method ``few_shot``. Why Eq. 4 and not SimFLi's own Eq. 4: see the README's latency
-section (on long prompts the prefill bends upwards, which SimFLi's linear form cannot follow).
+with method ``few_shot``. Why Eq. 4 and not SimFLi's own Eq. 4: see docs/calibration.md
+(on long prompts the prefill bends upwards, which SimFLi's linear form cannot follow).
 """
 
 import math

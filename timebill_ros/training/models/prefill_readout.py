@@ -6,7 +6,7 @@ norm + head (rlp.py) on those states, pooled as the RLP pools its own (the last 
 the mean over tokens, after an RMSNorm), for the middle and the last layer by default. The
 engine pools them during every prefill (engine.forward.HiddenPool: unit-RMS rows, [last,
 mean], (1, 2 x layers x hidden)); the head learns per-channel weights and the MLP. On the
-family-held-out split (README, issue 14) it is the only predictor beating every baseline on
+family-held-out split (docs/predictor.md) it is the only predictor beating every baseline on
 MAE and R^2; reading it from the server's prefill costs no separate t_Predict, at the price
 of predicting after the prefill (the admission-time u_J keeps the L = 4 RLP, which runs
 before it).
