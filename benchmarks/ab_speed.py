@@ -32,10 +32,8 @@ def child():
 
     from timebill_ros import params, prompts
     from timebill_ros.server.factory import build_service
-    try:
-        from timebill_ros.server.goals import GoalRequest
-    except ImportError:
-        from timebill_ros.goals import GoalRequest
+    from timebill_ros.server.goals import GoalRequest
+    from timebill_ros.server.status import POLICY_SKIP_NEXT
     flat = {'engine.max_new_tokens': N_MAX}
     flat.update(json.loads(os.environ.get('AB_SPEED_PARAMS', '{}')))
     config = params.config_from_flat(flat)
@@ -51,8 +49,9 @@ def child():
                 box['r'] = result
                 done.set()
 
-            service.submit(GoalRequest(prompt, budget_s=600.0, max_new_tokens=N_MAX,
-                                       overrun_policy=2), lambda fb: None, on_done)
+            request = GoalRequest(prompt, budget_s=600.0, max_new_tokens=N_MAX,
+                                  overrun_policy=POLICY_SKIP_NEXT)
+            service.submit(request, lambda fb: None, on_done)
             done.wait(600)
             r = box['r']
             print(json.dumps({'goal': index, 'n_x': r.prompt_tokens,

@@ -61,22 +61,24 @@ def _gc_pause():
 def _infeasible_goal(i):
     from timebill_ros import prompts
     from timebill_ros.ros.client import make_goal
+    from timebill_ros.server.status import POLICY_KILL
     if i % 10 == 0:
         return make_goal(prompts.SHORT[i % len(prompts.SHORT)][1], budget_s=0.001,
-                         max_new_tokens=64, policy=1), 0.001
+                         max_new_tokens=64, policy=POLICY_KILL), 0.001
     lines = 10 + (i * 37) % 190
     return make_goal(prompts.long_prompt(lines, seed=i), budget_s=0.05, max_new_tokens=64,
-                     policy=1), 0.05
+                     policy=POLICY_KILL), 0.05
 
 
 def _keep_busy(client, stop):
     """Run feasible goals one after another until ``stop`` is set."""
     from timebill_ros import prompts
     from timebill_ros.ros.client import make_goal
+    from timebill_ros.server.status import POLICY_SKIP_NEXT
     i = 0
     while not stop.is_set():
         client.run(make_goal(prompts.SHORT[i % len(prompts.SHORT)][1], budget_s=600.0,
-                             max_new_tokens=256, policy=2), timeout_s=900.0)
+                             max_new_tokens=256, policy=POLICY_SKIP_NEXT), timeout_s=900.0)
         i += 1
 
 
@@ -104,6 +106,7 @@ def _through_ros(client, n_goals):
 
 
 def _report(gc_pause, rows):
+    from timebill_ros.server.status import REJECTED
     lines = ['# Admission through ROS', '',
              'Command: `python benchmarks/admission_latency.py`', '',
              '## Full-collection pause in the server process (ms, 5 collections each)', '',
@@ -122,7 +125,7 @@ def _report(gc_pause, rows):
         ms = [r['ms'] for r in part]
         lines.append(
             f"| {label} | {len(part)} | "
-            f"{sum(r['status'] == 4 and r['infeasible'] for r in part)} | "
+            f"{sum(r['status'] == REJECTED and r['infeasible'] for r in part)} | "
             f"{percentile(ms, 0.5):.1f} | {percentile(ms, 0.99):.1f} | {max(ms):.1f} | "
             f"{sum(m > 50.0 for m in ms)} | "
             f"{sum(r['prefill_s'] > 0 or r['tokens'] > 0 for r in part)} |")
@@ -149,7 +152,7 @@ def main(argv=None):
         return 0
     from timebill_ros import params
     from timebill_ros.config import ServerConfig
-    from timebill_ros.cli.demo import served
+    from timebill_ros.bench.server_process import served
     gc_pause = _gc_pause()
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ ONNX RLP, Kill) with ``scheduler.consolidation`` on, ``scheduler.batch_size`` 4 
 ``scheduler.length_ratio`` 1000, so every group of four queued goals decodes as one batch.
 
 Prompts: the 12 held-out RLP prompts of the smallest response-length variance
-(``schedbench.make_subsets``: similar lengths, the goals consolidation batches).
+(``scheduling.workload.make_subsets``: similar lengths, the goals consolidation batches).
 1. Reference: each prompt alone with a 600 s budget (alpha* = 0): its text and t_e2e.
 2. For each budget factor f: budget = f x the prompt's reference t_e2e + the blocker's time.
    "alone": a blocker goal (an answer of at most 8 tokens) starts on the idle server, then
@@ -107,7 +107,7 @@ def run(out):
     """Run the benchmark; write DIR/batch_quality.json."""
     from timebill_ros import params
     from timebill_ros.server.factory import build_service
-    from timebill_ros.bench.schedbench import load_pool, make_subsets
+    from timebill_ros.bench.scheduling.workload import load_pool, make_subsets
     from timebill_ros.server import status
     from timebill_ros.server.goals import GoalRequest
     out = pathlib.Path(out)

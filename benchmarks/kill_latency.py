@@ -85,13 +85,9 @@ def plan(out, seed=0):
 def _core():
     """Return (status, GoalRequest, build_service, params) of the timebill_ros on the path."""
     from timebill_ros import params
+    from timebill_ros.server import status
     from timebill_ros.server.factory import build_service
-    try:
-        from timebill_ros.server import status
-        from timebill_ros.server.goals import GoalRequest
-    except ImportError:  # the layout before issue 9
-        from timebill_ros import status
-        from timebill_ros.goals import GoalRequest
+    from timebill_ros.server.goals import GoalRequest
     return status, GoalRequest, build_service, params
 
 

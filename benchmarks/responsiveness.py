@@ -43,12 +43,12 @@ def _start(variant, log_path, node_name):
     import dataclasses
     from timebill_ros import params
     from timebill_ros.config import RosConfig, ServerConfig
-    from timebill_ros.cli.demo import _start_server
+    from timebill_ros.bench.server_process import start_server
     env_extra, switch_s = VARIANTS[variant]
     params_file = pathlib.Path('log') / f'{node_name}_params.yaml'
     params_file.write_text(params.to_yaml(dataclasses.replace(
         ServerConfig(), ros=RosConfig(gil_switch_interval_s=switch_s))))
-    return _start_server(params_file, log_path, node_name, extra_env=env_extra)
+    return start_server(params_file, log_path, node_name, extra_env=env_extra)
 
 
 class _Busy:
@@ -65,9 +65,11 @@ class _Busy:
     def _loop(self):
         from timebill_ros.ros.client import make_goal
         from timebill_ros.ros.conversions import duration_to_s
+        from timebill_ros.server.status import POLICY_SKIP_NEXT
         while not self.stop.is_set():
             result, _ = self.client.run(
-                make_goal(LONG_PROMPT, budget_s=600.0, max_new_tokens=256, policy=2),
+                make_goal(LONG_PROMPT, budget_s=600.0, max_new_tokens=256,
+                          policy=POLICY_SKIP_NEXT),
                 on_feedback=self._on_feedback, timeout_s=900.0)
             self.phase = None
             decode_s = duration_to_s(result.decode_time)
@@ -79,6 +81,7 @@ def _measure_block(client, n_pairs, node_name):
     from diagnostic_msgs.msg import DiagnosticArray
     from timebill_ros.action import Instruct
     from timebill_ros.ros.client import make_goal
+    from timebill_ros.server.status import POLICY_KILL
     arrivals = []
     sub = client.create_subscription(
         DiagnosticArray, '/diagnostics',
@@ -92,7 +95,8 @@ def _measure_block(client, n_pairs, node_name):
             time.sleep(0.01)
             continue
         sent = time.monotonic()
-        handle = client.send(make_goal('Is the gripper open?', budget_s=600.0, policy=1))
+        handle = client.send(make_goal('Is the gripper open?', budget_s=600.0,
+                                       policy=POLICY_KILL))
         goal_ms = (time.monotonic() - sent) * 1e3
         sent = time.monotonic()
         done = threading.Event()
@@ -149,7 +153,7 @@ def main(argv=None):
         pathlib.Path(args.report).with_suffix('.md').write_text(text)
         print(text)
         return 0
-    from timebill_ros.cli.demo import _stop_server
+    from timebill_ros.bench.server_process import stop_server
     from timebill_ros.ros.session import client_session
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -165,7 +169,7 @@ def main(argv=None):
                         raise RuntimeError(f'{node_name} did not come up')
                     rows, periods, speeds = _measure_block(client, args.pairs, node_name)
             finally:
-                _stop_server(proc)
+                stop_server(proc)
             blocks.append({'variant': variant, 'block': block, 'rows': rows,
                            'diag_periods_s': periods, 'tokens_per_s': speeds})
             print(f'{node_name}: {len(rows)} pairs, {len(speeds)} long answers', flush=True)

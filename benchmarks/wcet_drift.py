@@ -14,7 +14,7 @@ online state, waits until the calibration is at least ``--min-age-s`` old, then:
    at the goal's N_x, alpha* and N^_W, as the server computed it before issue 9).
 
 Writes DIR/<tag>.md, .json and .png (server log and online state: log/). Run it from the
-repository root. ``--goal-set first`` is the run the estimator was chosen on (README),
+repository root. ``--goal-set first`` is the run the estimator was chosen on (docs/deadlines.md),
 ``second`` (default) the goals it never saw.
 """
 
@@ -76,13 +76,14 @@ def _admission(client):
     from timebill_ros import prompts
     from timebill_ros.ros.client import make_goal
     from timebill_ros.ros.conversions import duration_to_s
+    from timebill_ros.server.status import POLICY_KILL
     rows = []
     for i in range(INFEASIBLE):
         prompt = (prompts.SHORT[0][1] if i == 0 else prompts.long_prompt(60 + 7 * i, seed=i))
         budget = 0.001 if i == 0 else 0.05
         start = time.monotonic()
         result, _ = client.run(make_goal(prompt, budget_s=budget, max_new_tokens=64,
-                                         policy=1))
+                                         policy=POLICY_KILL))
         rows.append({'ms': (time.monotonic() - start) * 1e3, 'status': result.status,
                      'infeasible': result.infeasible, 'n_x': result.prompt_tokens,
                      'min_time_s': duration_to_s(result.min_time), 'budget_s': budget,
@@ -94,11 +95,12 @@ def _admission(client):
 def _drift(client, coefficients, goals):
     from timebill_ros.ros.client import make_goal
     from timebill_ros.ros.conversions import duration_to_s
+    from timebill_ros.server.status import POLICY_KILL
     rows = []
     for i, (name, prompt) in enumerate(goals):
         budget = 600.0
         result, _ = client.run(make_goal(prompt, budget_s=budget, max_new_tokens=N_MAX,
-                                         policy=1), timeout_s=900.0)
+                                         policy=POLICY_KILL), timeout_s=900.0)
         exec_s = duration_to_s(result.total_time) - duration_to_s(result.queue_time)
         fixed = coefficients.e2e_s(result.prompt_tokens, float(result.eviction_ratio),
                                    max(1, result.pessimistic_tokens))
@@ -118,7 +120,8 @@ def _drift(client, coefficients, goals):
 
 def summarize(rows):
     """Return {model: {over, share, ratio_mean, ratio_min}} over the COMPLETED rows."""
-    done = [r for r in rows if r['status'] == 1]
+    from timebill_ros.server.status import COMPLETED
+    done = [r for r in rows if r['status'] == COMPLETED]
     out = {}
     for model in ('fixed', 'self'):
         over = [r for r in done if r['exec_s'] > r[f'wcet_{model}_s']]
@@ -138,6 +141,7 @@ def _warm_up_line(log_path):
 
 
 def _report(folder, tag, age_s, admission, rows, started, warm_up):
+    from timebill_ros.server.status import REJECTED
     summary = summarize(rows)
     waits = [r['ms'] for r in admission]
     lines = [
@@ -151,7 +155,7 @@ def _report(folder, tag, age_s, admission, rows, started, warm_up):
     for model, s in summary.items():
         lines.append(f"| {names[model]} | {s['goals']} | {s['over']} | {s['share']:.1%} | "
                      f"{s['ratio_mean']:.2f} | {s['ratio_min']:.2f} | {s['ratio_max']:.2f} |")
-    refused = [r for r in admission if r['status'] == 4 and r['infeasible']]
+    refused = [r for r in admission if r['status'] == REJECTED and r['infeasible']]
     lines += ['', f'Admission through ROS: {len(refused)} of {len(admission)} infeasible '
               f'goals REJECTED; send -> result p50 {percentile(waits, 0.5):.1f} ms, max '
               f'{max(waits):.1f} ms; prefill time of every refused goal: '
@@ -170,7 +174,8 @@ def _plot(rows, path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    done = [r for r in rows if r['status'] == 1]
+    from timebill_ros.server.status import COMPLETED
+    done = [r for r in rows if r['status'] == COMPLETED]
     fig, ax = plt.subplots(figsize=(9, 4))
     xs = range(1, len(done) + 1)
     for model, style in (('fixed', 'x'), ('self', 'o')):
@@ -194,7 +199,7 @@ def main(argv=None):
     parser.add_argument('--goal-set', choices=('first', 'second'), default='second')
     parser.add_argument('--tag', default='wcet_drift', help='output file names')
     args = parser.parse_args(argv)
-    from timebill_ros.cli.demo import served
+    from timebill_ros.bench.server_process import served
     from timebill_ros.timing.model import Calibration
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ then the goal's measured prefill and decoding feed the model. ``--warm-up`` give
 start-up warm-up's measured/calibrated ratios (prefill, decode; from the server log) as the
 first observations. ``--set`` overrides OnlineSettings fields (e.g. ``--set speed_gain=0.5``).
 Prints exceedances and mean t^_WCET / t_exec. Used to choose the estimator on one run (dev),
-before a second drift run on other prompts measures it (see README).
+before a second drift run on other prompts measures it (see docs/deadlines.md).
 """
 
 import argparse

@@ -4,6 +4,7 @@ import pytest
 
 from timebill_ros import prompts
 from timebill_ros.bench import timebill as bench
+from timebill_ros.bench.server_process import write_params
 
 
 def _row(status, response, met=True, alpha=0.0, decided=True, prompt='p1'):
@@ -87,7 +88,7 @@ def test_the_fixed_method_decides_as_before_issue_9(tmp_path):
     from timebill_ros import params
     configs = {}
     for method in bench.METHODS:
-        path = bench._server_params(*method, tmp_path, str(tmp_path / 'cal.yaml'), 48)
+        path = write_params(tmp_path, method[0], bench.server_flat(method), 48)
         configs[method[0]] = params.config_from_flat(params.load_yaml(path))
     fixed, online = configs['timebill-fixed'], configs['timebill']
     assert fixed.timing.online is False and fixed.admission.policy == 'none'

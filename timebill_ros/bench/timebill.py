@@ -23,13 +23,18 @@ robot prompt set, so the RLP is scored on prompts it never trained on.
 """
 
 import contextlib
+import functools
 import json
 import pathlib
 import tempfile
 import time
 
-from timebill_ros import params, prompts
+from timebill_ros import prompts
+from timebill_ros.bench.rows import pick, result_fields
+from timebill_ros.bench.server_process import rotate, start_servers
 from timebill_ros.config import EngineConfig, ServerConfig
+from timebill_ros.server.status import (COMPLETED, POLICY_KILL, POLICY_PARTIAL,
+                                        POLICY_SKIP_NEXT)
 
 BUDGET_FRACTIONS = (0.9, 1.0, 1.1, 1.25)
 # (name, budget.mode, budget.fixed_alpha, predictor.kind)
@@ -50,36 +55,17 @@ METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 
                                     **PAPER_CLAMP},
                  'timebill-clamp': PAPER_CLAMP,
                  'timebill-rlp': {'predictor.prefill_readout': False}}
-POLICIES = (('kill', 1), ('skip_next', 2), ('partial', 3))
+POLICIES = (('kill', POLICY_KILL), ('skip_next', POLICY_SKIP_NEXT),
+            ('partial', POLICY_PARTIAL))
 N_MAX = 48
-COMPLETED = 1
 RLP_TEST_PROMPTS = 8
 
 
-def decode_weights_of(calibration_file) -> str:
-    """Return the step format a calibration was taken with (its dtype's last field).
-
-    Servers of a benchmark run use it rather than each resolving ``auto`` on its own. A file
-    that does not exist (yet) gives ``auto``; the server then refuses the missing file itself.
-    """
-    from timebill_ros.timing.model import Calibration
-    if not pathlib.Path(calibration_file).is_file():
-        return 'auto'
-    return Calibration.load(calibration_file).dtype.rsplit('-', 1)[-1]
-
-
-def _server_params(name, mode, fixed_alpha, kind, folder, calibration_file, n_max):
-    flat = {'engine.max_new_tokens': n_max, 'budget.mode': mode,
-            'budget.fixed_alpha': fixed_alpha, 'predictor.kind': kind,
-            'timing.calibration_file': calibration_file,
-            'engine.decode_weights': decode_weights_of(calibration_file),
-            # Each server keeps its own online state: methods must not learn from each other.
-            'timing.state_file': str(pathlib.Path(folder) / f'{name}.online.yaml')}
-    flat.update(METHOD_PARAMS.get(name, {}))
-    config = params.config_from_flat(flat)
-    path = pathlib.Path(folder) / f'{name}.yaml'
-    path.write_text(params.to_yaml(config))
-    return str(path)
+def server_flat(method):
+    """Return the server parameters of a METHODS entry beyond what every server gets."""
+    name, mode, fixed_alpha, kind = method
+    return {'budget.mode': mode, 'budget.fixed_alpha': fixed_alpha, 'predictor.kind': kind,
+            **METHOD_PARAMS.get(name, {})}
 
 
 def _rouge_l_scorer():
@@ -102,28 +88,18 @@ def _stream(client, items, policy_code, n_max):
     return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
 
 
-def _server(index, method, tmp, n_max):
-    """Start ``timebill serve`` for one method; a context yielding a connected client."""
-    from timebill_ros.cli.demo import served
-    name = method[0]
-    params_file = _server_params(*method, tmp, str(pathlib.Path(tmp) / 'calibration.yaml'),
-                                 n_max)
-    return served(params_file, pathlib.Path(tmp) / f'{name}.log',
-                  node_name=f'timebill_bench_{index}')
+# The columns of a job's row taken from its result as they are (its own: method, policy,
+# fraction, prompt, budget_s; alpha = eviction_ratio; decided: a WCET was estimated).
+RESULT_COLUMNS = ('prompt_tokens', 'predicted_tokens', 'response_tokens', 'predictor',
+                  'deadline_met', 'truncated', 'message', 'prefill_s', 'decode_s', 'total_s')
 
 
 def _row(name, policy, fraction, pname, budget_s, res):
-    from timebill_ros.ros.conversions import duration_to_s
+    fields = result_fields(res)
     return {'method': name, 'policy': policy, 'fraction': fraction, 'prompt': pname,
-            'budget_s': budget_s, 'status': res.status, 'response': res.response,
-            'alpha': res.eviction_ratio, 'prompt_tokens': res.prompt_tokens,
-            'predicted_tokens': res.predicted_tokens,
-            'response_tokens': res.response_tokens, 'predictor': res.predictor,
-            'decided': res.predicted_wcet.sec > 0 or res.predicted_wcet.nanosec > 0,
-            'deadline_met': res.deadline_met, 'truncated': bool(res.truncated),
-            'message': res.message, 'prefill_s': duration_to_s(res.prefill_time),
-            'decode_s': duration_to_s(res.decode_time),
-            'total_s': duration_to_s(res.total_time)}
+            'budget_s': budget_s, 'status': fields['status'], 'response': fields['response'],
+            'alpha': fields['eviction_ratio'], 'decided': fields['predicted_wcet_s'] > 0,
+            **pick(fields, RESULT_COLUMNS)}
 
 
 def _run_interleaved(clients, items_by_fraction, n_max):
@@ -137,7 +113,7 @@ def _run_interleaved(clients, items_by_fraction, n_max):
     rows, turn = [], 0
     for fraction, items in items_by_fraction.items():
         for policy, code in POLICIES:
-            order = clients[turn % len(clients):] + clients[:turn % len(clients)]
+            order = rotate(clients, turn)
             turn += 1
             for name, client in order:
                 for (pname, _, budget_s), res in zip(items,
@@ -282,14 +258,11 @@ def run_bench(args):
     items = _budgets(prompt_set, calibration.coefficients, engine, n_max, fractions)
     del engine
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
-        calibration.save(pathlib.Path(tmp) / 'calibration.yaml')
         # Every method's server runs at once (an idle server takes no compute), so that
         # the streams of all methods can be interleaved.
-        clients = []
-        for index, method in enumerate(_selected_methods(args.methods)):
-            print(f'starting the server of method {method[0]}', flush=True)
-            clients.append((method[0], servers.enter_context(_server(index, method, tmp,
-                                                                     n_max))))
+        methods = [(m[0], server_flat(m)) for m in _selected_methods(args.methods)]
+        clients = start_servers(servers, methods, calibration, tmp, n_max, tmp,
+                                'timebill_bench', functools.partial(print, flush=True))
         refs = _references(dict(clients)['vanilla'], prompt_set, n_max)
         rows = _run_interleaved(clients, items, n_max)
     table = summarize(rows, refs)

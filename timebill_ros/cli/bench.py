@@ -1,6 +1,7 @@
 """``timebill bench``, ``enginebench`` and ``schedbench``: the benchmarks through the real node.
 
-Each benchmark's flags live beside it (``add_arguments`` in ``timebill_ros.bench.*``).
+Each benchmark's flags live beside it (``add_arguments`` in ``timebill_ros.bench.timebill``,
+``.engine`` and ``.scheduling.run``).
 """
 
 
@@ -12,7 +13,7 @@ def cmd_enginebench(args, ros_args):
 
 def cmd_schedbench(args, ros_args):
     """Scheduling policies (RT-LM) under Poisson load with deadlines, through the real node."""
-    from timebill_ros.bench.schedbench import run_schedbench
+    from timebill_ros.bench.scheduling.run import run_schedbench
     return run_schedbench(args)
 
 
@@ -40,10 +41,11 @@ def _print_breakdown(raw_path):
 
 def add_parser(sub):
     """Add the ``bench``, ``enginebench`` and ``schedbench`` commands to ``sub``."""
-    from timebill_ros.bench import engine, schedbench, timebill
+    from timebill_ros.bench import engine, timebill
+    from timebill_ros.bench.scheduling import run as scheduling
     for name, func, module in (('bench', cmd_bench, timebill),
                                ('enginebench', cmd_enginebench, engine),
-                               ('schedbench', cmd_schedbench, schedbench)):
+                               ('schedbench', cmd_schedbench, scheduling)):
         parser = sub.add_parser(name, help=func.__doc__)
         module.add_arguments(parser)
         parser.set_defaults(func=func)

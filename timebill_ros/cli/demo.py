@@ -4,35 +4,30 @@ The server runs as its own process (``timebill serve``), the planner here talks 
 ROS 2 like any other client.
 """
 
-import contextlib
-import os
 import pathlib
-import signal
-import subprocess
 import sys
-import time
 
 from timebill_ros import prompts
-from timebill_ros.server.status import STATUS_NAMES
-
-KILL, SKIP_NEXT, PARTIAL = 1, 2, 3
+from timebill_ros.bench.rows import result_fields
+from timebill_ros.bench.server_process import served
+from timebill_ros.server.status import POLICY_KILL, POLICY_PARTIAL, POLICY_SKIP_NEXT, STATUS_NAMES
 
 
 def demo_goals():
     """Return [(label, prompt, budget_s, max_new_tokens, policy)] for the demo planner."""
     s = prompts.SHORT
     return [
-        ('nav plan, generous', s[0][1], 20.0, 64, KILL),
-        ('yes/no, generous', s[1][1], 10.0, 32, KILL),
-        ('explain, tight', s[2][1], 2.0, 64, KILL),
-        ('grasp steps, tight', s[3][1], 2.5, 96, KILL),
-        ('grasp steps, tight, partial', s[3][1], 2.5, 96, PARTIAL),
-        ('safety, generous', s[4][1], 10.0, 48, KILL),
-        ('log summary 60 lines, generous', prompts.long_prompt(60, 1), 30.0, 64, KILL),
-        ('log summary 60 lines, tight', prompts.long_prompt(60, 2), 4.0, 64, KILL),
-        ('log summary 150 lines, tight', prompts.long_prompt(150, 3), 6.0, 64, KILL),
-        ('impossible budget (infeasible)', prompts.long_prompt(150, 4), 0.05, 64, KILL),
-        ('empty prompt (bad input)', '   ', 5.0, 32, KILL),
+        ('nav plan, generous', s[0][1], 20.0, 64, POLICY_KILL),
+        ('yes/no, generous', s[1][1], 10.0, 32, POLICY_KILL),
+        ('explain, tight', s[2][1], 2.0, 64, POLICY_KILL),
+        ('grasp steps, tight', s[3][1], 2.5, 96, POLICY_KILL),
+        ('grasp steps, tight, partial', s[3][1], 2.5, 96, POLICY_PARTIAL),
+        ('safety, generous', s[4][1], 10.0, 48, POLICY_KILL),
+        ('log summary 60 lines, generous', prompts.long_prompt(60, 1), 30.0, 64, POLICY_KILL),
+        ('log summary 60 lines, tight', prompts.long_prompt(60, 2), 4.0, 64, POLICY_KILL),
+        ('log summary 150 lines, tight', prompts.long_prompt(150, 3), 6.0, 64, POLICY_KILL),
+        ('impossible budget (infeasible)', prompts.long_prompt(150, 4), 0.05, 64, POLICY_KILL),
+        ('empty prompt (bad input)', '   ', 5.0, 32, POLICY_KILL),
     ]
 
 
@@ -40,64 +35,21 @@ def burst_goals():
     """Return goals the planner sends at once: the first overruns under skip-next."""
     s = prompts.SHORT
     return [
-        ('burst: long answer, skip-next', prompts.long_prompt(60, 5), 1.0, 96, SKIP_NEXT),
-        ('burst: greeting, due soon', s[5][1], 1.5, 32, KILL),
-        ('burst: yes/no, due soon', s[1][1], 2.0, 32, SKIP_NEXT),
+        ('burst: long answer, skip-next', prompts.long_prompt(60, 5), 1.0, 96, POLICY_SKIP_NEXT),
+        ('burst: greeting, due soon', s[5][1], 1.5, 32, POLICY_KILL),
+        ('burst: yes/no, due soon', s[1][1], 2.0, 32, POLICY_SKIP_NEXT),
     ]
 
 
-def _start_server(params_file, log_path, node_name='timebill', extra_env=None):
-    """Start ``timebill serve`` logging to ``log_path``; ``extra_env`` adds variables."""
-    cmd = [sys.executable, '-m', 'timebill_ros.cli', 'serve', '--node-name', node_name]
-    if params_file:
-        cmd += ['--params', str(params_file)]
-    log = open(log_path, 'w', encoding='utf-8')
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, **(extra_env or {})))
-
-
-def _stop_server(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
-@contextlib.contextmanager
-def served(params_file, log_path, wait_s=600.0, node_name='timebill'):
-    """Run ``timebill serve`` as its own process; yield a client connected to it.
-
-    ``node_name``: the server node's name (its action is ``/<node_name>/instruct``), so that
-    several servers can run side by side. Raises RuntimeError when the server exits or does
-    not come up within wait_s seconds. On exit the server gets SIGINT (clean shutdown) and
-    its exit code is printed.
-    """
-    from timebill_ros.ros.session import client_session
-    proc = _start_server(params_file, log_path, node_name)
-    try:
-        with client_session(f'/{node_name}/instruct', f'{node_name}_client') as client:
-            start = time.monotonic()
-            while not client.wait_for_server(5.0):
-                if proc.poll() is not None or time.monotonic() - start > wait_s:
-                    raise RuntimeError(f'server did not come up; see {log_path}')
-            yield client
-    finally:
-        print(f'server exited with code {_stop_server(proc)}')
-
-
 def _row(label, budget_s, result):
-    from timebill_ros.ros.conversions import duration_to_s
-    name = STATUS_NAMES.get(result.status, f'UNKNOWN({result.status})')
-    return (f'{label:34s} {budget_s:7.2f} {result.prompt_tokens:5d} '
-            f'{result.predicted_tokens:4d} {result.predictor[:8]:8s} '
-            f'{duration_to_s(result.predict_time) * 1e3:6.0f} '
-            f'{duration_to_s(result.predicted_wcet):8.2f} {result.eviction_ratio:6.2f} '
-            f'{name:10s} {duration_to_s(result.total_time):7.2f} '
-            f'{"yes" if result.deadline_met else "no":>4s}  {result.message}')
+    f = result_fields(result)
+    name = STATUS_NAMES.get(f['status'], f'UNKNOWN({f["status"]})')
+    return (f'{label:34s} {budget_s:7.2f} {f["prompt_tokens"]:5d} '
+            f'{f["predicted_tokens"]:4d} {f["predictor"][:8]:8s} '
+            f'{f["predict_s"] * 1e3:6.0f} '
+            f'{f["predicted_wcet_s"]:8.2f} {f["eviction_ratio"]:6.2f} '
+            f'{name:10s} {f["total_s"]:7.2f} '
+            f'{"yes" if f["deadline_met"] else "no":>4s}  {f["message"]}')
 
 
 def _report(client, label, budget_s, handle):

@@ -52,7 +52,8 @@ BOUNDS = (EXPECTED, WORST, LEAST)
 PREFILL, DECODE, EVICT, PREDICT = 'prefill', 'decode', 'evict', 'predict'
 PHASES = (PREFILL, DECODE, EVICT, PREDICT)
 # Calibrated eviction cost before any is measured: SnapKV scoring + gather measured at about
-# 40 ms for 803 prompt tokens on the development CPU (docs/benchmark.md); the speed factor corrects it.
+# 40 ms for 803 prompt tokens on the development CPU (docs/benchmark.md); the speed factor
+# corrects it.
 EVICT_PRIOR_S_PER_TOKEN = 5e-5
 # A decode sample needs this many steps: fewer are one step's jitter, while the margin it
 # feeds is applied to sums of up to hundreds of steps.

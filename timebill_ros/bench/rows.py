@@ -1,0 +1,39 @@
+"""An Instruct result as plain values: the one converter behind the benchmarks' rows."""
+
+
+def result_fields(result):
+    """Return the fields of an ``Instruct.Result`` as a dict of plain Python values.
+
+    Codes and counts as int, flags as bool, texts as str, durations in seconds under the
+    field's name with ``_s`` for ``_time`` (``predicted_wcet_s`` for ``predicted_wcet``);
+    ``status_name`` is the status code's name (the code itself when unknown). Each benchmark
+    picks its columns from it and adds its own.
+    """
+    from timebill_ros.ros.conversions import duration_to_s
+    from timebill_ros.server.status import STATUS_NAMES
+    return {'status': int(result.status),
+            'status_name': STATUS_NAMES.get(result.status, str(result.status)),
+            'deadline_met': bool(result.deadline_met),
+            'message': str(result.message), 'response': str(result.response),
+            'truncated': bool(result.truncated), 'infeasible': bool(result.infeasible),
+            'prompt_tokens': int(result.prompt_tokens),
+            'response_tokens': int(result.response_tokens),
+            'predicted_tokens': int(result.predicted_tokens),
+            'pessimistic_tokens': int(result.pessimistic_tokens),
+            'uncertainty_tokens': int(result.uncertainty_tokens),
+            'eviction_ratio': float(result.eviction_ratio),
+            'predictor': str(result.predictor), 'executor': str(result.executor),
+            'batch_size': int(result.batch_size),
+            'predicted_wcet_s': duration_to_s(result.predicted_wcet),
+            'min_time_s': duration_to_s(result.min_time),
+            'total_s': duration_to_s(result.total_time),
+            'queue_s': duration_to_s(result.queue_time),
+            'schedule_s': duration_to_s(result.schedule_time),
+            'predict_s': duration_to_s(result.predict_time),
+            'prefill_s': duration_to_s(result.prefill_time),
+            'decode_s': duration_to_s(result.decode_time)}
+
+
+def pick(fields, names):
+    """Return the entries of ``fields`` named in ``names``, in that order."""
+    return {name: fields[name] for name in names}
