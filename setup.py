@@ -15,6 +15,8 @@ setup(
     maintainer_email='maintainers@timebill-ros.dev',
     packages=find_packages(include=['timebill_ros', 'timebill_ros.*'],
                            exclude=['test', 'test.*']),
+    # the C++ kernels are compiled on the machine that runs them (engine/kernels)
+    package_data={'timebill_ros.engine.kernels': ['*.cpp']},
     python_requires='>=3.10',
     # Loose bounds; requirements.txt holds the tested pins. Install torch first from the
     # CPU index, or pip may pull the CUDA build.
@@ -28,6 +30,7 @@ setup(
         'accelerate>=1.0',
         'kvpress>=0.5',
         'onnxruntime>=1.17',
+        'ninja>=1.11',
     ],
     extras_require={'test': ['pytest', 'flake8', 'flake8-docstrings']},
     entry_points={'console_scripts': ['timebill = timebill_ros.cli:main']},

@@ -28,3 +28,7 @@ colcon --log-base log build \
 
 # Symlink install keeps links to deleted sources; drop them (`make clean` for a full reset).
 find install/timebill_ros -xtype l -delete
+
+# The C++ GGUF kernels (timebill_ros/engine/kernels), compiled for this machine's CPU into the
+# cache (~45 s the first time, then a no-op while source, torch, compiler and CPU are the same).
+python -m timebill_ros.engine.kernels

@@ -16,7 +16,7 @@ ADMISSION_POLICIES = ('feasibility', 'none')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
 WEIGHT_FORMATS = ('float32', 'float16', 'bfloat16')
 # Formats of the one-token steps' weights: the model formats and weight-only int8.
-DECODE_FORMATS = ('auto',) + WEIGHT_FORMATS + ('int8',)
+DECODE_FORMATS = ('auto',) + WEIGHT_FORMATS + ('int8', 'gguf')
 FORWARDS = ('auto', 'lean', 'transformers')
 BUDGET_MODES = ('timebill', 'fixed')
 PREDICTOR_KINDS = ('rlp', 'fallback')
@@ -41,10 +41,11 @@ class EngineConfig:
         models, transformers' modules for every other), ``lean`` or ``transformers``.
     decode_weights: the weight format of one-token decoding steps on the lean forward
         (``float32``, ``float16``, ``bfloat16``, ``int8`` weight-only with bf16 activations,
-        or ``auto``); a format other than ``dtype`` keeps a copy of the linear weights in
-        it. ``auto`` (default) times fp32 and fp16 steps at start-up and keeps the faster,
-        fp32 unless fp16 is >= 10 % faster (engine/step_format.py): both answer like fp32
-        on held-out prompts, bf16 and int8 do not (docs/engine.md).
+        ``gguf``: the embedded GGUF's own Q4_1 / Q8_0 blocks through the C++ kernels, fp32
+        activations, or ``auto``); a format other than ``dtype`` keeps a copy of the linear
+        weights in it. ``auto`` (default) times fp32 and fp16 steps at start-up and keeps the
+        faster, fp32 unless fp16 is >= 10 % faster (engine/step_format.py): both answer like
+        fp32 on held-out prompts, bf16 and int8 do not (docs/engine.md).
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
         max_new_tokens 0.

@@ -29,7 +29,8 @@ from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine.stopping import StopCriteria
 
 FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
-           ('lean fp16', 'lean', 'float16'), ('lean int8', 'lean', 'int8'))
+           ('lean fp16', 'lean', 'float16'), ('lean int8', 'lean', 'int8'),
+           ('lean gguf', 'lean', 'gguf'))
 DECODE_KV = (100, 1000, 3000)
 BATCH_SIZES = (1, 2, 4, 8)
 BATCH_KV = 100  # prompt tokens of every row of a batch

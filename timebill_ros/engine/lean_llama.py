@@ -62,13 +62,21 @@ class _Linear:
     casts. Elsewhere (CUDA, ARM) aten's linear in ``step_dtype``.
     """
 
-    def __init__(self, modules, step_dtype: Optional[torch.dtype]):
-        """Wrap ``modules`` (nn.Linear, same input size); copy weights to ``step_dtype``."""
+    def __init__(self, modules, step_dtype: Optional[torch.dtype], blocks=None):
+        """Wrap ``modules`` (nn.Linear, same input size); copy weights to ``step_dtype``.
+
+        blocks: one ``(GGML type, blocks (N, row bytes) uint8)`` per module (the GGUF's own
+        weights, engine/gguf_weights.py), or None. When given for every module in one type,
+        one-token steps run the GGUF kernels on them and ``step_dtype`` is not used.
+        """
         self.parts = [(m.weight, m.bias) for m in modules]
         self.split = [w.shape[0] for w, _ in self.parts]
         self.step_weight = self.step_bias = self.packed = None
         self.int8_weight = self.int8_scale = None
+        self.gguf_blocks = self.gguf_type = self.kernels = None
         self.step_bytes = sum(w.numel() * w.element_size() for w, _ in self.parts)
+        if blocks is not None and self._use_blocks(blocks):
+            return
         if step_dtype is None:
             return
         with torch.no_grad():
@@ -89,6 +97,25 @@ class _Linear:
                 self.step_weight = weight.to(step_dtype)
                 self.step_bias = None if bias is None else bias.to(step_dtype)
 
+    def _use_blocks(self, blocks) -> bool:
+        """Keep the GGUF blocks of the modules (one type, rows concatenated); False if not."""
+        from timebill_ros.engine import kernels
+        if (len(blocks) != len(self.parts) or any(b is None for b in blocks)
+                or len({qtype for qtype, _ in blocks}) != 1):
+            return False
+        self.gguf_type = blocks[0][0]
+        self.gguf_blocks = torch.cat([data for _, data in blocks]).contiguous()
+        if self.gguf_blocks.shape[0] != sum(self.split):
+            raise ValueError(f'GGUF blocks hold {self.gguf_blocks.shape[0]} rows, the layers '
+                             f'{sum(self.split)}')
+        biases = [b for _, b in self.parts]
+        if any(b is not None for b in biases):
+            self.step_bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
+                                        for w, b in self.parts]).float()
+        self.kernels = kernels.load()
+        self.step_bytes = self.gguf_blocks.numel()
+        return True
+
     def _quantize_int8(self, weight: torch.Tensor, bias) -> None:
         """Keep ``weight`` (N, K) as int8 with one bf16 scale per output row (absmax / 127).
 
@@ -106,8 +133,11 @@ class _Linear:
     def kernel(self) -> str:
         """Name what one-token steps run.
 
-        ``fbgemm-fp16``, ``int8-bf16``, ``aten-<dtype>`` or ``model`` (the model's own).
+        ``gguf-<type id>``, ``fbgemm-fp16``, ``int8-bf16``, ``aten-<dtype>`` or ``model``
+        (the model's own).
         """
+        if self.gguf_blocks is not None:
+            return f'gguf-{self.gguf_type}'
         if self.int8_weight is not None:
             return 'int8-bf16'
         if self.packed is not None:
@@ -118,7 +148,9 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor, step: bool):
         """Return the outputs, one tensor per module, in ``x``'s dtype."""
-        if step and self.int8_weight is not None:
+        if step and self.gguf_blocks is not None:
+            y = self._gguf(x)
+        elif step and self.int8_weight is not None:
             rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
             y = torch._weight_int8pack_mm(rows, self.int8_weight, self.int8_scale)
             y = y.to(x.dtype).view(*x.shape[:-1], -1)
@@ -132,6 +164,17 @@ class _Linear:
         else:
             return tuple(F.linear(x, w, b) for w, b in self.parts)
         return (y,) if len(self.split) == 1 else y.split(self.split, dim=-1)
+
+    def _gguf(self, x: torch.Tensor) -> torch.Tensor:
+        """Return x W^T from the GGUF blocks; x (..., K) -> (..., N), rows 8 at a time."""
+        from timebill_ros.engine.kernels import MAX_ROWS
+        rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+        parts = [self.kernels.gemm(rows[i:i + MAX_ROWS], self.gguf_blocks, self.gguf_type,
+                                   False) for i in range(0, rows.shape[0], MAX_ROWS)]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if self.step_bias is not None:
+            y = y + self.step_bias
+        return y.to(x.dtype).view(*x.shape[:-1], -1)
 
 
 def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -150,15 +193,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class _Layer:
     """One decoder layer's weights and shapes."""
 
-    def __init__(self, layer, step_dtype):
-        """Take ``layer``'s (a transformers decoder layer) weights."""
-        attn, mlp = layer.self_attn, layer.mlp
-        self.attn = attn
+    def __init__(self, layer, step_dtype, blocks=None, prefix=''):
+        """Take ``layer``'s (a transformers decoder layer) weights.
+
+        blocks / prefix: the GGUF step blocks by module name (``<prefix>self_attn.q_proj``...)
+        or None.
+        """
+        self.attn = attn = layer.self_attn
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.qkv = _Linear([attn.q_proj, attn.k_proj, attn.v_proj], step_dtype)
-        self.out = _Linear([attn.o_proj], step_dtype)
-        self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj], step_dtype)
-        self.down = _Linear([mlp.down_proj], step_dtype)
+
+        def linear(*names):
+            modules = [layer.get_submodule(name) for name in names]
+            found = None if blocks is None else [blocks.get(prefix + name) for name in names]
+            return _Linear(modules, step_dtype, found)
+
+        self.qkv = linear('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj')
+        self.out = linear('self_attn.o_proj')
+        self.gate_up = linear('mlp.gate_proj', 'mlp.up_proj')
+        self.down = linear('mlp.down_proj')
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
 
@@ -168,8 +220,12 @@ class LeanLlamaForward(Forward):
 
     name = 'lean'
 
-    def __init__(self, model, step_dtype: Optional[torch.dtype] = None):
-        """Use ``model``'s weights; one-token steps in ``step_dtype`` (None: model dtype)."""
+    def __init__(self, model, step_dtype: Optional[torch.dtype] = None, step_blocks=None):
+        """Use ``model``'s weights; one-token steps in ``step_dtype`` (None: model dtype).
+
+        step_blocks: {module name: (GGML type, blocks)} (engine/gguf_weights.py): one-token
+        steps multiply by the GGUF's own blocks where given (``decode_weights: gguf``).
+        """
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f'the lean forward cannot run this model: {reason}')
@@ -179,9 +235,11 @@ class LeanLlamaForward(Forward):
         self.model = model
         self.step_dtype = step_dtype
         self.embed = base.embed_tokens
-        self.layers = [_Layer(layer, step_dtype) for layer in base.layers]
+        self.layers = [_Layer(layer, step_dtype, step_blocks, f'model.layers.{i}.')
+                       for i, layer in enumerate(base.layers)]
         self.final_norm = base.norm
-        self.lm_head = _Linear([model.lm_head], step_dtype)
+        head = None if step_blocks is None else [step_blocks.get('lm_head')]
+        self.lm_head = _Linear([model.lm_head], step_dtype, head)
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = self.layers[0].head_dim
         self._hooks = PassHooks()

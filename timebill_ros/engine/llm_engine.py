@@ -43,6 +43,8 @@ from timebill_ros.engine.stopping import StepTimer, StopCriteria
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # One-token step weight formats (engine.decode_weights): int8 is weight-only, per output row.
 STEP_DTYPES = dict(DTYPES, int8=torch.int8)
+# The GGUF file's own blocks through the C++ kernels (engine/gguf_weights.py, engine/kernels).
+GGUF_FORMAT = 'gguf'
 # Chat templates' end-of-turn tokens; those the tokenizer knows count as EOS.
 END_OF_TURN_TOKENS = ('<|im_end|>', '<|eot_id|>', '<|end|>', '<end_of_turn>')
 # sdpa works with the hooks: they read the attention *inputs*, never the attention weights.
@@ -426,7 +428,18 @@ def make_forward(model, engine_config: EngineConfig) -> Forward:
     reason = unsupported_reason(model)
     if reason is not None:
         raise ValueError(f'engine.forward is lean, but {reason}')
+    if engine_config.decode_weights == GGUF_FORMAT:
+        return LeanLlamaForward(model, None, _gguf_step_blocks(model, engine_config))
     return LeanLlamaForward(model, STEP_DTYPES.get(engine_config.decode_weights))
+
+
+def _gguf_step_blocks(model, engine_config: EngineConfig) -> dict:
+    """Return the GGUF step blocks of ``decode_weights: gguf`` (the embedded model only)."""
+    from timebill_ros.engine.gguf_weights import read_step_blocks
+    if engine_config.model_path:
+        raise ValueError('engine.decode_weights gguf reads the embedded GGUF model; '
+                         f'engine.model_path is {engine_config.model_path!r}')
+    return read_step_blocks(model_source.embedded_gguf_path(), model.config)
 
 
 def _load_tokenizer(model_dir):

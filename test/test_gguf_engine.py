@@ -1,0 +1,104 @@
+"""``engine.decode_weights: gguf``: the lean forward's one-token steps on GGUF blocks."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine import LlmEngine, kernels
+from timebill_ros.engine.forward import PassHooks
+from timebill_ros.engine.gguf_weights import read_step_blocks
+from timebill_ros.engine.lean_llama import LeanLlamaForward
+from timebill_ros.engine.model_source import embedded_gguf_path
+
+PROMPT = 'Plan the route to the charging dock and list the steps.'
+
+
+def _quantized(model, qtype=GGMLQuantizationType.Q4_1):
+    """Return (model copy, {module name: (type id, blocks)}) holding the same weights.
+
+    The copy's linear weights are replaced by their ``qtype`` dequantization.
+    """
+    model = copy.deepcopy(model)
+    blocks = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            data = quantize(module.weight.detach().numpy().astype(np.float32), qtype)
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy(dequantize(data, qtype)))
+            blocks[name] = (int(qtype), torch.from_numpy(data.copy()))
+    return model, blocks
+
+
+def test_the_embedded_gguf_blocks_are_the_models_weights():
+    """All 211 matrices, rows reordered for RoPE as transformers does: bit-exact."""
+    engine = LlmEngine.load(EngineConfig(decode_weights='float32'), EvictionConfig())
+    blocks = read_step_blocks(embedded_gguf_path(), engine.model.config)
+    assert len(blocks) == 7 * engine.model.config.num_hidden_layers + 1
+    gemm = kernels.load()
+    modules = dict(engine.model.named_modules())
+    for name, (qtype, data) in blocks.items():
+        weight = modules[name].weight.detach()
+        assert torch.equal(gemm.dequantize(data, qtype, weight.shape[1]), weight), name
+    assert {qtype for qtype, _ in blocks.values()} == {kernels.Q4_1, kernels.Q8_0}
+
+
+@pytest.mark.parametrize('qtype', [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
+                                   GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
+def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype):
+    """Same weights, so the one-token logits agree to float rounding; the prefill is fp32."""
+    model, blocks = _quantized(tiny_model, qtype)
+    exact = LeanLlamaForward(model)
+    on_blocks = LeanLlamaForward(model, None, blocks)
+    assert {layer.qkv.kernel for layer in on_blocks.layers} == {f'gguf-{int(qtype)}'}
+    assert on_blocks.lm_head.kernel == f'gguf-{int(qtype)}'
+    ids = list(range(100, 140))
+    with torch.inference_mode():
+        caches = [exact.new_cache(), on_blocks.new_cache()]
+        first = [f.run(ids, 0, c, step=False) for f, c in zip((exact, on_blocks), caches)]
+        assert torch.equal(first[0], first[1])  # the prefill never reads the blocks
+        token = int(first[0].argmax())
+        for offset in range(6):
+            a = exact.run([token], len(ids) + offset, caches[0], step=True)
+            b = on_blocks.run([token], len(ids) + offset, caches[1], step=True)
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+            token = int(a.argmax())
+
+
+def test_a_batched_step_on_blocks_equals_single_steps(tiny_model):
+    model, blocks = _quantized(tiny_model)
+    forward = LeanLlamaForward(model, None, blocks)
+    prompts = [list(range(100, 120)), list(range(300, 331)), list(range(50, 59))]
+    with torch.inference_mode():
+        singles, caches = [], []
+        for ids in prompts:
+            for _ in range(2):
+                caches.append(forward.new_cache())
+                forward.run(ids, 0, caches[-1], step=False)
+            singles.append(forward.run([7], len(ids), caches[-2], step=True))
+        batched, interrupted = forward.run_step(
+            [7] * 3, [len(ids) for ids in prompts], caches[1::2], [PassHooks()] * 3)
+    assert not interrupted
+    for i, single in enumerate(singles):
+        assert torch.allclose(batched[i], single, rtol=1e-5, atol=1e-5)
+
+
+def test_gguf_needs_the_embedded_model(tiny_model, smollm2_tokenizer):
+    config = EngineConfig(model_path='/some/transformers/dir', forward='lean',
+                          decode_weights='gguf')
+    with pytest.raises(ValueError, match='engine.model_path'):
+        LlmEngine(config, EvictionConfig(), model=tiny_model, tokenizer=smollm2_tokenizer)
+
+
+def test_the_embedded_model_answers_on_blocks():
+    """Real parts: the server's engine with decode_weights gguf answers like fp32 here."""
+    engine = LlmEngine.load(EngineConfig(decode_weights='gguf'), EvictionConfig())
+    assert engine.engine_config.decode_weights == 'gguf'
+    from timebill_ros.engine.stopping import StopCriteria
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    answer = engine.decode(state, 16, StopCriteria())
+    assert len(answer.token_ids) == 16 and answer.text.strip()

@@ -1,0 +1,95 @@
+"""The C++ GGUF kernels (engine/kernels) against gguf's own dequantization, both paths."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize, quantize
+
+from timebill_ros.engine import kernels
+from timebill_ros.engine.model_source import embedded_gguf_path
+
+TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
+# fp32 sums of up to 1536 products in another order than float64's: relative to the largest
+# output, well below the 1e-4 that a wrong block (a swapped nibble, a lost minimum) gives.
+REL_TOL = 1e-5
+
+
+@pytest.fixture(scope='module')
+def gemm():
+    return kernels.load()
+
+
+def _blocks(qtype, n_rows, k, seed):
+    """Return (blocks (N, row bytes) uint8 tensor, weights (N, K) float64) of random weights."""
+    rng = np.random.default_rng(seed)
+    weights = (rng.standard_normal((n_rows, k)) * 0.05 + rng.uniform(-0.02, 0.02, (n_rows, 1)))
+    blocks = quantize(weights.astype(np.float32), qtype)
+    return torch.from_numpy(blocks.copy()), dequantize(blocks, qtype).astype(np.float64)
+
+
+def _rel_error(y, x, weights):
+    ref = x.double().numpy() @ weights.T
+    return float(np.abs(y.double().numpy() - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize('qtype', TYPES, ids=lambda t: t.name)
+def test_dequantize_is_bit_exact_to_gguf(gemm, qtype):
+    blocks, weights = _blocks(qtype, 24, 96, seed=int(qtype))
+    assert torch.equal(gemm.dequantize(blocks, int(qtype), 96),
+                       torch.from_numpy(weights.astype(np.float32)))
+
+
+@pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
+@pytest.mark.parametrize('qtype', TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize('rows', [1, 2, 3, 5, 8])
+def test_gemm_multiplies_the_dequantized_weights(gemm, qtype, rows, portable):
+    blocks, weights = _blocks(qtype, 200, 576, seed=rows)
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+    y = gemm.gemm(x, blocks, int(qtype), portable)
+    assert y.shape == (rows, 200) and y.dtype == torch.float32
+    assert _rel_error(y, x, weights) < REL_TOL
+
+
+def test_a_wrong_weight_is_seen(gemm):
+    """The tolerance catches one block read wrong (the test can fail)."""
+    qtype = GGMLQuantizationType.Q4_1
+    blocks, weights = _blocks(qtype, 64, 256, seed=7)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(7))
+    broken = blocks.clone()
+    broken[3, 4:20] = broken[3, 4:20] ^ 0x11  # flip a nibble of every code in one block
+    assert _rel_error(gemm.gemm(x, broken, int(qtype), False), x, weights) > REL_TOL * 10
+
+
+def test_the_embedded_models_matrices(gemm):
+    """Q4_1 layers and the Q8_0 embedding / LM head of the embedded GGUF, both paths."""
+    reader = GGUFReader(embedded_gguf_path())
+    wanted = ('token_embd.weight', 'blk.0.attn_q.weight', 'blk.0.ffn_down.weight')
+    for tensor in (t for t in reader.tensors if t.name in wanted):
+        blocks = torch.from_numpy(np.array(tensor.data))
+        weights = dequantize(np.array(tensor.data), tensor.tensor_type).astype(np.float64)
+        k = int(tensor.shape[0])
+        x = torch.randn(4, k, generator=torch.Generator().manual_seed(k))
+        for portable in (False, True):
+            y = gemm.gemm(x, blocks, int(tensor.tensor_type), portable)
+            assert _rel_error(y, x, weights) < REL_TOL, (tensor.name, portable)
+
+
+def test_bad_inputs_are_refused(gemm):
+    blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 8, 64, seed=1)
+    q4_1 = int(GGMLQuantizationType.Q4_1)
+    with pytest.raises(RuntimeError, match='1 to 8 rows'):
+        gemm.gemm(torch.zeros(9, 64), blocks, q4_1, False)
+    with pytest.raises(RuntimeError, match='do not hold'):
+        gemm.gemm(torch.zeros(1, 96), blocks, q4_1, False)
+    with pytest.raises(RuntimeError, match='unsupported GGML type'):
+        gemm.gemm(torch.zeros(1, 64), blocks, 12, False)
+    with pytest.raises(RuntimeError, match='float32'):
+        gemm.gemm(torch.zeros(1, 64, dtype=torch.float64), blocks, q4_1, False)
+
+
+def test_the_build_key_names_the_cpu_and_the_source(monkeypatch):
+    key = kernels.build_key()
+    assert len(key) == 16
+    monkeypatch.setattr(kernels, '_cpu_id', lambda: 'another CPU')
+    assert kernels.build_key() != key

@@ -1,0 +1,82 @@
+"""Hand-written CPU kernels, compiled on the machine that runs them (gguf_gemm.cpp).
+
+:func:`load` builds the C++ extension with torch's cpp_extension (g++ and ninja) into
+``<cache>/kernels/<key>/`` and imports it. The key hashes the source, torch's version, the
+compiler and the CPU (its model and instruction-set flags): the library is compiled with
+``-march=native`` (``-mcpu=native`` on ARM), so one built for another CPU is never loaded.
+``python -m timebill_ros.engine.kernels`` builds it ahead of time (scripts/build.sh does).
+"""
+
+import hashlib
+import pathlib
+import platform
+import subprocess
+import threading
+
+from timebill_ros import paths
+
+SOURCE = pathlib.Path(__file__).with_name('gguf_gemm.cpp')
+# GGML type ids of the block formats the kernels read (gguf.GGMLQuantizationType).
+Q4_0, Q4_1, Q8_0 = 2, 3, 8
+QTYPES = {'Q4_0': Q4_0, 'Q4_1': Q4_1, 'Q8_0': Q8_0}
+MAX_ROWS = 8  # activation rows per kernel call (goals in one decoding step)
+
+_lock = threading.Lock()
+_loaded = {}
+
+
+def _cpu_id() -> str:
+    """Return the CPU's model name and instruction-set flags (what -march=native sees)."""
+    try:
+        text = pathlib.Path('/proc/cpuinfo').read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [line for line in text.splitlines()
+            if line.split(':')[0].strip() in ('model name', 'flags', 'Features', 'CPU part')]
+    return '\n'.join(sorted(set(keep)))
+
+
+def _compiler() -> str:
+    try:
+        return subprocess.run(['c++', '--version'], capture_output=True, text=True,
+                              timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return 'unknown'
+
+
+def build_key() -> str:
+    """Return the hex key of this source, torch, compiler and CPU (16 characters)."""
+    import torch
+    parts = [SOURCE.read_bytes(), torch.__version__.encode(), _compiler().encode(),
+             platform.machine().encode(), _cpu_id().encode()]
+    return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]
+
+
+def _arch_flag() -> str:
+    arm = platform.machine().lower() in ('aarch64', 'arm64')
+    return '-mcpu=native' if arm else '-march=native'
+
+
+def load(cache_dir=None, verbose=False):
+    """Return the compiled extension module (building it first if needed).
+
+    Raises RuntimeError (with the compiler's message) when it cannot be built here.
+    """
+    key = build_key()
+    with _lock:
+        if key in _loaded:
+            return _loaded[key]
+        from torch.utils import cpp_extension
+        build_dir = pathlib.Path(paths.cache_root(cache_dir)) / 'kernels' / key
+        build_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            module = cpp_extension.load(
+                name=f'timebill_gguf_gemm_{key}', sources=[str(SOURCE)],
+                extra_cflags=['-O3', _arch_flag(), '-fopenmp'], extra_ldflags=['-fopenmp'],
+                build_directory=str(build_dir),
+                verbose=verbose)
+        except Exception as exc:  # compiler missing or failing: say what, the caller decides
+            raise RuntimeError(f'could not build the GGUF kernels in {build_dir}: '
+                               f'{type(exc).__name__}: {exc}') from exc
+        _loaded[key] = module
+        return module

@@ -1,0 +1,15 @@
+"""``python -m timebill_ros.engine.kernels``: build the CPU kernels for this machine now."""
+
+import sys
+import time
+
+from timebill_ros.engine.kernels import build_key, load
+
+start = time.monotonic()
+try:
+    module = load()
+except RuntimeError as exc:
+    print(f'kernels: {exc}', file=sys.stderr)
+    sys.exit(1)
+print(f'kernels: GGUF GEMM ready (key {build_key()}, AVX2 path: {module.has_avx2()}, '
+      f'{time.monotonic() - start:.1f} s)')

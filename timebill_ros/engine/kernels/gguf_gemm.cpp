@@ -1,0 +1,295 @@
+// y = x W^T with W kept as a GGUF file's own blocks (Q4_0, Q4_1, Q8_0), x fp32.
+//
+// Why by hand (docs/engine.md, PLATFORM.md): no maintained library multiplies fp32 activations
+// by these blocks on an AVX2 CPU without quantizing the activations. llama.cpp quantizes x to
+// 8 bits (its answers drift from fp32's); torch's int4/int8 packed GEMMs vectorise only bf16
+// activations on x86; onnxruntime's MatMulNBits takes a slow path for Q4_1's float minimum.
+// The portable path dequantizes each weight exactly as gguf's reference does (w = d * q + m in
+// fp32: d * q is exact, one rounding for + m) and multiplies; the AVX2 path regroups the same
+// sum per block as d * sum(q x) + m * sum(x) (fewer operations a weight). Both compute the
+// products of the dequantized fp32 weights the engine runs today; only the rounding of the
+// summation differs, as between any two GEMM libraries.
+//
+// Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); w (N,
+// row_bytes) uint8, each row ceil(K / 32) blocks; y (M, N) fp32. Every block is decoded once
+// and used for all M rows. Rows of W are split over torch's intra-op threads.
+//
+// Two paths: AVX2 + FMA + F16C (compiled where the build machine has them: the library is
+// built with -march=native for the machine that runs it), and a portable scalar path (ARM,
+// older x86) that the tests check against the same dequantized weights.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define TB_HAVE_AVX2 1
+#else
+#define TB_HAVE_AVX2 0
+#endif
+
+namespace {
+
+constexpr int64_t QK = 32;        // weights per block
+constexpr int64_t MAX_ROWS = 8;   // activation rows per call
+constexpr int64_t MAX_BLOCKS = 1024;  // blocks per weight row (K <= 32768)
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // GGML type ids
+
+int64_t block_bytes(int64_t qtype) {
+  switch (qtype) {
+    case Q4_0: return 2 + QK / 2;
+    case Q4_1: return 4 + QK / 2;
+    case Q8_0: return 2 + QK;
+    default: return -1;
+  }
+}
+
+// IEEE half -> float, portable (no F16C needed).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal half: normalise
+      exp = 127 - 15 + 1;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      man &= 0x3ffu;
+      bits = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+inline uint16_t read_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Dequantize one block to w[32] exactly as gguf's reference dequantization does.
+inline void dequantize_block(int64_t qtype, const uint8_t* b, float* w) {
+  const float d = half_to_float(read_u16(b));
+  if (qtype == Q8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < QK; ++j) w[j] = d * static_cast<float>(q[j]);
+    return;
+  }
+  const bool has_min = qtype == Q4_1;
+  const float m = has_min ? half_to_float(read_u16(b + 2)) : 0.0f;
+  const uint8_t* qs = b + (has_min ? 4 : 2);
+  for (int j = 0; j < QK / 2; ++j) {
+    float lo = static_cast<float>(qs[j] & 0x0f);
+    float hi = static_cast<float>(qs[j] >> 4);
+    if (has_min) {
+      w[j] = std::fma(d, lo, m);
+      w[j + QK / 2] = std::fma(d, hi, m);
+    } else {
+      w[j] = d * (lo - 8.0f);
+      w[j + QK / 2] = d * (hi - 8.0f);
+    }
+  }
+}
+
+// Portable path: rows [n0, n1) of y.
+void rows_portable(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
+                   int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t nb = K / QK, bb = block_bytes(qtype);
+  float wb[QK];
+  for (int64_t n = n0; n < n1; ++n) {
+    float acc[MAX_ROWS] = {0};
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      dequantize_block(qtype, row + b * bb, wb);
+      for (int64_t r = 0; r < M; ++r) {
+        const float* xr = x + r * K + b * QK;
+        float s = 0.0f;
+        for (int j = 0; j < QK; ++j) s = std::fma(wb[j], xr[j], s);
+        acc[r] += s;
+      }
+    }
+    for (int64_t r = 0; r < M; ++r) y[r * N + n] = acc[r];
+  }
+}
+
+#if TB_HAVE_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The 32 codes of one block as four vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31):
+// 0..15 for Q4_0 / Q4_1, -128..127 for Q8_0. Two byte-to-int widenings per block (the shuffle
+// port is the scarce one); the nibbles are split with and / shift on the other ports.
+inline void codes_avx2(int64_t qtype, const uint8_t* b, __m256 q[4]) {
+  if (qtype == Q8_0) {
+    const uint8_t* c = b + 2;
+    for (int i = 0; i < 4; ++i) {
+      __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * i));
+      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    }
+    return;
+  }
+  const uint8_t* qs = b + (qtype == Q4_1 ? 4 : 2);
+  const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i v1 =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+  const __m256i mask = _mm256_set1_epi32(0x0f);
+  q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, mask));
+  q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, mask));
+  q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
+  q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
+}
+
+// Sum over one block of w_j x_j = d * sum(q_j x_j) + c * sum(x_j), c = m (Q4_1), -8 d (Q4_0),
+// 0 (Q8_0): the same products regrouped (rounding differs, as any summation order's).
+// ``xs`` (ROWS, nb) holds each activation row's block sums. Two accumulator sets per row hide
+// the FMA latency when few rows give little independent work.
+template <int64_t ROWS>
+void rows_avx2_fixed(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
+                     const float* xs, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int A = ROWS <= 2 ? 2 : 1;
+  const int64_t nb = K / QK, bb = block_bytes(qtype);
+  const bool q4_1 = qtype == Q4_1, q4_0 = qtype == Q4_0;
+  for (int64_t n = n0; n < n1; ++n) {
+    __m256 acc[ROWS][A];
+    float macc[ROWS][A];
+    for (int64_t r = 0; r < ROWS; ++r)
+      for (int a = 0; a < A; ++a) {
+        acc[r][a] = _mm256_setzero_ps();
+        macc[r][a] = 0.0f;
+      }
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t b0 = 0; b0 < nb; b0 += A) {
+      for (int a = 0; a < A && b0 + a < nb; ++a) {
+        const int64_t b = b0 + a;
+        const uint8_t* blk = row + b * bb;
+        __m256 q[4];
+        codes_avx2(qtype, blk, q);
+        const float d = _cvtsh_ss(read_u16(blk));
+        const float c = q4_1 ? _cvtsh_ss(read_u16(blk + 2)) : (q4_0 ? -8.0f * d : 0.0f);
+        const __m256 dv = _mm256_set1_ps(d);
+        for (int64_t r = 0; r < ROWS; ++r) {
+          const float* xr = x + r * K + b * QK;
+          __m256 t0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(xr));
+          __m256 t1 = _mm256_mul_ps(q[2], _mm256_loadu_ps(xr + 16));
+          t0 = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr + 8), t0);
+          t1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr + 24), t1);
+          acc[r][a] = _mm256_fmadd_ps(dv, _mm256_add_ps(t0, t1), acc[r][a]);
+          macc[r][a] = std::fma(c, xs[r * nb + b], macc[r][a]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < ROWS; ++r) {
+      __m256 sum = acc[r][0];
+      float msum = macc[r][0];
+      for (int a = 1; a < A; ++a) {
+        sum = _mm256_add_ps(sum, acc[r][a]);
+        msum += macc[r][a];
+      }
+      y[r * N + n] = hsum(sum) + msum;
+    }
+  }
+}
+
+void rows_avx2(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
+               const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
+               int64_t n1) {
+  switch (M) {
+    case 1: return rows_avx2_fixed<1>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 2: return rows_avx2_fixed<2>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 3: return rows_avx2_fixed<3>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 4: return rows_avx2_fixed<4>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 5: return rows_avx2_fixed<5>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 6: return rows_avx2_fixed<6>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 7: return rows_avx2_fixed<7>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+    default: return rows_avx2_fixed<8>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+  }
+}
+#endif
+
+}  // namespace
+
+// y (M, N) = x (M, K) W^T; W = ``blocks`` (N, row_bytes) of GGML type ``qtype``.
+// ``portable`` forces the scalar path (tests compare both).
+torch::Tensor gemm(torch::Tensor x, torch::Tensor blocks, int64_t qtype, bool portable) {
+  const int64_t bb = block_bytes(qtype);
+  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous (M, K) float32 tensor");
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
+              blocks.is_contiguous(), "blocks must be a contiguous (N, row_bytes) uint8 tensor");
+  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
+  TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
+  TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
+  TORCH_CHECK(blocks.size(1) == K / QK * bb, "rows of ", blocks.size(1), " bytes do not hold ",
+              K, " weights of type ", qtype);
+  auto y = torch::empty({M, N}, x.options());
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t row_bytes = blocks.size(1);
+  const bool use_avx2 = TB_HAVE_AVX2 && !portable;
+  // Block sums of each activation row (M, K / 32), for the scale-and-minimum regrouping.
+  float xs[MAX_ROWS * MAX_BLOCKS];
+  TORCH_CHECK(K / QK <= MAX_BLOCKS, "K must be at most ", MAX_BLOCKS * QK, ", got ", K);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < K / QK; ++b) {
+      float s = 0.0f;
+      for (int j = 0; j < QK; ++j) s += xp[r * K + b * QK + j];
+      xs[r * (K / QK) + b] = s;
+    }
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+#if TB_HAVE_AVX2
+    if (use_avx2) {
+      rows_avx2(qtype, w, row_bytes, xp, xs, M, K, yp, N, n0, n1);
+      return;
+    }
+#endif
+    rows_portable(qtype, w, row_bytes, xp, M, K, yp, N, n0, n1);
+  });
+  (void)use_avx2;
+  return y;
+}
+
+// Dequantize ``blocks`` (N, row_bytes) to fp32 (N, K) with the same arithmetic as the kernels.
+torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
+  const int64_t bb = block_bytes(qtype);
+  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
+              blocks.is_contiguous() && blocks.size(1) == K / QK * bb && K % QK == 0,
+              "blocks must be a contiguous (N, K / 32 * block bytes) uint8 tensor");
+  const int64_t N = blocks.size(0), nb = K / QK;
+  auto out = torch::empty({N, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b)
+      dequantize_block(qtype, w + n * blocks.size(1) + b * bb, o + n * K + b * QK);
+  return out;
+}
+
+bool has_avx2() { return TB_HAVE_AVX2; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0)");
+  m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights");
+  m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
+}
