@@ -102,3 +102,38 @@ def test_the_embedded_model_answers_on_blocks():
     state = engine.prefill(engine.encode(PROMPT), StopCriteria())
     answer = engine.decode(state, 16, StopCriteria())
     assert len(answer.token_ids) == 16 and answer.text.strip()
+
+
+def test_the_fused_layer_step_equals_the_op_by_op_step(tiny_model):
+    """One C++ call a layer (engine/kernels layer_step) against the same step op by op.
+
+    The prompt ends near the cache's capacity, so the steps also cross a growth of it.
+    """
+    model, blocks = _quantized(tiny_model)
+    forward = LeanLlamaForward(model, None, blocks)
+    assert all(layer.fused for layer in forward.layers)
+    ids = list(range(100, 350))
+    with torch.inference_mode():
+        fused, op_by_op = forward.new_cache(), forward.new_cache()
+        token = int(forward.run(ids, 0, fused, step=False).argmax())
+        forward.run(ids, 0, op_by_op, step=False)
+        for offset in range(10):
+            a = forward.run([token], len(ids) + offset, fused, step=True)
+            for layer in forward.layers:
+                layer.fused = False
+            b = forward.run([token], len(ids) + offset, op_by_op, step=True)
+            for layer in forward.layers:
+                layer.fused = True
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+            token = int(b.argmax())
+    assert fused.lengths == op_by_op.lengths == [len(ids) + 10] * len(forward.layers)
+    for idx in range(len(forward.layers)):
+        for x, y in zip(fused.layer_kv(idx), op_by_op.layer_kv(idx)):
+            assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_layers_with_biases_are_not_fused(tiny_qwen2):
+    model, blocks = _quantized(tiny_qwen2)
+    forward = LeanLlamaForward(model, None, blocks)
+    assert not any(layer.fused for layer in forward.layers)
+    assert forward.layers[0].qkv.kernel.startswith('gguf')

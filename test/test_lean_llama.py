@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine, make_forward
@@ -11,22 +11,6 @@ from timebill_ros.engine.lean_llama import fbgemm_fp16_available, LeanLlamaForwa
 from timebill_ros.engine.stopping import StopCriteria
 
 PROMPT = 'List the steps to pick up the red cup from the table and put it in the sink.'
-
-
-@pytest.fixture(scope='module')
-def tiny_qwen2(smollm2_tokenizer):
-    """Return a tiny random Qwen2 (biases on q, k, v)."""
-    config = Qwen2Config(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=len(smollm2_tokenizer), max_position_embeddings=2048,
-        bos_token_id=None, eos_token_id=None, pad_token_id=0)
-    torch.manual_seed(3)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():  # random biases: zero ones would not test them
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    return model
 
 
 def _engines(model, tokenizer, decode_weights='float32'):

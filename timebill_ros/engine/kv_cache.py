@@ -62,12 +62,16 @@ class KvCache:
         """
         begin = self.lengths[layer_idx]
         end = begin + keys.shape[2]
-        if end > self.capacity(layer_idx):
-            self._grow(layer_idx, end)
+        self.reserve(layer_idx, end)
         self.keys[layer_idx][:, :, begin:end] = keys
         self.values[layer_idx][:, :, begin:end] = values
         self.lengths[layer_idx] = end
         return self.layer_kv(layer_idx)
+
+    def reserve(self, layer_idx: int, n_tokens: int) -> None:
+        """Make layer ``layer_idx`` hold at least ``n_tokens`` (grows by one copy if full)."""
+        if n_tokens > self.capacity(layer_idx):
+            self._grow(layer_idx, n_tokens)
 
     def keep(self, layer_idx: int, indices: torch.Tensor) -> None:
         """Keep only positions ``indices`` (B, H, K), ascending, of layer ``layer_idx``.

@@ -211,6 +211,13 @@ class _Layer:
         self.out = linear('self_attn.o_proj')
         self.gate_up = linear('mlp.gate_proj', 'mlp.up_proj')
         self.down = linear('mlp.down_proj')
+        linears = (self.qkv, self.out, self.gate_up, self.down)
+        # A one-token step runs as one C++ call when every linear is on GGUF blocks (fp32,
+        # no biases): engine/kernels layer_step.
+        self.fused = (all(lin.gguf_blocks is not None and lin.step_bias is None
+                          for lin in linears)
+                      and all(w.dtype == torch.float32 and w.device.type == 'cpu'
+                              for lin in linears for w, _ in lin.parts))
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
 
@@ -332,6 +339,8 @@ class LeanLlamaForward(Forward):
         steps match transformers.
         """
         n_rows, fast = x.shape[0], self.step_dtype is not None
+        if n_rows == 1 and layer.fused:
+            return self._fused_step(layer_idx, layer, x, cos, sin, caches[0])
         h = self._norm(x, layer.input_norm, fast)
         q, k, v = layer.qkv(h, True)
         n_q = q.shape[-1] // layer.head_dim
@@ -368,6 +377,8 @@ class LeanLlamaForward(Forward):
     def _layer(self, layer_idx, layer, x, cos, sin, cache, step):
         """One decoder layer; x: (1, n, hidden) -> (1, n, hidden)."""
         n_tokens = x.shape[1]
+        if step and n_tokens == 1 and layer.fused:
+            return self._fused_step(layer_idx, layer, x, cos, sin, cache)
         h = _rms_norm(x, layer.input_norm)
         if self._hooks.captures and not step:
             self._hooks.keep_inputs(layer_idx, layer.attn, h, cos, sin)
@@ -392,6 +403,21 @@ class LeanLlamaForward(Forward):
         h = _rms_norm(x, layer.post_norm)
         gate, up = layer.gate_up(h, step)
         return x + layer.down(F.silu(gate) * up, step)[0]
+
+    def _fused_step(self, layer_idx, layer, x, cos, sin, cache):
+        """One-token step of one layer in one C++ call (all linears on GGUF blocks)."""
+        n_kv = cache.get_seq_length(layer_idx)
+        cache.reserve(layer_idx, n_kv + 1)
+        attn = layer.attn
+        out = layer.qkv.kernels.layer_step(
+            x.reshape(-1), layer.input_norm.weight, layer.input_norm.variance_epsilon,
+            layer.qkv.gguf_blocks, layer.qkv.gguf_type, layer.out.gguf_blocks,
+            layer.out.gguf_type, layer.post_norm.weight, layer.post_norm.variance_epsilon,
+            layer.gate_up.gguf_blocks, layer.gate_up.gguf_type, layer.down.gguf_blocks,
+            layer.down.gguf_type, cos.reshape(-1), sin.reshape(-1), cache.keys[layer_idx],
+            cache.values[layer_idx], n_kv, attn.config.num_attention_heads, layer.scaling)
+        cache.lengths[layer_idx] = n_kv + 1
+        return out.view(x.shape)
 
 
 class _Using:

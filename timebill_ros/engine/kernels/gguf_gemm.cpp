@@ -23,7 +23,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -227,29 +229,12 @@ void rows_avx2(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* 
 
 }  // namespace
 
-// y (M, N) = x (M, K) W^T; W = ``blocks`` (N, row_bytes) of GGML type ``qtype``.
-// ``portable`` forces the scalar path (tests compare both).
-torch::Tensor gemm(torch::Tensor x, torch::Tensor blocks, int64_t qtype, bool portable) {
-  const int64_t bb = block_bytes(qtype);
-  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
-              "x must be a contiguous (M, K) float32 tensor");
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
-              blocks.is_contiguous(), "blocks must be a contiguous (N, row_bytes) uint8 tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
-  TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
-  TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(blocks.size(1) == K / QK * bb, "rows of ", blocks.size(1), " bytes do not hold ",
-              K, " weights of type ", qtype);
-  auto y = torch::empty({M, N}, x.options());
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t row_bytes = blocks.size(1);
+// y (M, N) = x (M, K) W^T over raw pointers; rows of W split over torch's OpenMP threads.
+void gemm_raw(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* xp, int64_t M,
+              int64_t K, float* yp, int64_t N, bool portable) {
   const bool use_avx2 = TB_HAVE_AVX2 && !portable;
   // Block sums of each activation row (M, K / 32), for the scale-and-minimum regrouping.
   float xs[MAX_ROWS * MAX_BLOCKS];
-  TORCH_CHECK(K / QK <= MAX_BLOCKS, "K must be at most ", MAX_BLOCKS * QK, ", got ", K);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < K / QK; ++b) {
       float s = 0.0f;
@@ -266,7 +251,162 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor blocks, int64_t qtype, bool po
     rows_portable(qtype, w, row_bytes, xp, M, K, yp, N, n0, n1);
   });
   (void)use_avx2;
+  (void)xs;
+}
+
+void check_blocks(const torch::Tensor& blocks, int64_t qtype, int64_t K, const char* what) {
+  const int64_t bb = block_bytes(qtype);
+  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
+              blocks.is_contiguous(), what, " must be a contiguous (N, row_bytes) uint8 tensor");
+  TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
+  TORCH_CHECK(K / QK <= MAX_BLOCKS, "K must be at most ", MAX_BLOCKS * QK, ", got ", K);
+  TORCH_CHECK(blocks.size(1) == K / QK * bb, "rows of ", blocks.size(1), " bytes do not hold ",
+              K, " weights of type ", qtype);
+}
+
+// y (M, N) = x (M, K) W^T; W = ``blocks`` (N, row_bytes) of GGML type ``qtype``.
+// ``portable`` forces the scalar path (tests compare both).
+torch::Tensor gemm(torch::Tensor x, torch::Tensor blocks, int64_t qtype, bool portable) {
+  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported GGML type ", qtype,
+              " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous (M, K) float32 tensor");
+  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
+  TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
+  check_blocks(blocks, qtype, K, "blocks");
+  auto y = torch::empty({M, N}, x.options());
+  gemm_raw(qtype, blocks.data_ptr<uint8_t>(), blocks.size(1), x.data_ptr<float>(), M, K,
+           y.data_ptr<float>(), N, portable);
   return y;
+}
+
+namespace {
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), transformers' LlamaRMSNorm in fp32.
+void rms_norm(const float* x, const float* weight, double eps, int64_t n, float* out) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * scale);
+}
+
+// In place: v = v * cos + rotate_half(v) * sin over one head of ``dim`` values.
+void rope(float* v, const float* cos, const float* sin, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const float a = v[j], b = v[j + half];
+    v[j] = a * cos[j] - b * sin[j];
+    v[j + half] = b * cos[j + half] + a * sin[j + half];
+  }
+}
+
+}  // namespace
+
+// One decoder layer of a one-token step, every linear on GGUF blocks (Llama family, fp32):
+// x (hidden,) -> x + attn(...) -> + mlp(...); writes the token's key and value at position
+// ``n_kv`` of ``keys`` / ``values`` (1, H_kv, C, D), whose capacity the caller ensured. One
+// call instead of ~25 torch ops dispatched from Python; the caller still checks its interrupt
+// before every layer.
+torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
+                         torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
+                         int64_t out_type, torch::Tensor post_norm, double post_eps,
+                         torch::Tensor gate_up, int64_t gate_up_type, torch::Tensor down,
+                         int64_t down_type, torch::Tensor cos, torch::Tensor sin,
+                         torch::Tensor keys, torch::Tensor values, int64_t n_kv,
+                         int64_t n_heads, double scaling) {
+  TORCH_CHECK(x.dim() == 1 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous (hidden,) float32 tensor");
+  TORCH_CHECK(keys.dim() == 4 && keys.size(0) == 1 && keys.is_contiguous() &&
+              values.is_contiguous() && keys.sizes() == values.sizes() &&
+              keys.scalar_type() == torch::kFloat32 && values.scalar_type() == torch::kFloat32,
+              "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
+  const int64_t hidden = x.size(0), n_kv_heads = keys.size(1), capacity = keys.size(2);
+  const int64_t dim = keys.size(3);
+  TORCH_CHECK(n_kv >= 0 && n_kv < capacity, "n_kv ", n_kv, " leaves no room in ", capacity);
+  TORCH_CHECK(n_heads % n_kv_heads == 0, "query heads must be a multiple of KV heads");
+  const int64_t q_rows = n_heads * dim, kv_rows = n_kv_heads * dim;
+  TORCH_CHECK(qkv.size(0) == q_rows + 2 * kv_rows && out_proj.size(0) == hidden &&
+              down.size(0) == hidden && gate_up.size(0) % 2 == 0,
+              "the blocks do not have the layer's shapes");
+  const int64_t inter = gate_up.size(0) / 2;
+  check_blocks(qkv, qkv_type, hidden, "qkv");
+  check_blocks(out_proj, out_type, q_rows, "out_proj");
+  check_blocks(gate_up, gate_up_type, hidden, "gate_up");
+  check_blocks(down, down_type, inter, "down");
+  TORCH_CHECK(cos.numel() == dim && sin.numel() == dim && cos.is_contiguous() &&
+              sin.is_contiguous(), "cos / sin must be contiguous (D,) tensors");
+
+  auto result = x.clone();
+  float* h = result.data_ptr<float>();
+  std::vector<float> normed(std::max(hidden, inter)), proj(q_rows + 2 * kv_rows),
+      attn(q_rows), mlp(2 * inter), delta(hidden);
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+
+  // Attention block.
+  rms_norm(h, in_norm.data_ptr<float>(), in_eps, hidden, normed.data());
+  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), qkv.size(1), normed.data(), 1, hidden,
+           proj.data(), qkv.size(0), false);
+  float* q = proj.data();
+  float* k = q + q_rows;
+  float* v = k + kv_rows;
+  for (int64_t head = 0; head < n_heads; ++head) rope(q + head * dim, cs, sn, dim);
+  float* kb = keys.data_ptr<float>();
+  float* vb = values.data_ptr<float>();
+  for (int64_t head = 0; head < n_kv_heads; ++head) {
+    rope(k + head * dim, cs, sn, dim);
+    std::memcpy(kb + (head * capacity + n_kv) * dim, k + head * dim, dim * sizeof(float));
+    std::memcpy(vb + (head * capacity + n_kv) * dim, v + head * dim, dim * sizeof(float));
+  }
+  const int64_t n_live = n_kv + 1, group = n_heads / n_kv_heads;
+  const float scale = static_cast<float>(scaling);
+  at::parallel_for(0, n_heads, 1, [&](int64_t h0, int64_t h1) {
+    std::vector<float> scores(n_live);
+    for (int64_t head = h0; head < h1; ++head) {
+      const float* qh = q + head * dim;
+      const float* kh = kb + (head / group) * capacity * dim;
+      const float* vh = vb + (head / group) * capacity * dim;
+      float best = -INFINITY;
+      for (int64_t j = 0; j < n_live; ++j) {
+        float s = 0.0f;
+        // A dot product over the head dimension; the pragma lets the compiler vectorise the
+        // sum (a reassociation, as any vectorised GEMM does).
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[j * dim + d];
+        scores[j] = s * scale;
+        best = std::max(best, scores[j]);
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j < n_live; ++j) {
+        scores[j] = std::exp(scores[j] - best);
+        total += scores[j];
+      }
+      float* oh = attn.data() + head * dim;
+      for (int64_t d = 0; d < dim; ++d) oh[d] = 0.0f;
+      for (int64_t j = 0; j < n_live; ++j) {
+        const float p = scores[j] / total;
+        for (int64_t d = 0; d < dim; ++d) oh[d] += p * vh[j * dim + d];
+      }
+    }
+  });
+  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), out_proj.size(1), attn.data(), 1, q_rows,
+           delta.data(), hidden, false);
+  for (int64_t i = 0; i < hidden; ++i) h[i] += delta[i];
+
+  // MLP block.
+  rms_norm(h, post_norm.data_ptr<float>(), post_eps, hidden, normed.data());
+  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), gate_up.size(1), normed.data(), 1, hidden,
+           mlp.data(), 2 * inter, false);
+  for (int64_t i = 0; i < inter; ++i) {
+    const float g = mlp[i];
+    normed[i] = g / (1.0f + std::exp(-g)) * mlp[inter + i];
+  }
+  gemm_raw(down_type, down.data_ptr<uint8_t>(), down.size(1), normed.data(), 1, inter,
+           delta.data(), hidden, false);
+  for (int64_t i = 0; i < hidden; ++i) h[i] += delta[i];
+  return result;
 }
 
 // Dequantize ``blocks`` (N, row_bytes) to fp32 (N, K) with the same arithmetic as the kernels.
@@ -291,5 +431,6 @@ bool has_avx2() { return TB_HAVE_AVX2; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0)");
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights");
+  m.def("layer_step", &layer_step, "one decoder layer of a one-token step on GGUF blocks");
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
 }
