@@ -410,11 +410,12 @@ class LeanLlamaForward(Forward):
         cache.reserve(layer_idx, n_kv + 1)
         attn = layer.attn
         out = layer.qkv.kernels.layer_step(
-            x.reshape(-1), layer.input_norm.weight, layer.input_norm.variance_epsilon,
+            x.reshape(-1).contiguous(), layer.input_norm.weight, layer.input_norm.variance_epsilon,
             layer.qkv.gguf_blocks, layer.qkv.gguf_type, layer.out.gguf_blocks,
             layer.out.gguf_type, layer.post_norm.weight, layer.post_norm.variance_epsilon,
             layer.gate_up.gguf_blocks, layer.gate_up.gguf_type, layer.down.gguf_blocks,
-            layer.down.gguf_type, cos.reshape(-1), sin.reshape(-1), cache.keys[layer_idx],
+            layer.down.gguf_type, cos.reshape(-1).contiguous(),
+            sin.reshape(-1).contiguous(), cache.keys[layer_idx],
             cache.values[layer_idx], n_kv, attn.config.num_attention_heads, layer.scaling)
         cache.lengths[layer_idx] = n_kv + 1
         return out.view(x.shape)
