@@ -93,11 +93,10 @@ def _train_lengths_if_missing(args, config, onnx_path):
     from timebill_ros.training.export import export_train_lengths
     try:
         read_train_lengths(onnx_path)
-        return 0
     except (OSError, ValueError, KeyError):
         _, engine = _engine(args, config)
         export_train_lengths(onnx_path, engine.encode, config.predictor)
-        return 0
+    return 0
 
 
 def _export(model, engine, splits, onnx_path, embedding, predictor_config):

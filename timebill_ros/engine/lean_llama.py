@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from timebill_ros.engine import kernels
 from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
 from timebill_ros.engine.kv_cache import KvCache
 
@@ -81,10 +82,7 @@ class _Linear:
             return
         with torch.no_grad():
             weight = torch.cat([w for w, _ in self.parts])
-            bias = None
-            if any(b is not None for _, b in self.parts):
-                bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
-                                  for w, b in self.parts])
+            bias = self._joined_bias()
             if step_dtype == torch.int8:
                 self._quantize_int8(weight, bias)
                 return
@@ -97,9 +95,15 @@ class _Linear:
                 self.step_weight = weight.to(step_dtype)
                 self.step_bias = None if bias is None else bias.to(step_dtype)
 
+    def _joined_bias(self):
+        """Return the modules' biases concatenated (zeros for a module without), or None."""
+        if all(b is None for _, b in self.parts):
+            return None
+        return torch.cat([b if b is not None else w.new_zeros(w.shape[0])
+                          for w, b in self.parts])
+
     def _use_blocks(self, blocks) -> bool:
         """Keep the GGUF blocks of the modules (one type, rows concatenated); False if not."""
-        from timebill_ros.engine import kernels
         if (len(blocks) != len(self.parts) or any(b is None for b in blocks)
                 or len({qtype for qtype, _ in blocks}) != 1):
             return False
@@ -108,10 +112,8 @@ class _Linear:
         if self.gguf_blocks.shape[0] != sum(self.split):
             raise ValueError(f'GGUF blocks hold {self.gguf_blocks.shape[0]} rows, the layers '
                              f'{sum(self.split)}')
-        biases = [b for _, b in self.parts]
-        if any(b is not None for b in biases):
-            self.step_bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
-                                        for w, b in self.parts]).float()
+        bias = self._joined_bias()
+        self.step_bias = None if bias is None else bias.detach().float()
         self.kernels = kernels.load()
         self.step_bytes = self.gguf_blocks.numel()
         return True
@@ -167,10 +169,9 @@ class _Linear:
 
     def _gguf(self, x: torch.Tensor) -> torch.Tensor:
         """Return x W^T from the GGUF blocks; x (..., K) -> (..., N), rows 8 at a time."""
-        from timebill_ros.engine.kernels import MAX_ROWS
         rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
-        parts = [self.kernels.gemm(rows[i:i + MAX_ROWS], self.gguf_blocks, self.gguf_type,
-                                   False) for i in range(0, rows.shape[0], MAX_ROWS)]
+        parts = [self.kernels.gemm(rows[i:i + kernels.MAX_ROWS], self.gguf_blocks, self.gguf_type,
+                                   False) for i in range(0, rows.shape[0], kernels.MAX_ROWS)]
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self.step_bias is not None:
             y = y + self.step_bias
@@ -219,6 +220,7 @@ class _Layer:
                       and all(w.dtype == torch.float32 and w.device.type == 'cpu'
                               for lin in linears for w, _ in lin.parts))
         self.head_dim = attn.head_dim
+        self.n_heads = attn.config.num_attention_heads
         self.scaling = attn.scaling
 
 
@@ -408,7 +410,6 @@ class LeanLlamaForward(Forward):
         """One-token step of one layer in one C++ call (all linears on GGUF blocks)."""
         n_kv = cache.get_seq_length(layer_idx)
         cache.reserve(layer_idx, n_kv + 1)
-        attn = layer.attn
         out = layer.qkv.kernels.layer_step(
             x.reshape(-1).contiguous(), layer.input_norm.weight, layer.input_norm.variance_epsilon,
             layer.qkv.gguf_blocks, layer.qkv.gguf_type, layer.out.gguf_blocks,
@@ -416,7 +417,7 @@ class LeanLlamaForward(Forward):
             layer.gate_up.gguf_blocks, layer.gate_up.gguf_type, layer.down.gguf_blocks,
             layer.down.gguf_type, cos.reshape(-1).contiguous(),
             sin.reshape(-1).contiguous(), cache.keys[layer_idx],
-            cache.values[layer_idx], n_kv, attn.config.num_attention_heads, layer.scaling)
+            cache.values[layer_idx], n_kv, layer.n_heads, layer.scaling)
         cache.lengths[layer_idx] = n_kv + 1
         return out.view(x.shape)
 

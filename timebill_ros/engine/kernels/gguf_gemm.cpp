@@ -233,14 +233,17 @@ void rows_avx2(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* 
 void gemm_raw(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* xp, int64_t M,
               int64_t K, float* yp, int64_t N, bool portable) {
   const bool use_avx2 = TB_HAVE_AVX2 && !portable;
-  // Block sums of each activation row (M, K / 32), for the scale-and-minimum regrouping.
+  // Block sums of each activation row (M, K / 32), for the AVX2 path's scale-and-minimum
+  // regrouping (the portable path does not read them).
   float xs[MAX_ROWS * MAX_BLOCKS];
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t b = 0; b < K / QK; ++b) {
-      float s = 0.0f;
-      for (int j = 0; j < QK; ++j) s += xp[r * K + b * QK + j];
-      xs[r * (K / QK) + b] = s;
-    }
+  if (use_avx2) {
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t b = 0; b < K / QK; ++b) {
+        float s = 0.0f;
+        for (int j = 0; j < QK; ++j) s += xp[r * K + b * QK + j];
+        xs[r * (K / QK) + b] = s;
+      }
+  }
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
 #if TB_HAVE_AVX2
     if (use_avx2) {
