@@ -132,8 +132,54 @@ def test_the_fused_layer_step_equals_the_op_by_op_step(tiny_model):
             assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
+def test_a_fused_batched_step_equals_the_op_by_op_batched_step(tiny_model):
+    """Nine rows (two kernel calls of at most 8), caches from 5 to 1,100 tokens.
+
+    Rows past 512 cached tokens split their attention into chunks that are merged again.
+    """
+    model, blocks = _quantized(tiny_model)
+    forward = LeanLlamaForward(model, None, blocks)
+    lengths = [5, 40, 511, 512, 513, 700, 1100, 64, 9]
+    with torch.inference_mode():
+        fused, op_by_op = [], []
+        for n in lengths:
+            ids = [(7 * i + n) % 900 + 100 for i in range(n)]
+            for caches in (fused, op_by_op):
+                caches.append(forward.new_cache())
+                forward.run(ids, 0, caches[-1], step=False)
+        tokens = [11 * i + 3 for i in range(len(lengths))]
+        a, _ = forward.run_step(tokens, lengths, fused, [PassHooks()] * len(lengths))
+        for layer in forward.layers:
+            layer.fused = False
+        b, _ = forward.run_step(tokens, lengths, op_by_op, [PassHooks()] * len(lengths))
+    for row in range(len(lengths)):
+        assert torch.allclose(a[row], b[row], rtol=1e-5, atol=1e-5 * float(b[row].abs().max()))
+    for x, y in zip(fused, op_by_op):
+        assert x.lengths == y.lengths
+        for idx in range(len(forward.layers)):
+            for kx, ky in zip(x.layer_kv(idx), y.layer_kv(idx)):
+                assert torch.allclose(kx, ky, rtol=1e-5, atol=1e-6)
+
+
 def test_layers_with_biases_are_not_fused(tiny_qwen2):
     model, blocks = _quantized(tiny_qwen2)
     forward = LeanLlamaForward(model, None, blocks)
     assert not any(layer.fused for layer in forward.layers)
     assert forward.layers[0].qkv.kernel.startswith('gguf')
+
+
+def test_auto_probes_gguf_on_the_embedded_model():
+    """The server's default (auto) times gguf beside fp32 and fp16 on the embedded model."""
+    engine = LlmEngine.load(EngineConfig(), EvictionConfig())
+    assert engine.embedded_model and engine.gguf_skipped is None
+    assert set(engine.step_format_probe) == {'float32', 'float16', 'gguf'}
+    assert engine.engine_config.decode_weights in engine.step_format_probe
+
+
+def test_gguf_is_not_probed_where_it_cannot_run(tiny_model):
+    from timebill_ros.engine.llm_engine import _gguf_unusable_reason
+    assert 'engine.model_path' in _gguf_unusable_reason(
+        tiny_model, EngineConfig(model_path='/some/dir'))
+    half = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    assert 'torch.bfloat16' in _gguf_unusable_reason(half, EngineConfig())
+    assert _gguf_unusable_reason(tiny_model, EngineConfig()) is None

@@ -341,8 +341,8 @@ class LeanLlamaForward(Forward):
         steps match transformers.
         """
         n_rows, fast = x.shape[0], self.step_dtype is not None
-        if n_rows == 1 and layer.fused:
-            return self._fused_step(layer_idx, layer, x, cos, sin, caches[0])
+        if layer.fused:
+            return self._fused_step(layer_idx, layer, x, cos, sin, caches)
         h = self._norm(x, layer.input_norm, fast)
         q, k, v = layer.qkv(h, True)
         n_q = q.shape[-1] // layer.head_dim
@@ -380,7 +380,7 @@ class LeanLlamaForward(Forward):
         """One decoder layer; x: (1, n, hidden) -> (1, n, hidden)."""
         n_tokens = x.shape[1]
         if step and n_tokens == 1 and layer.fused:
-            return self._fused_step(layer_idx, layer, x, cos, sin, cache)
+            return self._fused_step(layer_idx, layer, x, cos, sin, [cache])
         h = _rms_norm(x, layer.input_norm)
         if self._hooks.captures and not step:
             self._hooks.keep_inputs(layer_idx, layer.attn, h, cos, sin)
@@ -406,20 +406,32 @@ class LeanLlamaForward(Forward):
         gate, up = layer.gate_up(h, step)
         return x + layer.down(F.silu(gate) * up, step)[0]
 
-    def _fused_step(self, layer_idx, layer, x, cos, sin, cache):
-        """One-token step of one layer in one C++ call (all linears on GGUF blocks)."""
-        n_kv = cache.get_seq_length(layer_idx)
-        cache.reserve(layer_idx, n_kv + 1)
-        out = layer.qkv.kernels.layer_step(
-            x.reshape(-1).contiguous(), layer.input_norm.weight, layer.input_norm.variance_epsilon,
-            layer.qkv.gguf_blocks, layer.qkv.gguf_type, layer.out.gguf_blocks,
-            layer.out.gguf_type, layer.post_norm.weight, layer.post_norm.variance_epsilon,
-            layer.gate_up.gguf_blocks, layer.gate_up.gguf_type, layer.down.gguf_blocks,
-            layer.down.gguf_type, cos.reshape(-1).contiguous(),
-            sin.reshape(-1).contiguous(), cache.keys[layer_idx],
-            cache.values[layer_idx], n_kv, layer.n_heads, layer.scaling)
-        cache.lengths[layer_idx] = n_kv + 1
-        return out.view(x.shape)
+    def _fused_step(self, layer_idx, layer, x, cos, sin, caches):
+        """One decoder layer of B one-token rows in one C++ call (all linears on GGUF blocks).
+
+        x: (B, 1, hidden); cos / sin: (B, 1, D); caches: one KvCache a row. Rows are run
+        ``kernels.MAX_ROWS`` at a time (each weight block decoded once for them).
+        """
+        n_kv = [cache.get_seq_length(layer_idx) for cache in caches]
+        for cache, length in zip(caches, n_kv):
+            cache.reserve(layer_idx, length + 1)
+        rows = x.reshape(x.shape[0], -1).contiguous()
+        cos, sin = cos.reshape(rows.shape[0], -1), sin.reshape(rows.shape[0], -1)
+        outs = []
+        for first in range(0, rows.shape[0], kernels.MAX_ROWS):
+            part = slice(first, first + kernels.MAX_ROWS)
+            outs.append(layer.qkv.kernels.layer_step(
+                rows[part], layer.input_norm.weight, layer.input_norm.variance_epsilon,
+                layer.qkv.gguf_blocks, layer.qkv.gguf_type, layer.out.gguf_blocks,
+                layer.out.gguf_type, layer.post_norm.weight, layer.post_norm.variance_epsilon,
+                layer.gate_up.gguf_blocks, layer.gate_up.gguf_type, layer.down.gguf_blocks,
+                layer.down.gguf_type, cos[part].contiguous(), sin[part].contiguous(),
+                [cache.keys[layer_idx] for cache in caches[part]],
+                [cache.values[layer_idx] for cache in caches[part]], n_kv[part],
+                layer.n_heads, layer.scaling))
+        for cache, length in zip(caches, n_kv):
+            cache.lengths[layer_idx] = length + 1
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(x.shape)
 
 
 class _Using:

@@ -160,53 +160,44 @@ inline void codes_avx2(int64_t qtype, const uint8_t* b, __m256 q[4]) {
   q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
 }
 
-// Sum over one block of w_j x_j = d * sum(q_j x_j) + c * sum(x_j), c = m (Q4_1), -8 d (Q4_0),
-// 0 (Q8_0): the same products regrouped (rounding differs, as any summation order's).
-// ``xs`` (ROWS, nb) holds each activation row's block sums. Two accumulator sets per row hide
-// the FMA latency when few rows give little independent work.
+// Sum over one block of w_j x_j = sum((d q_j) x_j) + c * sum(x_j), c = m (Q4_1), -8 d (Q4_0),
+// 0 (Q8_0): the same products regrouped (rounding differs, as any summation order's). d q_j is
+// exact in fp32 (an fp16 times a code of at most 8 bits), so it is formed once a block and
+// shared by all rows: four FMAs a row and block. ``xs`` (ROWS, nb) holds each activation
+// row's block sums. With few rows, P accumulators a row hide the FMA latency.
 template <int64_t ROWS>
 void rows_avx2_fixed(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
                      const float* xs, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
-  constexpr int A = ROWS <= 2 ? 2 : 1;
+  constexpr int P = ROWS == 1 ? 4 : (ROWS <= 3 ? 2 : 1);
   const int64_t nb = K / QK, bb = block_bytes(qtype);
   const bool q4_1 = qtype == Q4_1, q4_0 = qtype == Q4_0;
   for (int64_t n = n0; n < n1; ++n) {
-    __m256 acc[ROWS][A];
-    float macc[ROWS][A];
-    for (int64_t r = 0; r < ROWS; ++r)
-      for (int a = 0; a < A; ++a) {
-        acc[r][a] = _mm256_setzero_ps();
-        macc[r][a] = 0.0f;
-      }
+    __m256 acc[ROWS][P];
+    float macc[ROWS];
+    for (int64_t r = 0; r < ROWS; ++r) {
+      for (int a = 0; a < P; ++a) acc[r][a] = _mm256_setzero_ps();
+      macc[r] = 0.0f;
+    }
     const uint8_t* row = w + n * row_bytes;
-    for (int64_t b0 = 0; b0 < nb; b0 += A) {
-      for (int a = 0; a < A && b0 + a < nb; ++a) {
-        const int64_t b = b0 + a;
-        const uint8_t* blk = row + b * bb;
-        __m256 q[4];
-        codes_avx2(qtype, blk, q);
-        const float d = _cvtsh_ss(read_u16(blk));
-        const float c = q4_1 ? _cvtsh_ss(read_u16(blk + 2)) : (q4_0 ? -8.0f * d : 0.0f);
-        const __m256 dv = _mm256_set1_ps(d);
-        for (int64_t r = 0; r < ROWS; ++r) {
-          const float* xr = x + r * K + b * QK;
-          __m256 t0 = _mm256_mul_ps(q[0], _mm256_loadu_ps(xr));
-          __m256 t1 = _mm256_mul_ps(q[2], _mm256_loadu_ps(xr + 16));
-          t0 = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr + 8), t0);
-          t1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr + 24), t1);
-          acc[r][a] = _mm256_fmadd_ps(dv, _mm256_add_ps(t0, t1), acc[r][a]);
-          macc[r][a] = std::fma(c, xs[r * nb + b], macc[r][a]);
-        }
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + b * bb;
+      __m256 q[4];
+      codes_avx2(qtype, blk, q);
+      const float d = _cvtsh_ss(read_u16(blk));
+      const float c = q4_1 ? _cvtsh_ss(read_u16(blk + 2)) : (q4_0 ? -8.0f * d : 0.0f);
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_mul_ps(dv, q[i]);
+      for (int64_t r = 0; r < ROWS; ++r) {
+        const float* xr = x + r * K + b * QK;
+        for (int i = 0; i < 4; ++i)
+          acc[r][i % P] = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % P]);
+        macc[r] = std::fma(c, xs[r * nb + b], macc[r]);
       }
     }
     for (int64_t r = 0; r < ROWS; ++r) {
       __m256 sum = acc[r][0];
-      float msum = macc[r][0];
-      for (int a = 1; a < A; ++a) {
-        sum = _mm256_add_ps(sum, acc[r][a]);
-        msum += macc[r][a];
-      }
-      y[r * N + n] = hsum(sum) + msum;
+      for (int a = 1; a < P; ++a) sum = _mm256_add_ps(sum, acc[r][a]);
+      y[r * N + n] = hsum(sum) + macc[r];
     }
   }
 }
@@ -305,110 +296,217 @@ void rope(float* v, const float* cos, const float* sin, int64_t dim) {
   }
 }
 
+// Attention of one decoding step, split as flash-decoding does: a task is one row's KV head
+// over one chunk of its cached tokens, for all the query heads of that head's group (each key
+// and value is read once for the group). Tasks keep an unnormalised output with its running
+// maximum and sum; merge_attention combines the chunks (exp(max_c - max) rescaling).
+struct AttentionTask {
+  int64_t row, kv_head, begin, end;
+};
+
+constexpr int64_t ATTENTION_CHUNK = 512;  // cached tokens a task (two tasks a head from 1k)
+
+std::vector<AttentionTask> attention_tasks(const std::vector<int64_t>& n_live,
+                                           int64_t n_kv_heads) {
+  std::vector<AttentionTask> tasks;
+  for (int64_t r = 0; r < static_cast<int64_t>(n_live.size()); ++r)
+    for (int64_t h = 0; h < n_kv_heads; ++h)
+      for (int64_t b = 0; b < n_live[r]; b += ATTENTION_CHUNK)
+        tasks.push_back({r, h, b, std::min(n_live[r], b + ATTENTION_CHUNK)});
+  return tasks;
+}
+
+// One task: ``q`` (group, dim) query heads, ``kh`` / ``vh`` (capacity, dim) of one KV head;
+// writes out (group, dim) unnormalised, best (group,) maxima and total (group,) sums.
+void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begin, int64_t end,
+                  int64_t group, int64_t dim, float scale, float* out, float* best,
+                  float* total) {
+  const int64_t n = end - begin;
+  std::vector<float> scores(group * n);
+  for (int64_t g = 0; g < group; ++g) best[g] = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kj = kh + (begin + j) * dim;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * dim;
+      float s = 0.0f;
+      // A dot product over the head dimension; the pragma lets the compiler vectorise the
+      // sum (a reassociation, as any vectorised GEMM does).
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < dim; ++d) s += qg[d] * kj[d];
+      scores[g * n + j] = s * scale;
+      best[g] = std::max(best[g], scores[g * n + j]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      scores[g * n + j] = std::exp(scores[g * n + j] - best[g]);
+      sum += scores[g * n + j];
+    }
+    total[g] = sum;
+    for (int64_t d = 0; d < dim; ++d) out[g * dim + d] = 0.0f;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = vh + (begin + j) * dim;
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * n + j];
+      float* og = out + g * dim;
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) og[d] += p * vj[d];
+    }
+  }
+}
+
+// softmax(q K^T * scale) V for every row and query head: q (M, n_heads * dim) -> attn (same).
+// keys[r] / values[r] (1, H_kv, C_r, D) hold row r's n_live[r] tokens.
+void attention(const float* q, const std::vector<float*>& keys,
+               const std::vector<float*>& values, const std::vector<int64_t>& capacity,
+               const std::vector<int64_t>& n_live, int64_t n_heads, int64_t n_kv_heads,
+               int64_t dim, float scale, float* attn) {
+  const int64_t group = n_heads / n_kv_heads, q_rows = n_heads * dim;
+  const auto tasks = attention_tasks(n_live, n_kv_heads);
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  std::vector<float> outs(n_tasks * group * dim), bests(n_tasks * group),
+      totals(n_tasks * group);
+  at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const AttentionTask& task = tasks[t];
+      const int64_t offset = task.kv_head * capacity[task.row] * dim;
+      attend_chunk(q + task.row * q_rows + task.kv_head * group * dim,
+                   keys[task.row] + offset, values[task.row] + offset, task.begin, task.end,
+                   group, dim, scale, outs.data() + t * group * dim,
+                   bests.data() + t * group, totals.data() + t * group);
+    }
+  });
+  // Merge the chunks of each (row, KV head): tasks of one pair are consecutive.
+  for (int64_t t = 0; t < n_tasks;) {
+    int64_t last = t;
+    while (last + 1 < n_tasks && tasks[last + 1].row == tasks[t].row &&
+           tasks[last + 1].kv_head == tasks[t].kv_head)
+      ++last;
+    for (int64_t g = 0; g < group; ++g) {
+      float best = -INFINITY;
+      for (int64_t c = t; c <= last; ++c) best = std::max(best, bests[c * group + g]);
+      float* o = attn + tasks[t].row * q_rows + (tasks[t].kv_head * group + g) * dim;
+      float total = 0.0f;
+      for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
+      for (int64_t c = t; c <= last; ++c) {
+        const float w = std::exp(bests[c * group + g] - best);
+        total += w * totals[c * group + g];
+        const float* oc = outs.data() + (c * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] += w * oc[d];
+      }
+      for (int64_t d = 0; d < dim; ++d) o[d] /= total;
+    }
+    t = last + 1;
+  }
+}
+
 }  // namespace
 
-// One decoder layer of a one-token step, every linear on GGUF blocks (Llama family, fp32):
-// x (hidden,) -> x + attn(...) -> + mlp(...); writes the token's key and value at position
-// ``n_kv`` of ``keys`` / ``values`` (1, H_kv, C, D), whose capacity the caller ensured. One
-// call instead of ~25 torch ops dispatched from Python; the caller still checks its interrupt
-// before every layer.
+// One decoder layer of a decoding step of M goals (one token each), every linear on GGUF
+// blocks (Llama family, fp32): x (M, hidden) -> x + attn(...) -> + mlp(...). Row r's token
+// is at RoPE angles cos[r] / sin[r] (M, D); its key and value are written at position n_kv[r]
+// of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
+// instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
+// rows; the caller still checks its interrupts before every layer.
 torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
                          torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
                          int64_t out_type, torch::Tensor post_norm, double post_eps,
                          torch::Tensor gate_up, int64_t gate_up_type, torch::Tensor down,
                          int64_t down_type, torch::Tensor cos, torch::Tensor sin,
-                         torch::Tensor keys, torch::Tensor values, int64_t n_kv,
-                         int64_t n_heads, double scaling) {
-  TORCH_CHECK(x.dim() == 1 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
-              "x must be a contiguous (hidden,) float32 tensor");
-  TORCH_CHECK(keys.dim() == 4 && keys.size(0) == 1 && keys.is_contiguous() &&
-              values.is_contiguous() && keys.sizes() == values.sizes() &&
-              keys.scalar_type() == torch::kFloat32 && values.scalar_type() == torch::kFloat32,
-              "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
-  const int64_t hidden = x.size(0), n_kv_heads = keys.size(1), capacity = keys.size(2);
-  const int64_t dim = keys.size(3);
-  TORCH_CHECK(n_kv >= 0 && n_kv < capacity, "n_kv ", n_kv, " leaves no room in ", capacity);
-  TORCH_CHECK(n_heads % n_kv_heads == 0, "query heads must be a multiple of KV heads");
+                         std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                         std::vector<int64_t> n_kv, int64_t n_heads, double scaling) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous (M, hidden) float32 tensor");
+  const int64_t M = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == M &&
+              static_cast<int64_t>(values.size()) == M &&
+              static_cast<int64_t>(n_kv.size()) == M, "one cache and n_kv a row");
+  const int64_t n_kv_heads = keys[0].dim() == 4 ? keys[0].size(1) : 0;
+  const int64_t dim = keys[0].dim() == 4 ? keys[0].size(3) : 0;
+  std::vector<float*> key_ptrs(M), value_ptrs(M);
+  std::vector<int64_t> capacity(M), n_live(M);
+  for (int64_t r = 0; r < M; ++r) {
+    const auto& k = keys[r];
+    const auto& v = values[r];
+    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == n_kv_heads &&
+                k.size(3) == dim && k.is_contiguous() && v.is_contiguous() &&
+                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
+                v.scalar_type() == torch::kFloat32,
+                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
+    capacity[r] = k.size(2);
+    TORCH_CHECK(n_kv[r] >= 0 && n_kv[r] < capacity[r], "n_kv ", n_kv[r],
+                " leaves no room in ", capacity[r]);
+    key_ptrs[r] = k.data_ptr<float>();
+    value_ptrs[r] = v.data_ptr<float>();
+    n_live[r] = n_kv[r] + 1;
+  }
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+              "query heads must be a multiple of KV heads");
   const int64_t q_rows = n_heads * dim, kv_rows = n_kv_heads * dim;
   TORCH_CHECK(qkv.size(0) == q_rows + 2 * kv_rows && out_proj.size(0) == hidden &&
               down.size(0) == hidden && gate_up.size(0) % 2 == 0,
               "the blocks do not have the layer's shapes");
-  const int64_t inter = gate_up.size(0) / 2;
+  const int64_t inter = gate_up.size(0) / 2, proj_rows = q_rows + 2 * kv_rows;
   check_blocks(qkv, qkv_type, hidden, "qkv");
   check_blocks(out_proj, out_type, q_rows, "out_proj");
   check_blocks(gate_up, gate_up_type, hidden, "gate_up");
   check_blocks(down, down_type, inter, "down");
-  TORCH_CHECK(cos.numel() == dim && sin.numel() == dim && cos.is_contiguous() &&
-              sin.is_contiguous(), "cos / sin must be contiguous (D,) tensors");
+  TORCH_CHECK(cos.numel() == M * dim && sin.numel() == M * dim && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
+              sin.scalar_type() == torch::kFloat32,
+              "cos / sin must be contiguous (M, D) float32 tensors");
 
   auto result = x.clone();
   float* h = result.data_ptr<float>();
-  std::vector<float> normed(std::max(hidden, inter)), proj(q_rows + 2 * kv_rows),
-      attn(q_rows), mlp(2 * inter), delta(hidden);
+  std::vector<float> normed(M * std::max(hidden, inter)), proj(M * proj_rows),
+      queries(M * q_rows), attn(M * q_rows), mlp(M * 2 * inter), delta(M * hidden);
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
 
   // Attention block.
-  rms_norm(h, in_norm.data_ptr<float>(), in_eps, hidden, normed.data());
-  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), qkv.size(1), normed.data(), 1, hidden,
-           proj.data(), qkv.size(0), false);
-  float* q = proj.data();
-  float* k = q + q_rows;
-  float* v = k + kv_rows;
-  for (int64_t head = 0; head < n_heads; ++head) rope(q + head * dim, cs, sn, dim);
-  float* kb = keys.data_ptr<float>();
-  float* vb = values.data_ptr<float>();
-  for (int64_t head = 0; head < n_kv_heads; ++head) {
-    rope(k + head * dim, cs, sn, dim);
-    std::memcpy(kb + (head * capacity + n_kv) * dim, k + head * dim, dim * sizeof(float));
-    std::memcpy(vb + (head * capacity + n_kv) * dim, v + head * dim, dim * sizeof(float));
-  }
-  const int64_t n_live = n_kv + 1, group = n_heads / n_kv_heads;
-  const float scale = static_cast<float>(scaling);
-  at::parallel_for(0, n_heads, 1, [&](int64_t h0, int64_t h1) {
-    std::vector<float> scores(n_live);
-    for (int64_t head = h0; head < h1; ++head) {
-      const float* qh = q + head * dim;
-      const float* kh = kb + (head / group) * capacity * dim;
-      const float* vh = vb + (head / group) * capacity * dim;
-      float best = -INFINITY;
-      for (int64_t j = 0; j < n_live; ++j) {
-        float s = 0.0f;
-        // A dot product over the head dimension; the pragma lets the compiler vectorise the
-        // sum (a reassociation, as any vectorised GEMM does).
-#pragma omp simd reduction(+ : s)
-        for (int64_t d = 0; d < dim; ++d) s += qh[d] * kh[j * dim + d];
-        scores[j] = s * scale;
-        best = std::max(best, scores[j]);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < n_live; ++j) {
-        scores[j] = std::exp(scores[j] - best);
-        total += scores[j];
-      }
-      float* oh = attn.data() + head * dim;
-      for (int64_t d = 0; d < dim; ++d) oh[d] = 0.0f;
-      for (int64_t j = 0; j < n_live; ++j) {
-        const float p = scores[j] / total;
-        for (int64_t d = 0; d < dim; ++d) oh[d] += p * vh[j * dim + d];
-      }
+  for (int64_t r = 0; r < M; ++r)
+    rms_norm(h + r * hidden, in_norm.data_ptr<float>(), in_eps, hidden,
+             normed.data() + r * hidden);
+  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), qkv.size(1), normed.data(), M, hidden,
+           proj.data(), proj_rows, false);
+  for (int64_t r = 0; r < M; ++r) {
+    float* q = proj.data() + r * proj_rows;
+    float* k = q + q_rows;
+    float* v = k + kv_rows;
+    const float* cr = cs + r * dim;
+    const float* sr = sn + r * dim;
+    for (int64_t head = 0; head < n_heads; ++head) rope(q + head * dim, cr, sr, dim);
+    std::memcpy(queries.data() + r * q_rows, q, q_rows * sizeof(float));
+    for (int64_t head = 0; head < n_kv_heads; ++head) {
+      rope(k + head * dim, cr, sr, dim);
+      const int64_t at = (head * capacity[r] + n_kv[r]) * dim;
+      std::memcpy(key_ptrs[r] + at, k + head * dim, dim * sizeof(float));
+      std::memcpy(value_ptrs[r] + at, v + head * dim, dim * sizeof(float));
     }
-  });
-  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), out_proj.size(1), attn.data(), 1, q_rows,
+  }
+  attention(queries.data(), key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads, dim,
+            static_cast<float>(scaling), attn.data());
+  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), out_proj.size(1), attn.data(), M, q_rows,
            delta.data(), hidden, false);
-  for (int64_t i = 0; i < hidden; ++i) h[i] += delta[i];
+  for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
 
   // MLP block.
-  rms_norm(h, post_norm.data_ptr<float>(), post_eps, hidden, normed.data());
-  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), gate_up.size(1), normed.data(), 1, hidden,
-           mlp.data(), 2 * inter, false);
-  for (int64_t i = 0; i < inter; ++i) {
-    const float g = mlp[i];
-    normed[i] = g / (1.0f + std::exp(-g)) * mlp[inter + i];
-  }
-  gemm_raw(down_type, down.data_ptr<uint8_t>(), down.size(1), normed.data(), 1, inter,
+  for (int64_t r = 0; r < M; ++r)
+    rms_norm(h + r * hidden, post_norm.data_ptr<float>(), post_eps, hidden,
+             normed.data() + r * hidden);
+  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), gate_up.size(1), normed.data(), M,
+           hidden, mlp.data(), 2 * inter, false);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const float g = mlp[r * 2 * inter + i];
+      normed[r * inter + i] = g / (1.0f + std::exp(-g)) * mlp[r * 2 * inter + inter + i];
+    }
+  gemm_raw(down_type, down.data_ptr<uint8_t>(), down.size(1), normed.data(), M, inter,
            delta.data(), hidden, false);
-  for (int64_t i = 0; i < hidden; ++i) h[i] += delta[i];
+  for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
   return result;
 }
 
@@ -434,6 +532,6 @@ bool has_avx2() { return TB_HAVE_AVX2; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0)");
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights");
-  m.def("layer_step", &layer_step, "one decoder layer of a one-token step on GGUF blocks");
+  m.def("layer_step", &layer_step, "one decoder layer of a decoding step of M goals on GGUF blocks");
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
 }
