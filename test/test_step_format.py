@@ -20,7 +20,7 @@ def _choose(step_s):
         calls.append(forward)
         return step_s[forward]
 
-    return choose_step_format(lambda name: name, measure), calls
+    return choose_step_format(lambda name: name, measure, tuple(step_s)), calls
 
 
 @pytest.mark.parametrize('fp16_s, expected', [
@@ -37,6 +37,25 @@ def test_the_exact_format_wins_unless_fp16_is_clearly_faster(fp16_s, expected):
     assert calls == ['float32', 'float16'] * PROBE_ROUNDS
 
 
+@pytest.mark.parametrize('step_ms, expected', [
+    ((30, 20, 10), 'gguf'),      # the fastest, and exact
+    ((30, 20, 25), 'float16'),   # fp16 clearly faster than the fastest exact format
+    ((30, 24, 25), 'gguf'),      # fp16 faster, but by less than MIN_GAIN
+    ((12, 20, 25), 'float32'),   # the machine's fp32 GEMM beats the kernels
+])
+def test_gguf_competes_as_an_exact_format(step_ms, expected):
+    step_s = dict(zip(('float32', 'float16', 'gguf'), (ms / 1e3 for ms in step_ms)))
+    (chosen, _, _), calls = _choose(step_s)
+    assert chosen == expected
+    assert calls == ['float32', 'float16', 'gguf'] * PROBE_ROUNDS
+
+
+def test_the_candidates_must_be_faithful_with_an_exact_one():
+    for formats in (('float16',), ('float32', 'int8')):
+        with pytest.raises(ValueError, match='faithful'):
+            choose_step_format(lambda name: name, lambda forward: 0.01, formats)
+
+
 def test_auto_resolves_to_a_faithful_format_and_configs_key_on_it(
         tiny_model, smollm2_tokenizer):
     engine = LlmEngine(EngineConfig(decode_weights='auto'), EvictionConfig(window_size=8),
@@ -45,11 +64,14 @@ def test_auto_resolves_to_a_faithful_format_and_configs_key_on_it(
     assert chosen in ('float32', 'float16')
     assert set(engine.step_format_probe) == {'float32', 'float16'}
     assert all(s > 0 for s in engine.step_format_probe.values())
+    # gguf's blocks are the embedded model's weights, not those of a model a caller built.
+    assert engine.gguf_skipped == 'the model was given by the caller'
     assert engine.n_forward_passes == 0  # the probe's passes are not the server's
     lines = []
     config = resolved_engine(ServerConfig(), engine, log=lines.append)
     assert config.engine.decode_weights == chosen
     assert lines and f'auto: {chosen}' in lines[0]
+    assert 'did not try gguf: the model was given by the caller' in lines[1]
 
 
 def test_auto_on_the_transformers_forward_probes_nothing(tiny_model, smollm2_tokenizer):

@@ -43,9 +43,10 @@ class EngineConfig:
         (``float32``, ``float16``, ``bfloat16``, ``int8`` weight-only with bf16 activations,
         ``gguf``: the embedded GGUF's own Q4_1 / Q8_0 blocks through the C++ kernels, fp32
         activations, or ``auto``); a format other than ``dtype`` keeps a copy of the linear
-        weights in it. ``auto`` (default) times fp32 and fp16 steps at start-up and keeps the
-        faster, fp32 unless fp16 is >= 10 % faster (engine/step_format.py): both answer like
-        fp32 on held-out prompts, bf16 and int8 do not (docs/engine.md).
+        weights in it. ``auto`` (default) times fp32, fp16 and (embedded model, fp32 on the
+        CPU, kernels built) gguf steps at start-up and keeps the faster of the exact formats
+        fp32 and gguf, unless fp16 is >= 10 % faster still (engine/step_format.py): all three
+        answer like fp32 on held-out prompts, bf16 and int8 do not (docs/engine.md).
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
         max_new_tokens 0.

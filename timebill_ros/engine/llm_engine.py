@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from timebill_ros.checks import check_count
 from timebill_ros.config import EngineConfig, EvictionConfig
-from timebill_ros.engine import model_source
+from timebill_ros.engine import kernels, model_source
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
 from timebill_ros.engine.forward import Forward, HiddenPool, Interrupted, PassHooks
 from timebill_ros.engine.hf_forward import TransformersForward
@@ -122,6 +122,9 @@ class LlmEngine:
                 f'eviction_config must be an EvictionConfig, got {eviction_config!r}')
         self.engine_config = engine_config
         self.eviction_config = eviction_config
+        # The embedded GGUF, loaded here (not a model a caller built): decode_weights gguf's
+        # blocks are its weights.
+        self.embedded_model = model is None and not engine_config.model_path
         if model is None or tokenizer is None:
             model_dir = model_source.resolve_model_dir(engine_config)
             if tokenizer is None:
@@ -135,6 +138,8 @@ class LlmEngine:
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
         # s/step of each format probed by decode_weights auto; empty when it was named.
         self.step_format_probe = {}
+        # Why ``auto`` did not probe ``gguf`` (None when it did or was not asked to choose).
+        self.gguf_skipped = None
         if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
             self._choose_step_format()
         else:
@@ -158,9 +163,14 @@ class LlmEngine:
         token_ids = self.random_ids(PROBE_KV)
         if self.engine_config.threads > 0:
             torch.set_num_threads(self.engine_config.threads)
+        formats = ('float32', 'float16')
+        self.gguf_skipped = ('the model was given by the caller' if not self.embedded_model
+                             else _gguf_unusable_reason(self.model, self.engine_config))
+        if self.gguf_skipped is None:
+            formats += (GGUF_FORMAT,)
         with torch.inference_mode():
             chosen, self.forward, self.step_format_probe = choose_step_format(
-                make, lambda forward: forward_step_s(forward, token_ids))
+                make, lambda forward: forward_step_s(forward, token_ids), formats)
         self.engine_config = dataclasses.replace(self.engine_config, decode_weights=chosen)
 
     def bind_thread(self) -> None:
@@ -431,6 +441,23 @@ def make_forward(model, engine_config: EngineConfig) -> Forward:
     if engine_config.decode_weights == GGUF_FORMAT:
         return LeanLlamaForward(model, None, _gguf_step_blocks(model, engine_config))
     return LeanLlamaForward(model, STEP_DTYPES.get(engine_config.decode_weights))
+
+
+def _gguf_unusable_reason(model, engine_config: EngineConfig) -> Optional[str]:
+    """Return why ``decode_weights: gguf`` cannot run ``model`` here, or None when it can.
+
+    It needs the embedded GGUF model in fp32 on the CPU and the kernels built for this CPU
+    (a C++ compiler at the first start; engine/kernels).
+    """
+    if engine_config.model_path:
+        return 'the model is a transformers directory (engine.model_path), not the GGUF'
+    if model.dtype != torch.float32 or model.device.type != 'cpu':
+        return f'the model runs in {model.dtype} on {model.device}, the kernels in fp32 on a CPU'
+    try:
+        kernels.load()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
 
 
 def _gguf_step_blocks(model, engine_config: EngineConfig) -> dict:

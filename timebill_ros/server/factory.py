@@ -51,6 +51,8 @@ def resolved_engine(config, engine, log=print):
                           for name, seconds in engine.step_format_probe.items())
         log(f'engine.decode_weights auto: {engine.engine_config.decode_weights} '
             f'(decoding step: {probe})')
+        if engine.gguf_skipped:
+            log(f'engine.decode_weights auto did not try gguf: {engine.gguf_skipped}')
     return dataclasses.replace(config, engine=engine.engine_config)
 
 
