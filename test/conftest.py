@@ -1,7 +1,9 @@
 """Shared pytest fixtures: a tiny random-weight Llama with the real SmolLM2 tokenizer."""
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
@@ -75,3 +77,39 @@ def tiny_qwen2(smollm2_tokenizer):
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.normal_(0, 0.5)
     return model
+
+
+# Tame fp16 super-block scales (d, dmin) of random K-quant rows: weights of about +-0.07, centred.
+_KQUANT_SCALES = {GGMLQuantizationType.Q4_K: (5e-5, 3.75e-4),
+                  GGMLQuantizationType.Q5_K: (2.5e-5, 3.9e-4),
+                  GGMLQuantizationType.Q6_K: (1.2e-5, 0.0)}
+
+
+def _kquant_rows(qtype, n_rows, k, seed, wild=False):
+    """Return (N, K / 256 * type bytes) uint8 random K-quant rows in gguf's byte layout.
+
+    Codes and sub-block scales are random bytes; each super-block's fp16 d / dmin are near
+    ``_KQUANT_SCALES``'s, or with ``wild`` any finite fp16 (negative, subnormal, up to 65504).
+    """
+    rng = np.random.default_rng(seed)
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    n = n_rows * k // 256
+    raw = rng.integers(0, 256, (n, type_size), dtype=np.uint8)
+    if wild:
+        halves = rng.integers(0, 0x10000, (n, 2)).astype(np.uint16)
+        halves[(halves & 0x7c00) == 0x7c00] &= 0xbfff  # no inf / NaN: clear an exponent bit
+    else:
+        halves = (np.array(_KQUANT_SCALES[qtype]) * rng.uniform(0.5, 1.5, (n, 2)))
+        halves = halves.astype(np.float16)
+    halves = np.ascontiguousarray(halves).view(np.uint8).reshape(n, 4)
+    if qtype == GGMLQuantizationType.Q6_K:
+        raw[:, 208:210] = halves[:, :2]  # Q6_K: ql, qh, scales, then d
+    else:
+        raw[:, 0:4] = halves  # Q4_K / Q5_K: d, dmin, then scales, (qh,) qs
+    return raw.reshape(n_rows, -1)
+
+
+@pytest.fixture(scope='session')
+def kquant_rows():
+    """Return a factory of random K-quant rows: (qtype, n_rows, k, seed, wild=False) -> uint8."""
+    return _kquant_rows

@@ -1,17 +1,18 @@
 """``engine.decode_weights: gguf``: the lean forward's one-token steps on GGUF blocks."""
 
 import copy
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from timebill_ros.config import EngineConfig, EvictionConfig
-from timebill_ros.engine import LlmEngine, kernels
+from timebill_ros.engine import LlmEngine, kernels, kquants
 from timebill_ros.engine.forward import PassHooks
-from timebill_ros.engine.gguf_weights import read_step_blocks
+from timebill_ros.engine.gguf_weights import LAYER_TENSORS, _rope_row_order, read_step_blocks
 from timebill_ros.engine.lean_llama import LeanLlamaForward
 from timebill_ros.engine.model_source import embedded_gguf_path
 
@@ -67,6 +68,100 @@ def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype):
             b = on_blocks.run([token], len(ids) + offset, caches[1], step=True)
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
             token = int(a.argmax())
+
+
+Q4_K, Q5_K, Q6_K = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+                    GGMLQuantizationType.Q6_K)
+# Types by linear of a file quantized as llama.cpp's Q4_K_M mixes them (v / down / head Q6_K).
+MIXED = {'q_proj': Q4_K, 'k_proj': Q4_K, 'v_proj': Q4_K, 'o_proj': Q5_K, 'gate_proj': Q4_K,
+         'up_proj': Q4_K, 'down_proj': Q6_K, 'lm_head': Q6_K}
+
+
+def _kquantized(model, kquant_rows, qtype_of):
+    """Return (model copy, {module name: (kernel type, repacked blocks)}) of random K-quants.
+
+    Every linear of the copy gets the gguf dequantization of random K-quant rows of type
+    ``qtype_of(name)`` (K must be a multiple of 256: the 256-wide ``slow_model``).
+    """
+    model = copy.deepcopy(model)
+    blocks = {}
+    for seed, (name, module) in enumerate(model.named_modules()):
+        if isinstance(module, torch.nn.Linear):
+            qtype = qtype_of(name)
+            n_rows, k = module.weight.shape
+            raw = kquant_rows(qtype, n_rows, k, seed)
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy(dequantize(raw, qtype).reshape(n_rows, k)))
+            kernel_type, data = kquants.repack(raw, int(qtype), k)
+            blocks[name] = (kernel_type, torch.from_numpy(data))
+    return model, blocks
+
+
+@pytest.mark.parametrize('qtypes', [Q4_K, Q5_K, Q6_K, 'mixed'],
+                         ids=lambda t: getattr(t, 'name', t))
+def test_steps_on_kquant_blocks_match_the_fp32_steps(slow_model, kquant_rows, qtypes):
+    """Repacked K-quants hold gguf's weights, so the steps agree to float rounding."""
+    def qtype_of(name):
+        return MIXED[name.rsplit('.', 1)[-1]] if qtypes == 'mixed' else qtypes
+
+    model, blocks = _kquantized(slow_model, kquant_rows, qtype_of)
+    exact = LeanLlamaForward(model)
+    on_blocks = LeanLlamaForward(model, None, blocks)
+    assert all(layer.fused for layer in on_blocks.layers)
+    kernel_type = kernels.KQUANTS[qtype_of('model.layers.0.mlp.down_proj').name]
+    assert {layer.down.kernel for layer in on_blocks.layers} == {f'gguf-{kernel_type}'}
+    assert on_blocks.lm_head.kernel == f'gguf-{kernels.KQUANTS[qtype_of("lm_head").name]}'
+    ids = list(range(100, 140))
+    with torch.inference_mode():
+        caches = [exact.new_cache(), on_blocks.new_cache()]
+        first = [f.run(ids, 0, c, step=False) for f, c in zip((exact, on_blocks), caches)]
+        assert torch.equal(first[0], first[1])  # the prefill never reads the blocks
+        token = int(first[0].argmax())
+        for offset in range(6):
+            a = exact.run([token], len(ids) + offset, caches[0], step=True)
+            b = on_blocks.run([token], len(ids) + offset, caches[1], step=True)
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+            token = int(a.argmax())
+
+
+def test_read_step_blocks_repacks_the_kquants(tmp_path, kquant_rows):
+    """A GGUF file of K-quant (and Q8_0, F32) matrices: the repacked blocks are its weights.
+
+    Query / key rows in transformers' order; the F32 head is left out.
+    """
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
+    matrices = {'attn_q': (256, 256, Q4_K), 'attn_k': (128, 256, Q5_K),
+                'attn_v': (128, 256, Q6_K), 'attn_output': (256, 256, GGMLQuantizationType.Q8_0),
+                'ffn_gate': (512, 256, Q4_K), 'ffn_up': (512, 256, Q5_K),
+                'ffn_down': (256, 512, Q6_K)}
+    path = tmp_path / 'kquants.gguf'
+    writer = GGUFWriter(str(path), 'llama')
+    raws = {}
+    for seed, (short, (n_rows, k, qtype)) in enumerate(matrices.items()):
+        if qtype == GGMLQuantizationType.Q8_0:
+            weights = np.random.default_rng(seed).standard_normal((n_rows, k)) * 0.05
+            raws[short] = quantize(weights.astype(np.float32), qtype)
+        else:
+            raws[short] = kquant_rows(qtype, n_rows, k, seed)
+        writer.add_tensor(f'blk.0.{short}.weight', raws[short], raw_dtype=qtype)
+    writer.add_tensor('output.weight', np.zeros((8, 256), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    blocks = read_step_blocks(path, config)
+    assert set(blocks) == {f'model.layers.0.{module}' for module in LAYER_TENSORS.values()}
+    gemm = kernels.load()
+    heads = {'attn_q': 4, 'attn_k': 2}
+    for short, (n_rows, k, qtype) in matrices.items():
+        kernel_type, data = blocks[f'model.layers.0.{LAYER_TENSORS[short]}']
+        assert kernel_type == kernels.KQUANTS.get(qtype.name, int(qtype)), short
+        weights = dequantize(raws[short], qtype).reshape(n_rows, k)
+        if short in heads:
+            weights = weights[_rope_row_order(n_rows, heads[short])]
+        ours = gemm.dequantize(data, kernel_type, k).numpy()
+        assert np.array_equal(ours.view(np.uint32), weights.view(np.uint32)), short
 
 
 def test_a_batched_step_on_blocks_equals_single_steps(tiny_model):

@@ -1,4 +1,7 @@
-"""The C++ GGUF kernels (engine/kernels) against gguf's own dequantization, both paths."""
+"""The C++ GGUF kernels (engine/kernels) against gguf's own dequantization, both paths.
+
+K-quants are checked through their repacking (engine/kquants.py).
+"""
 
 import numpy as np
 import pytest
@@ -6,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize, quantize
 
-from timebill_ros.engine import kernels
+from timebill_ros.engine import kernels, kquants
 from timebill_ros.engine.model_source import embedded_gguf_path
 
 TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
@@ -93,3 +96,78 @@ def test_the_build_key_names_the_cpu_and_the_source(monkeypatch):
     assert len(key) == 16
     monkeypatch.setattr(kernels, '_cpu_id', lambda: 'another CPU')
     assert kernels.build_key() != key
+
+
+# K-quants: repacked at load (engine/kquants.py) into 32-weight blocks with fp32 scale / min;
+# random rows from conftest's kquant_rows.
+KQUANTS = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
+
+
+def _kquant_blocks(kquant_rows, qtype, n_rows, k, seed):
+    """Return (repacked type, blocks tensor, weights (N, K) float64) of random K-quant rows."""
+    raw = kquant_rows(qtype, n_rows, k, seed)
+    kernel_type, blocks = kquants.repack(raw, int(qtype), k)
+    weights = dequantize(raw, qtype).astype(np.float64)
+    return kernel_type, torch.from_numpy(blocks), weights
+
+
+@pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
+def test_repacked_kquants_dequantize_bit_exactly_to_gguf(gemm, kquant_rows, qtype):
+    """Every bit, signed zeros included, for any finite fp16 d / dmin: scale * code is exact."""
+    for seed, wild in ((int(qtype), True), (int(qtype) + 1, False)):
+        raw = kquant_rows(qtype, 48, 768, seed, wild)
+        kernel_type, blocks = kquants.repack(raw, int(qtype), 768)
+        assert kernel_type == kernels.KQUANTS[qtype.name]
+        assert blocks.shape == (48, 768 // 32 * (24 if qtype == GGMLQuantizationType.Q4_K else 40))
+        ours = gemm.dequantize(torch.from_numpy(blocks), kernel_type, 768).numpy()
+        ref = dequantize(raw, qtype)
+        assert ours.shape == ref.shape == (48, 768) and np.isfinite(ref).all()
+        assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (qtype.name, wild)
+
+
+@pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
+@pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize('rows', [1, 2, 3, 8])
+def test_gemm_multiplies_the_repacked_kquant_weights(gemm, kquant_rows, qtype, rows,
+                                                     portable):
+    kernel_type, blocks, weights = _kquant_blocks(kquant_rows, qtype, 200, 1536, seed=rows)
+    x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
+    y = gemm.gemm(x, blocks, kernel_type, portable)
+    assert y.shape == (rows, 200) and y.dtype == torch.float32
+    assert _rel_error(y, x, weights) < REL_TOL
+
+
+@pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
+@pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
+def test_a_wrong_repacked_block_is_seen(gemm, kquant_rows, qtype, portable):
+    """One 32-weight block's codes read wrong (or, Q6_K, its second scale) breaks the bound."""
+    kernel_type, blocks, weights = _kquant_blocks(kquant_rows, qtype, 64, 512, seed=7)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(7))
+    assert _rel_error(gemm.gemm(x, blocks, kernel_type, portable), x, weights) < REL_TOL
+    broken = blocks.clone()
+    bb = blocks.shape[1] // 16
+    start = 3 * bb + 8  # the codes of row 3's fourth block
+    broken[3, start:start + 16] = broken[3, start:start + 16] ^ 0x11
+    assert _rel_error(gemm.gemm(x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
+    if qtype == GGMLQuantizationType.Q6_K:  # the scale of weights 16-31 used for 0-15
+        broken = blocks.clone()
+        broken[3, 3 * bb + 4:3 * bb + 8] = broken[3, 3 * bb:3 * bb + 4]
+        assert _rel_error(gemm.gemm(x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
+
+
+def test_kquants_need_whole_super_blocks(gemm, kquant_rows):
+    raw = kquant_rows(GGMLQuantizationType.Q4_K, 4, 512, seed=1)
+    with pytest.raises(ValueError, match='multiple of 256 for Q4_K, got 480'):
+        kquants.repack(raw[:, :-9], int(GGMLQuantizationType.Q4_K), 480)
+    with pytest.raises(ValueError, match='not whole Q4_K super-blocks'):
+        kquants.repack(raw[:, :-9], int(GGMLQuantizationType.Q4_K))
+    with pytest.raises(ValueError, match='not a K-quant'):
+        kquants.repack(raw, int(GGMLQuantizationType.Q4_1))
+    blocks = torch.zeros(4, 96 // 32 * 24, dtype=torch.uint8)  # K = 96 in the Q4_K format
+    with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
+        gemm.gemm(torch.zeros(1, 96), blocks, kernels.Q4_K_R, False)
+    with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
+        gemm.dequantize(blocks, kernels.Q4_K_R, 96)
+    with pytest.raises(RuntimeError, match='repacked'):  # the file's own K-quant bytes
+        gemm.gemm(torch.zeros(1, 512), torch.from_numpy(raw), int(GGMLQuantizationType.Q4_K),
+                  False)

@@ -1,5 +1,8 @@
 """Hand-written CPU kernels, compiled on the machine that runs them (gguf_gemm.cpp).
 
+They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as they are, and by
+its K-quants (Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below).
+
 :func:`load` builds the C++ extension with torch's cpp_extension (g++ and ninja) into
 ``<cache>/kernels/<key>/`` and imports it. The key hashes the source, torch's version, the
 compiler and the CPU (its model and instruction-set flags): the library is compiled with
@@ -16,9 +19,20 @@ import threading
 from timebill_ros import paths
 
 SOURCE = pathlib.Path(__file__).with_name('gguf_gemm.cpp')
-# GGML type ids of the block formats the kernels read (gguf.GGMLQuantizationType).
+# GGML type ids of the block formats the kernels read as the file holds them
+# (gguf.GGMLQuantizationType).
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 QTYPES = {'Q4_0': Q4_0, 'Q4_1': Q4_1, 'Q8_0': Q8_0}
+# Internal formats the K-quants are repacked into at load (engine/kquants.py): 100 + the GGML
+# id of the source (GGML's own ids stay below 100, so the two never collide). A block holds 32
+# weights, w = scale * code + min, scale and min fp32 (gguf's own d * sc and -(dmin * m)):
+#   Q4_K_R 112 (from Q4_K, id 12): scale, min, 16 bytes of 4-bit codes: 24 bytes (0.75 a weight)
+#   Q5_K_R 113 (from Q5_K, id 13): scale, min, 32 int8 codes 0..31: 40 bytes (1.25 a weight)
+#   Q6_K_R 114 (from Q6_K, id 14): scales of weights 0-15 and 16-31 (no min), 32 int8 codes
+#                                  -32..31: 40 bytes (1.25 a weight)
+# K must be a multiple of 256 (a K-quant super-block) for these.
+Q4_K_R, Q5_K_R, Q6_K_R = 112, 113, 114
+KQUANTS = {'Q4_K': Q4_K_R, 'Q5_K': Q5_K_R, 'Q6_K': Q6_K_R}
 MAX_ROWS = 8  # activation rows per kernel call (goals in one decoding step)
 
 _lock = threading.Lock()

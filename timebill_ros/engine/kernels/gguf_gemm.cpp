@@ -1,4 +1,6 @@
-// y = x W^T with W kept as a GGUF file's own blocks (Q4_0, Q4_1, Q8_0), x fp32.
+// y = x W^T with W kept as a GGUF file's own blocks (Q4_0, Q4_1, Q8_0) or its K-quants
+// (Q4_K, Q5_K, Q6_K) repacked at load into 32-weight blocks of fp32 scale / min and 4- or 8-bit
+// codes (engine/kquants.py; formats at QType below), x fp32.
 //
 // Why by hand (docs/engine.md, PLATFORM.md): no maintained library multiplies fp32 activations
 // by these blocks on an AVX2 CPU without quantizing the activations. llama.cpp quantizes x to
@@ -12,7 +14,8 @@
 //
 // Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); w (N,
 // row_bytes) uint8, each row ceil(K / 32) blocks; y (M, N) fp32. Every block is decoded once
-// and used for all M rows. Rows of W are split over torch's intra-op threads.
+// and used for all M rows. Rows of W are split over torch's intra-op threads. The repacked
+// K-quants need K to be a multiple of 256 (the super-blocks they come from).
 //
 // Two paths: AVX2 + FMA + F16C (compiled where the build machine has them: the library is
 // built with -march=native for the machine that runs it), and a portable scalar path (ARM,
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -37,16 +41,54 @@
 namespace {
 
 constexpr int64_t QK = 32;        // weights per block
+constexpr int64_t QK_K = 256;     // weights per K-quant super-block
 constexpr int64_t MAX_ROWS = 8;   // activation rows per call
 constexpr int64_t MAX_BLOCKS = 1024;  // blocks per weight row (K <= 32768)
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // GGML type ids
+// GGML type ids of the file's own blocks (Q4_0, Q4_1, Q8_0), and the internal formats that
+// engine/kquants.py repacks the K-quants into at load: 100 + the K-quant's GGML id (GGML's own
+// ids stay below 100). An internal block holds 32 weights, two fp32 parameters first:
+//   Q4_K_R (112): scale, min, 16 bytes of 4-bit codes 0..15 in Q4_1's order (byte j holds
+//                 weight j in its low nibble, weight j + 16 in its high one): 24 bytes
+//   Q5_K_R (113): scale, min, 32 int8 codes 0..31: 40 bytes
+//   Q6_K_R (114): scale of weights 0-15, scale of weights 16-31, 32 int8 codes -32..31: 40 bytes
+// w = scale * code + min (Q6_K_R: scale * code). scale and min are gguf's own fp32 d * sc and
+// -(dmin * m); scale * code is exact in fp32, so the one rounding left is gguf's.
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K_R = 112, Q5_K_R = 113, Q6_K_R = 114 };
+constexpr const char* TYPES_HELP =
+    " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8; the K-quants Q4_K / Q5_K / Q6_K are read repacked, "
+    "as 112 / 113 / 114: engine/kquants.py)";
 
 int64_t block_bytes(int64_t qtype) {
   switch (qtype) {
     case Q4_0: return 2 + QK / 2;
     case Q4_1: return 4 + QK / 2;
     case Q8_0: return 2 + QK;
+    case Q4_K_R: return 8 + QK / 2;
+    case Q5_K_R: return 8 + QK;
+    case Q6_K_R: return 8 + QK;
     default: return -1;
+  }
+}
+
+inline bool is_kquant(int64_t qtype) {
+  return qtype == Q4_K_R || qtype == Q5_K_R || qtype == Q6_K_R;
+}
+
+template <int64_t T>
+using QT = std::integral_constant<int64_t, T>;
+
+// Calls f(QT<qtype>{}): each type's loops are compiled apart, with no type test inside them.
+// Callers have checked the type (block_bytes(qtype) > 0).
+template <typename F>
+void with_qtype(int64_t qtype, F&& f) {
+  switch (qtype) {
+    case Q4_0: return f(QT<Q4_0>{});
+    case Q4_1: return f(QT<Q4_1>{});
+    case Q8_0: return f(QT<Q8_0>{});
+    case Q4_K_R: return f(QT<Q4_K_R>{});
+    case Q5_K_R: return f(QT<Q5_K_R>{});
+    case Q6_K_R: return f(QT<Q6_K_R>{});
+    default: TORCH_CHECK(false, "unsupported GGML type ", qtype, TYPES_HELP);
   }
 }
 
@@ -84,40 +126,66 @@ inline uint16_t read_u16(const uint8_t* p) {
   return v;
 }
 
+inline float read_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 // Dequantize one block to w[32] exactly as gguf's reference dequantization does.
-inline void dequantize_block(int64_t qtype, const uint8_t* b, float* w) {
-  const float d = half_to_float(read_u16(b));
-  if (qtype == Q8_0) {
+template <int64_t T>
+inline void dequantize_block(const uint8_t* b, float* w) {
+  if constexpr (T == Q8_0) {
+    const float d = half_to_float(read_u16(b));
     const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
     for (int j = 0; j < QK; ++j) w[j] = d * static_cast<float>(q[j]);
-    return;
-  }
-  const bool has_min = qtype == Q4_1;
-  const float m = has_min ? half_to_float(read_u16(b + 2)) : 0.0f;
-  const uint8_t* qs = b + (has_min ? 4 : 2);
-  for (int j = 0; j < QK / 2; ++j) {
-    float lo = static_cast<float>(qs[j] & 0x0f);
-    float hi = static_cast<float>(qs[j] >> 4);
-    if (has_min) {
-      w[j] = std::fma(d, lo, m);
-      w[j + QK / 2] = std::fma(d, hi, m);
-    } else {
-      w[j] = d * (lo - 8.0f);
-      w[j + QK / 2] = d * (hi - 8.0f);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    const float d = half_to_float(read_u16(b));
+    constexpr bool has_min = T == Q4_1;
+    const float m = has_min ? half_to_float(read_u16(b + 2)) : 0.0f;
+    const uint8_t* qs = b + (has_min ? 4 : 2);
+    for (int j = 0; j < QK / 2; ++j) {
+      float lo = static_cast<float>(qs[j] & 0x0f);
+      float hi = static_cast<float>(qs[j] >> 4);
+      if (has_min) {
+        w[j] = std::fma(d, lo, m);
+        w[j + QK / 2] = std::fma(d, hi, m);
+      } else {
+        w[j] = d * (lo - 8.0f);
+        w[j + QK / 2] = d * (hi - 8.0f);
+      }
     }
+  } else if constexpr (T == Q4_K_R) {  // gguf: (d * sc) * q - dmin * m, the product exact
+    const float s = read_f32(b), m = read_f32(b + 4);
+    const uint8_t* qs = b + 8;
+    for (int j = 0; j < QK / 2; ++j) {
+      w[j] = std::fma(s, static_cast<float>(qs[j] & 0x0f), m);
+      w[j + QK / 2] = std::fma(s, static_cast<float>(qs[j] >> 4), m);
+    }
+  } else if constexpr (T == Q5_K_R) {
+    const float s = read_f32(b), m = read_f32(b + 4);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
+    for (int j = 0; j < QK; ++j) w[j] = std::fma(s, static_cast<float>(q[j]), m);
+  } else {  // Q6_K_R: gguf: (d * sc) * q, one scale per 16 weights
+    static_assert(T == Q6_K_R, "a type without a dequantization");
+    const float s0 = read_f32(b), s1 = read_f32(b + 4);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
+    for (int j = 0; j < QK / 2; ++j) w[j] = s0 * static_cast<float>(q[j]);
+    for (int j = QK / 2; j < QK; ++j) w[j] = s1 * static_cast<float>(q[j]);
   }
 }
 
 // Portable path: rows [n0, n1) of y.
-void rows_portable(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
-                   int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t nb = K / QK, bb = block_bytes(qtype);
+template <int64_t T>
+void rows_portable_t(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
+                     float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t nb = K / QK, bb = block_bytes(T);
   float wb[QK];
   for (int64_t n = n0; n < n1; ++n) {
     float acc[MAX_ROWS] = {0};
     const uint8_t* row = w + n * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      dequantize_block(qtype, row + b * bb, wb);
+      dequantize_block<T>(row + b * bb, wb);
       for (int64_t r = 0; r < M; ++r) {
         const float* xr = x + r * K + b * QK;
         float s = 0.0f;
@@ -129,12 +197,111 @@ void rows_portable(int64_t qtype, const uint8_t* w, int64_t row_bytes, const flo
   }
 }
 
+void rows_portable(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
+                   int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+  with_qtype(qtype, [&](auto t) {
+    rows_portable_t<decltype(t)::value>(w, row_bytes, x, M, K, y, N, n0, n1);
+  });
+}
+
 #if TB_HAVE_AVX2
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// The 32 codes of one repacked K-quant block (``c``: its codes) as four vectors of 8 floats
+// (elements 0-7, 8-15, 16-23, 24-31): 0..15 (Q4_K_R), 0..31 (Q5_K_R), -32..31 (Q6_K_R).
+template <int64_t T>
+inline void kquant_codes_avx2(const uint8_t* c, __m256 q[4]) {
+  if constexpr (T == Q4_K_R) {
+    const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+    const __m256i v1 =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8)));
+    const __m256i mask = _mm256_set1_epi32(0x0f);
+    q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, mask));
+    q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, mask));
+    q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
+    q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
+  } else {
+    for (int i = 0; i < 4; ++i) {
+      __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * i));
+      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    }
+  }
+}
+
+// Repacked K-quants: sum over one block of w_j x_j = sum((s q_j) x_j) + min * sum(x_j). s q_j
+// is exact in fp32 (the weight before its minimum), so it is formed once a block and shared by
+// all rows: four FMAs a row and block. Q6_K_R scales weights 0-15 and 16-31 apart and has no
+// minimum. ``xs`` (ROWS, nb) holds each activation row's block sums; with few rows, P
+// accumulators a row hide the FMA latency. The same products as the dequantized weights',
+// regrouped (rounding differs, as any summation order's).
+template <int64_t T, int64_t ROWS>
+void rows_avx2_kquant_fixed(const uint8_t* w, int64_t row_bytes, const float* x,
+                            const float* xs, int64_t K, float* y, int64_t N, int64_t n0,
+                            int64_t n1) {
+  constexpr int P = ROWS == 1 ? 4 : (ROWS <= 3 ? 2 : 1);
+  constexpr bool has_min = T != Q6_K_R;
+  const int64_t nb = K / QK, bb = block_bytes(T);
+  for (int64_t n = n0; n < n1; ++n) {
+    __m256 acc[ROWS][P];
+    float macc[ROWS];
+    for (int64_t r = 0; r < ROWS; ++r) {
+      for (int a = 0; a < P; ++a) acc[r][a] = _mm256_setzero_ps();
+      macc[r] = 0.0f;
+    }
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + b * bb;
+      __m256 q[4];
+      kquant_codes_avx2<T>(blk + 8, q);
+      const __m256 s0 = _mm256_set1_ps(read_f32(blk));
+      const __m256 s1 = T == Q6_K_R ? _mm256_set1_ps(read_f32(blk + 4)) : s0;
+      const float m = has_min ? read_f32(blk + 4) : 0.0f;
+      q[0] = _mm256_mul_ps(s0, q[0]);
+      q[1] = _mm256_mul_ps(s0, q[1]);
+      q[2] = _mm256_mul_ps(s1, q[2]);
+      q[3] = _mm256_mul_ps(s1, q[3]);
+      for (int64_t r = 0; r < ROWS; ++r) {
+        const float* xr = x + r * K + b * QK;
+        for (int i = 0; i < 4; ++i)
+          acc[r][i % P] = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % P]);
+        if constexpr (has_min) macc[r] = std::fma(m, xs[r * nb + b], macc[r]);
+      }
+    }
+    for (int64_t r = 0; r < ROWS; ++r) {
+      __m256 sum = acc[r][0];
+      for (int a = 1; a < P; ++a) sum = _mm256_add_ps(sum, acc[r][a]);
+      y[r * N + n] = has_min ? hsum(sum) + macc[r] : hsum(sum);
+    }
+  }
+}
+
+template <int64_t T>
+void rows_avx2_kquant_t(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
+                        int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+  switch (M) {
+    case 1: return rows_avx2_kquant_fixed<T, 1>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 2: return rows_avx2_kquant_fixed<T, 2>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 3: return rows_avx2_kquant_fixed<T, 3>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 4: return rows_avx2_kquant_fixed<T, 4>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 5: return rows_avx2_kquant_fixed<T, 5>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 6: return rows_avx2_kquant_fixed<T, 6>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 7: return rows_avx2_kquant_fixed<T, 7>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    default: return rows_avx2_kquant_fixed<T, 8>(w, row_bytes, x, xs, K, y, N, n0, n1);
+  }
+}
+
+// The repacked K-quants' AVX2 rows; the GGML types' are rows_avx2_fixed's.
+void rows_avx2_kquant(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
+                      const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
+                      int64_t n1) {
+  if (qtype == Q4_K_R) return rows_avx2_kquant_t<Q4_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+  if (qtype == Q5_K_R) return rows_avx2_kquant_t<Q5_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+  rows_avx2_kquant_t<Q6_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
 }
 
 // The 32 codes of one block as four vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31):
@@ -205,6 +372,7 @@ void rows_avx2_fixed(int64_t qtype, const uint8_t* w, int64_t row_bytes, const f
 void rows_avx2(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
                const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
                int64_t n1) {
+  if (is_kquant(qtype)) return rows_avx2_kquant(qtype, w, row_bytes, x, xs, M, K, y, N, n0, n1);
   switch (M) {
     case 1: return rows_avx2_fixed<1>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
     case 2: return rows_avx2_fixed<2>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
@@ -250,10 +418,12 @@ void gemm_raw(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x
 
 void check_blocks(const torch::Tensor& blocks, int64_t qtype, int64_t K, const char* what) {
   const int64_t bb = block_bytes(qtype);
-  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, TYPES_HELP);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
               blocks.is_contiguous(), what, " must be a contiguous (N, row_bytes) uint8 tensor");
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
+  TORCH_CHECK(!is_kquant(qtype) || K % QK_K == 0, "K must be a multiple of ", QK_K,
+              " (a K-quant super-block) for type ", qtype, ", got ", K);
   TORCH_CHECK(K / QK <= MAX_BLOCKS, "K must be at most ", MAX_BLOCKS * QK, ", got ", K);
   TORCH_CHECK(blocks.size(1) == K / QK * bb, "rows of ", blocks.size(1), " bytes do not hold ",
               K, " weights of type ", qtype);
@@ -262,8 +432,7 @@ void check_blocks(const torch::Tensor& blocks, int64_t qtype, int64_t K, const c
 // y (M, N) = x (M, K) W^T; W = ``blocks`` (N, row_bytes) of GGML type ``qtype``.
 // ``portable`` forces the scalar path (tests compare both).
 torch::Tensor gemm(torch::Tensor x, torch::Tensor blocks, int64_t qtype, bool portable) {
-  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported GGML type ", qtype,
-              " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported GGML type ", qtype, TYPES_HELP);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous (M, K) float32 tensor");
   const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
@@ -513,24 +682,28 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
 // Dequantize ``blocks`` (N, row_bytes) to fp32 (N, K) with the same arithmetic as the kernels.
 torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
   const int64_t bb = block_bytes(qtype);
-  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
+  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, TYPES_HELP);
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
               blocks.is_contiguous() && blocks.size(1) == K / QK * bb && K % QK == 0,
               "blocks must be a contiguous (N, K / 32 * block bytes) uint8 tensor");
+  TORCH_CHECK(!is_kquant(qtype) || K % QK_K == 0, "K must be a multiple of ", QK_K,
+              " (a K-quant super-block) for type ", qtype, ", got ", K);
   const int64_t N = blocks.size(0), nb = K / QK;
   auto out = torch::empty({N, K}, torch::TensorOptions().dtype(torch::kFloat32));
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t b = 0; b < nb; ++b)
-      dequantize_block(qtype, w + n * blocks.size(1) + b * bb, o + n * K + b * QK);
+  with_qtype(qtype, [&](auto t) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < nb; ++b)
+        dequantize_block<decltype(t)::value>(w + n * blocks.size(1) + b * bb, o + n * K + b * QK);
+  });
   return out;
 }
 
 bool has_avx2() { return TB_HAVE_AVX2; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0)");
+  m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0, repacked K-quants)");
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights");
   m.def("layer_step", &layer_step, "one decoder layer of a decoding step of M goals on GGUF blocks");
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
