@@ -171,3 +171,37 @@ def test_kquants_need_whole_super_blocks(gemm, kquant_rows):
     with pytest.raises(RuntimeError, match='repacked'):  # the file's own K-quant bytes
         gemm.gemm(torch.zeros(1, 512), torch.from_numpy(raw), int(GGMLQuantizationType.Q4_K),
                   False)
+
+
+def test_threads_of_their_own_and_any_thread_count(gemm):
+    """Each calling thread runs on its own worker pool of its own torch thread count.
+
+    Four threads at once (the GIL is released inside the kernel), each with another thread
+    count and many calls, give the single-threaded result: rows are split, never summed
+    across threads, so the result is bit-identical whatever the split.
+    """
+    import threading
+    blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 300, 512, seed=3)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
+    q4_1 = int(GGMLQuantizationType.Q4_1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = gemm.gemm(x, blocks, q4_1, False)
+    finally:
+        torch.set_num_threads(before)
+    failures = []
+
+    def run(n_threads):
+        torch.set_num_threads(n_threads)
+        for _ in range(200):
+            if not torch.equal(gemm.gemm(x, blocks, q4_1, False), expected):
+                failures.append(n_threads)
+                return
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in (1, 2, 3, 4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert failures == []

@@ -327,7 +327,7 @@ def run_enginebench(args, progress=print) -> int:
         _measure_decode(engines, rows, kvs, args.rounds, args.steps, progress, llama)
         _measure_batches(engines, rows, BATCH_SIZES, args.rounds, args.steps, progress)
         _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
-    _measure_agreement(engines, rows, 2 if args.quick else AGREEMENT_PROMPTS,
+    _measure_agreement(engines, rows, 2 if args.quick else args.agreement_prompts,
                        AGREEMENT_TOKENS, progress, llama)
     bandwidth = copy_bandwidth_gbs()
     lean_fp32 = step_weight_bytes(engines['lean fp32'])
@@ -340,7 +340,9 @@ def run_enginebench(args, progress=print) -> int:
     meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
             'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note, 'auto': auto,
-            'command': 'timebill enginebench' + (' --quick' if args.quick else '')}
+            'command': 'timebill enginebench' + (' --quick' if args.quick else '') + (
+                f' --agreement-prompts {args.agreement_prompts}'
+                if args.agreement_prompts != AGREEMENT_PROMPTS else '')}
     _write(pathlib.Path(args.out), rows, meta, progress)
     return 0
 
@@ -353,5 +355,7 @@ def add_arguments(parser):
     parser.add_argument('--steps', type=int, default=16, help='decoding steps a round')
     parser.add_argument('--quick', action='store_true',
                         help='KV 100/1000, prefill 128/512, 2 prompts')
+    parser.add_argument('--agreement-prompts', type=int, default=AGREEMENT_PROMPTS,
+                        help='held-out prompts of the greedy agreement (not with --quick)')
     parser.add_argument('--from-json', default='', metavar='JSON',
                         help='only re-make the table and plot of a saved run')

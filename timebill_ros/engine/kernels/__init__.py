@@ -59,16 +59,21 @@ def _compiler() -> str:
 
 
 def build_key() -> str:
-    """Return the hex key of this source, torch, compiler and CPU (16 characters)."""
+    """Return the hex key of this source, flags, torch, compiler and CPU (16 characters)."""
     import torch
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), _compiler().encode(),
-             platform.machine().encode(), _cpu_id().encode()]
+    parts = [SOURCE.read_bytes(), ' '.join(_cflags()).encode(), torch.__version__.encode(),
+             _compiler().encode(), platform.machine().encode(), _cpu_id().encode()]
     return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]
 
 
 def _arch_flag() -> str:
     arm = platform.machine().lower() in ('aarch64', 'arm64')
     return '-mcpu=native' if arm else '-march=native'
+
+
+def _cflags() -> list:
+    """Return the compiler flags (``omp simd`` pragmas only: the threads are the source's)."""
+    return ['-O3', _arch_flag(), '-fopenmp-simd', '-pthread']
 
 
 def load(cache_dir=None, verbose=False):
@@ -86,7 +91,7 @@ def load(cache_dir=None, verbose=False):
         try:
             module = cpp_extension.load(
                 name=f'timebill_gguf_gemm_{key}', sources=[str(SOURCE)],
-                extra_cflags=['-O3', _arch_flag(), '-fopenmp'], extra_ldflags=['-fopenmp'],
+                extra_cflags=_cflags(), extra_ldflags=['-pthread'],
                 build_directory=str(build_dir),
                 verbose=verbose)
         except Exception as exc:  # compiler missing or failing: say what, the caller decides

@@ -14,7 +14,7 @@
 //
 // Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); w (N,
 // row_bytes) uint8, each row ceil(K / 32) blocks; y (M, N) fp32. Every block is decoded once
-// and used for all M rows. Rows of W are split over torch's intra-op threads. The repacked
+// and used for all M rows. Rows of W are split over the calling thread's intra-op threads (WorkerPool). The repacked
 // K-quants need K to be a multiple of 256 (the super-blocks they come from).
 //
 // Two paths: AVX2 + FMA + F16C (compiled where the build machine has them: the library is
@@ -24,10 +24,17 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
-#include <cstdint>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -37,6 +44,115 @@
 #else
 #define TB_HAVE_AVX2 0
 #endif
+
+namespace {
+
+// Threads of the kernels: each calling thread owns a pool of torch's intra-op thread count
+// for that thread (at::get_num_threads(), what engine.threads sets) minus itself.
+//
+// Why not torch's at::parallel_for (OpenMP): libgomp lets its workers spin a few ms between
+// parallel regions, except when the process holds more OpenMP threads than CPUs - then they
+// sleep at once and every region pays a futex wake-up. A ROS server holds a team per thread
+// that ran torch ops (start-up, executors), so on a 2-core host each of the ~150 regions of a
+// decoding step paid one: 26 ms a step in an executor thread against 11 ms on the main
+// thread, same process (benchmarks/node_step.py, docs/engine.md). These workers spin
+// (yielding the core to any other runnable thread) for SPIN_US after a job, then sleep.
+class WorkerPool {
+ public:
+  static constexpr int64_t SPIN_US = 2000;
+
+  explicit WorkerPool(int n_threads) : n_threads_(n_threads) {
+    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { work_loop(); });
+  }
+
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    for (auto& worker : workers_) worker.join();
+  }
+
+  int n_threads() const { return n_threads_; }
+
+  // Run fn(begin, end) over [0, n) in chunks of at least ``grain``, on every thread of the
+  // pool (the caller too); returns when all chunks are done.
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t chunk = std::max<int64_t>(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
+    if (n_threads_ == 1 || n <= chunk) {
+      if (n > 0) fn(0, n);
+      return;
+    }
+    job_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
+    do_chunks();
+    const int64_t workers = static_cast<int64_t>(workers_.size());
+    while (done_.load(std::memory_order_acquire) < workers) std::this_thread::yield();
+  }
+
+ private:
+  void do_chunks() {
+    for (;;) {
+      const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+      if (begin >= n_) return;
+      (*job_)(begin, std::min(n_, begin + chunk_));
+    }
+  }
+
+  void work_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      int64_t spins = 0;
+      while (generation_.load(std::memory_order_acquire) == seen) {
+        std::this_thread::yield();
+        if (++spins % 64 == 0 && std::chrono::steady_clock::now() - start >
+                                     std::chrono::microseconds(SPIN_US)) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          sleepers_.fetch_add(1, std::memory_order_acq_rel);
+          wake_.wait(lock, [&] {
+            return generation_.load(std::memory_order_acquire) != seen;
+          });
+          sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_) return;
+      do_chunks();
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  const int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> next_{0}, done_{0}, sleepers_{0};
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t n_ = 0, chunk_ = 1;
+  bool stop_ = false;
+};
+
+// fn(begin, end) over [0, n) on the calling thread's pool (made or resized on first use).
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  thread_local std::unique_ptr<WorkerPool> pool;
+  const int n_threads = std::max(1, at::get_num_threads());
+  if (!pool || pool->n_threads() != n_threads) pool = std::make_unique<WorkerPool>(n_threads);
+  pool->run(n, grain, fn);
+}
+
+}  // namespace
 
 namespace {
 
@@ -403,7 +519,7 @@ void gemm_raw(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x
         xs[r * (K / QK) + b] = s;
       }
   }
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
 #if TB_HAVE_AVX2
     if (use_avx2) {
       rows_avx2(qtype, w, row_bytes, xp, xs, M, K, yp, N, n0, n1);
@@ -537,7 +653,7 @@ void attention(const float* q, const std::vector<float*>& keys,
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   std::vector<float> outs(n_tasks * group * dim), bests(n_tasks * group),
       totals(n_tasks * group);
-  at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
+  parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const AttentionTask& task = tasks[t];
       const int64_t offset = task.kv_head * capacity[task.row] * dim;
@@ -703,8 +819,13 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
 bool has_avx2() { return TB_HAVE_AVX2; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0, repacked K-quants)");
-  m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights");
-  m.def("layer_step", &layer_step, "one decoder layer of a decoding step of M goals on GGUF blocks");
+  // The GIL is released while a kernel runs (the arguments are C++ tensors by then): another
+  // executor's thread (the offload engine) runs its Python meanwhile.
+  using no_gil = py::call_guard<py::gil_scoped_release>;
+  m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0, repacked K-quants)",
+        no_gil());
+  m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights", no_gil());
+  m.def("layer_step", &layer_step,
+        "one decoder layer of a decoding step of M goals on GGUF blocks", no_gil());
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
 }
