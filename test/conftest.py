@@ -35,15 +35,51 @@ def tiny_model(smollm2_tokenizer):
     return LlamaForCausalLM(config).eval()
 
 
+def quantized_copy(model, qtype=GGMLQuantizationType.Q4_1):
+    """Return (model copy, {module name: (type id, blocks)}) holding the same weights.
+
+    Every linear weight of the copy is replaced by its ``qtype`` dequantization, so that
+    ``decode_weights: gguf`` steps on the blocks multiply by the copy's fp32 weights.
+    """
+    import copy
+
+    from gguf.quants import dequantize, quantize
+    model = copy.deepcopy(model)
+    blocks = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            data = quantize(module.weight.detach().numpy().astype(np.float32), qtype)
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy(dequantize(data, qtype)))
+            blocks[name] = (int(qtype), torch.from_numpy(data.copy()))
+    return model, blocks
+
+
+@pytest.fixture(scope='session')
+def quantize_model():
+    """Return :func:`quantized_copy` (model, qtype) -> (model copy, blocks)."""
+    return quantized_copy
+
+
+@pytest.fixture(scope='session')
+def tiny_gguf(tiny_model):
+    """Return the tiny model with Q4_1 weights and its blocks (``decode_weights: gguf``)."""
+    return quantized_copy(tiny_model)
+
+
 @pytest.fixture
-def make_tiny_engine(tiny_model, smollm2_tokenizer):
-    """Return a factory of LlmEngine on the tiny model (chunks of 16 tokens, window 8)."""
+def make_tiny_engine(tiny_model, tiny_gguf, smollm2_tokenizer):
+    """Return a factory of LlmEngine on the tiny model (chunks of 16 tokens, window 8).
+
+    decode_weights ``gguf``: the tiny model with Q4_1 weights, one-token steps on its blocks.
+    """
     def make(scorer='snapkv', window_size=8, prefill_chunk_tokens=16, forward='auto',
              decode_weights='float32'):
+        model, blocks = tiny_gguf if decode_weights == 'gguf' else (tiny_model, None)
         return LlmEngine(EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens,
                                       forward=forward, decode_weights=decode_weights),
                          EvictionConfig(scorer=scorer, window_size=window_size),
-                         model=tiny_model, tokenizer=smollm2_tokenizer)
+                         model=model, tokenizer=smollm2_tokenizer, step_blocks=blocks)
     return make
 
 

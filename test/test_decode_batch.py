@@ -32,9 +32,10 @@ def _alone(engine, prompt, alpha, n_max, stop=None, interrupt=None):
                          interrupt=interrupt)
 
 
-@pytest.fixture
-def engine(make_tiny_engine):
-    return make_tiny_engine(forward='lean')
+@pytest.fixture(params=['float32', 'gguf'])
+def engine(make_tiny_engine, request):
+    """Return the lean-forward engine, its steps in fp32 or on the GGUF kernels (Q4_1 copy)."""
+    return make_tiny_engine(forward='lean', decode_weights=request.param)
 
 
 def test_goals_decoded_together_answer_as_they_do_alone(engine):

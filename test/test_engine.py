@@ -15,10 +15,13 @@ from timebill_ros.engine.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, C
 PROMPT = 'Explain in two short paragraphs why the sky is blue and why sunsets are red.'
 
 
-@pytest.fixture(params=['lean', 'transformers'])
+@pytest.fixture(params=['lean', 'transformers', 'lean-gguf'])
 def make_tiny_engine(make_tiny_engine, request):
-    """Every test here runs on both forward passes."""
-    return lambda **kwargs: make_tiny_engine(forward=request.param, **kwargs)
+    """Every test here runs on both forward passes and on the GGUF step kernels."""
+    forward, _, decode_weights = request.param.partition('-')
+    return lambda **kwargs: make_tiny_engine(forward=forward,
+                                             decode_weights=decode_weights or 'float32',
+                                             **kwargs)
 
 
 def _attention_modules(engine):
@@ -166,9 +169,10 @@ def test_properties(make_tiny_engine):
     assert engine.model_key == 'smollm2-135m-instruct'
 
 
-def test_decode_alpha_zero_matches_hf_generate(make_tiny_engine, tiny_model):
+def test_decode_alpha_zero_matches_hf_generate(make_tiny_engine):
     """Without eviction, chunked prefill + decode equals HF greedy generate."""
     engine = make_tiny_engine()
+    tiny_model = engine.model
     ids = engine.encode(PROMPT)
     n_max = 12
     state = engine.prefill(ids, StopCriteria())

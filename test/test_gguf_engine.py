@@ -19,22 +19,6 @@ from timebill_ros.engine.model_source import embedded_gguf_path
 PROMPT = 'Plan the route to the charging dock and list the steps.'
 
 
-def _quantized(model, qtype=GGMLQuantizationType.Q4_1):
-    """Return (model copy, {module name: (type id, blocks)}) holding the same weights.
-
-    The copy's linear weights are replaced by their ``qtype`` dequantization.
-    """
-    model = copy.deepcopy(model)
-    blocks = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            data = quantize(module.weight.detach().numpy().astype(np.float32), qtype)
-            with torch.no_grad():
-                module.weight.copy_(torch.from_numpy(dequantize(data, qtype)))
-            blocks[name] = (int(qtype), torch.from_numpy(data.copy()))
-    return model, blocks
-
-
 def test_the_embedded_gguf_blocks_are_the_models_weights():
     """All 211 matrices, rows reordered for RoPE as transformers does: bit-exact."""
     engine = LlmEngine.load(EngineConfig(decode_weights='float32'), EvictionConfig())
@@ -50,9 +34,9 @@ def test_the_embedded_gguf_blocks_are_the_models_weights():
 
 @pytest.mark.parametrize('qtype', [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
                                    GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
-def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype):
+def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype, quantize_model):
     """Same weights, so the one-token logits agree to float rounding; the prefill is fp32."""
-    model, blocks = _quantized(tiny_model, qtype)
+    model, blocks = quantize_model(tiny_model, qtype)
     exact = LeanLlamaForward(model)
     on_blocks = LeanLlamaForward(model, None, blocks)
     assert {layer.qkv.kernel for layer in on_blocks.layers} == {f'gguf-{int(qtype)}'}
@@ -164,8 +148,8 @@ def test_read_step_blocks_repacks_the_kquants(tmp_path, kquant_rows):
         assert np.array_equal(ours.view(np.uint32), weights.view(np.uint32)), short
 
 
-def test_a_batched_step_on_blocks_equals_single_steps(tiny_model):
-    model, blocks = _quantized(tiny_model)
+def test_a_batched_step_on_blocks_equals_single_steps(tiny_model, quantize_model):
+    model, blocks = quantize_model(tiny_model)
     forward = LeanLlamaForward(model, None, blocks)
     prompts = [list(range(100, 120)), list(range(300, 331)), list(range(50, 59))]
     with torch.inference_mode():
@@ -199,12 +183,12 @@ def test_the_embedded_model_answers_on_blocks():
     assert len(answer.token_ids) == 16 and answer.text.strip()
 
 
-def test_the_fused_layer_step_equals_the_op_by_op_step(tiny_model):
+def test_the_fused_layer_step_equals_the_op_by_op_step(tiny_model, quantize_model):
     """One C++ call a layer (engine/kernels layer_step) against the same step op by op.
 
     The prompt ends near the cache's capacity, so the steps also cross a growth of it.
     """
-    model, blocks = _quantized(tiny_model)
+    model, blocks = quantize_model(tiny_model)
     forward = LeanLlamaForward(model, None, blocks)
     assert all(layer.fused for layer in forward.layers)
     ids = list(range(100, 350))
@@ -227,12 +211,12 @@ def test_the_fused_layer_step_equals_the_op_by_op_step(tiny_model):
             assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
-def test_a_fused_batched_step_equals_the_op_by_op_batched_step(tiny_model):
+def test_a_fused_batched_step_equals_the_op_by_op_batched_step(tiny_model, quantize_model):
     """Nine rows (two kernel calls of at most 8), caches from 5 to 1,100 tokens.
 
     Rows past 512 cached tokens split their attention into chunks that are merged again.
     """
-    model, blocks = _quantized(tiny_model)
+    model, blocks = quantize_model(tiny_model)
     forward = LeanLlamaForward(model, None, blocks)
     lengths = [5, 40, 511, 512, 513, 700, 1100, 64, 9]
     with torch.inference_mode():
@@ -256,8 +240,8 @@ def test_a_fused_batched_step_equals_the_op_by_op_batched_step(tiny_model):
                 assert torch.allclose(kx, ky, rtol=1e-5, atol=1e-6)
 
 
-def test_layers_with_biases_are_not_fused(tiny_qwen2):
-    model, blocks = _quantized(tiny_qwen2)
+def test_layers_with_biases_are_not_fused(tiny_qwen2, quantize_model):
+    model, blocks = quantize_model(tiny_qwen2)
     forward = LeanLlamaForward(model, None, blocks)
     assert not any(layer.fused for layer in forward.layers)
     assert forward.layers[0].qkv.kernel.startswith('gguf')

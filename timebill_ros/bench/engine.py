@@ -282,11 +282,15 @@ def _write(out, rows, meta, progress):
     progress(text)
 
 
-def _auto_choice(engine, threads) -> str:
-    """Return what ``decode_weights: auto`` chooses on this machine, with its step times."""
+def _auto_choice(threads) -> str:
+    """Return what ``decode_weights: auto`` chooses on this machine, with its step times.
+
+    An engine of its own, loaded as the server loads it: ``gguf`` competes only on the
+    embedded model loaded by the engine itself.
+    """
     from timebill_ros.engine import LlmEngine
-    auto = LlmEngine(EngineConfig(threads=threads, decode_weights='auto'), EvictionConfig(),
-                     model=engine.model, tokenizer=engine.tokenizer)
+    auto = LlmEngine.load(EngineConfig(threads=threads, decode_weights='auto'),
+                          EvictionConfig())
     probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms/step'
                       for name, seconds in auto.step_format_probe.items())
     return f'{auto.engine_config.decode_weights} ({probe})'
@@ -315,7 +319,7 @@ def run_enginebench(args, progress=print) -> int:
         return 0
     torch.manual_seed(0)
     engines = _engines(FORMATS, args.threads)
-    auto = _auto_choice(engines['lean fp32'], args.threads)
+    auto = _auto_choice(args.threads)
     progress(f'decode_weights auto chooses {auto}')
     rows = {name: Row(name) for name in engines}
     kvs = DECODE_KV[:2] if args.quick else DECODE_KV

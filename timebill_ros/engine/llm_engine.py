@@ -110,10 +110,14 @@ class LlmEngine:
     """A causal LM with prefill / evict / decode steps for time-budgeted generation."""
 
     def __init__(self, engine_config: EngineConfig, eviction_config: EvictionConfig,
-                 model=None, tokenizer=None, clock: Callable[[], float] = time.perf_counter):
+                 model=None, tokenizer=None, clock: Callable[[], float] = time.perf_counter,
+                 step_blocks=None):
         """Use ``model`` and ``tokenizer``, loading from ``engine_config`` those left None.
 
         clock: seconds (monotonic) for the prefill_s / decode_s this engine reports.
+        step_blocks: ``decode_weights: gguf``'s blocks, ``{module name: (type id, blocks)}``
+        (engine/gguf_weights.py), for a ``model`` given here whose weights they are; None
+        reads them from the embedded GGUF.
         """
         if not isinstance(engine_config, EngineConfig):
             raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
@@ -125,6 +129,7 @@ class LlmEngine:
         # The embedded GGUF, loaded here (not a model a caller built): decode_weights gguf's
         # blocks are its weights.
         self.embedded_model = model is None and not engine_config.model_path
+        self.step_blocks = step_blocks
         if model is None or tokenizer is None:
             model_dir = model_source.resolve_model_dir(engine_config)
             if tokenizer is None:
@@ -143,7 +148,7 @@ class LlmEngine:
         if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
             self._choose_step_format()
         else:
-            self.forward = make_forward(self.model, engine_config)
+            self.forward = make_forward(self.model, engine_config, step_blocks)
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
@@ -426,8 +431,10 @@ def _lean_chosen(model, engine_config: EngineConfig) -> bool:
     return engine_config.forward == 'lean' or unsupported_reason(model) is None
 
 
-def make_forward(model, engine_config: EngineConfig) -> Forward:
+def make_forward(model, engine_config: EngineConfig, step_blocks=None) -> Forward:
     """Return the forward pass ``engine_config.forward`` names for ``model``.
+
+    step_blocks: the GGUF blocks of ``decode_weights: gguf`` (None: the embedded GGUF's).
 
     ``auto``: the lean forward when the model is Llama-family, else transformers'.
     ``engine.decode_weights`` applies to the lean forward only (``auto`` is resolved by
@@ -439,7 +446,9 @@ def make_forward(model, engine_config: EngineConfig) -> Forward:
     if reason is not None:
         raise ValueError(f'engine.forward is lean, but {reason}')
     if engine_config.decode_weights == GGUF_FORMAT:
-        return LeanLlamaForward(model, None, _gguf_step_blocks(model, engine_config))
+        if step_blocks is None:
+            step_blocks = _gguf_step_blocks(model, engine_config)
+        return LeanLlamaForward(model, None, step_blocks)
     return LeanLlamaForward(model, STEP_DTYPES.get(engine_config.decode_weights))
 
 

@@ -601,45 +601,184 @@ std::vector<AttentionTask> attention_tasks(const std::vector<int64_t>& n_live,
   return tasks;
 }
 
+#if TB_HAVE_AVX2
+// e^x for 8 floats: Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial for e^r
+// (about 1 ulp, as torch's own vectorised exp; inputs clamped to [-87.3, 88.4]). Written here
+// because the softmax and SiLU of a step call exp ~10^5-10^6 times and the scalar std::exp
+// took several ms of a 3000-token step; no vector exp ships with the compiler for this use.
+inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365448f)),
+                    _mm256_set1_ps(88.3762626f));
+  const __m256 n = _mm256_floor_ps(
+      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The sums of 8 vectors as one vector: out[i] = sum of the 8 lanes of a[i].
+inline __m256 hsum8(const __m256 a[8]) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                       _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// scores[j] = scale * q . k_j for keys [0, n) of ``kh`` (n, dim), dim a multiple of 8: eight
+// keys at a time, their eight dot products reduced together.
+void scores_avx2(const float* q, const float* kh, int64_t n, int64_t dim, float scale,
+                 float* scores) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int t = 0; t < 8; ++t)
+        acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kh + (j + t) * dim + d), acc[t]);
+    }
+    _mm256_storeu_ps(scores + j, _mm256_mul_ps(hsum8(acc), sv));
+  }
+  for (; j < n; ++j) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kh + j * dim + d), acc);
+    scores[j] = hsum(acc) * scale;
+  }
+}
+
+// scores[j] = exp(scores[j] - best) in place for j < n; returns their sum.
+float softmax_weights_avx2(float* scores, int64_t n, float best) {
+  const __m256 bv = _mm256_set1_ps(best);
+  __m256 total = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + j), bv));
+    _mm256_storeu_ps(scores + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  float sum = hsum(total);
+  if (j < n) {  // the last < 8 through the same exp, lanes past n unused
+    float lanes[8];
+    for (int t = 0; t < 8; ++t) lanes[t] = j + t < n ? scores[j + t] - best : 0.0f;
+    _mm256_storeu_ps(lanes, exp_avx2(_mm256_loadu_ps(lanes)));
+    for (; j < n; ++j) sum += scores[j] = lanes[j % 8];
+  }
+  return sum;
+}
+#endif
+
+#if TB_HAVE_AVX2
+// out[g] += sum_j p[g][j] v_j over keys [0, n) of ``vh`` (n, dim), for group <= MAX_GROUP query
+// heads, dim a multiple of 16: 16 values of out per pass, held in registers for all keys.
+constexpr int64_t MAX_GROUP = 4;
+
+void weighted_values_avx2(const float* p, int64_t p_stride, const float* vh, int64_t n,
+                          int64_t group, int64_t dim, float* out) {
+  for (int64_t d = 0; d < dim; d += 16) {
+    __m256 acc[MAX_GROUP][2];
+    for (int64_t g = 0; g < MAX_GROUP; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 v0 = _mm256_loadu_ps(vh + j * dim + d);
+      const __m256 v1 = _mm256_loadu_ps(vh + j * dim + d + 8);
+      for (int64_t g = 0; g < group; ++g) {
+        const __m256 pg = _mm256_set1_ps(p[g * p_stride + j]);
+        acc[g][0] = _mm256_fmadd_ps(pg, v0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(pg, v1, acc[g][1]);
+      }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      float* og = out + g * dim + d;
+      _mm256_storeu_ps(og, _mm256_add_ps(_mm256_loadu_ps(og), acc[g][0]));
+      _mm256_storeu_ps(og + 8, _mm256_add_ps(_mm256_loadu_ps(og + 8), acc[g][1]));
+    }
+  }
+}
+#endif
+
+constexpr int64_t ATTENTION_TILE = 64;  // keys a pass (their K or V rows stay in L1)
+
 // One task: ``q`` (group, dim) query heads, ``kh`` / ``vh`` (capacity, dim) of one KV head;
-// writes out (group, dim) unnormalised, best (group,) maxima and total (group,) sums.
+// writes out (group, dim) unnormalised, best (group,) maxima and total (group,) sums. Keys are
+// taken in tiles of ATTENTION_TILE, all the group's query heads per tile.
 void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begin, int64_t end,
                   int64_t group, int64_t dim, float scale, float* out, float* best,
                   float* total) {
   const int64_t n = end - begin;
   std::vector<float> scores(group * n);
-  for (int64_t g = 0; g < group; ++g) best[g] = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = kh + (begin + j) * dim;
+#if TB_HAVE_AVX2
+  const bool vector = dim % 8 == 0;
+  const bool vector_values = dim % 16 == 0 && group <= MAX_GROUP;
+#else
+  const bool vector = false, vector_values = false;
+#endif
+  for (int64_t t = 0; t < n; t += ATTENTION_TILE) {
+    const int64_t tile = std::min(ATTENTION_TILE, n - t);
     for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * dim;
-      float s = 0.0f;
-      // A dot product over the head dimension; the pragma lets the compiler vectorise the
-      // sum (a reassociation, as any vectorised GEMM does).
+      float* sg = scores.data() + g * n + t;
+#if TB_HAVE_AVX2
+      if (vector) scores_avx2(q + g * dim, kh + (begin + t) * dim, tile, dim, scale, sg);
+#endif
+      if (!vector) {
+        for (int64_t j = 0; j < tile; ++j) {
+          const float* kj = kh + (begin + t + j) * dim;
+          const float* qg = q + g * dim;
+          float s = 0.0f;
+          // A dot product over the head dimension; the pragma lets the compiler vectorise
+          // the sum (a reassociation, as any vectorised GEMM does).
 #pragma omp simd reduction(+ : s)
-      for (int64_t d = 0; d < dim; ++d) s += qg[d] * kj[d];
-      scores[g * n + j] = s * scale;
-      best[g] = std::max(best[g], scores[g * n + j]);
+          for (int64_t d = 0; d < dim; ++d) s += qg[d] * kj[d];
+          sg[j] = s * scale;
+        }
+      }
     }
   }
   for (int64_t g = 0; g < group; ++g) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      scores[g * n + j] = std::exp(scores[g * n + j] - best[g]);
-      sum += scores[g * n + j];
+    float* sg = scores.data() + g * n;
+    best[g] = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) best[g] = std::max(best[g], sg[j]);
+#if TB_HAVE_AVX2
+    if (vector) total[g] = softmax_weights_avx2(sg, n, best[g]);
+#endif
+    if (!vector) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        sg[j] = std::exp(sg[j] - best[g]);
+        sum += sg[j];
+      }
+      total[g] = sum;
     }
-    total[g] = sum;
     for (int64_t d = 0; d < dim; ++d) out[g * dim + d] = 0.0f;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vj = vh + (begin + j) * dim;
-    for (int64_t g = 0; g < group; ++g) {
-      const float p = scores[g * n + j];
-      float* og = out + g * dim;
+  for (int64_t t = 0; t < n; t += ATTENTION_TILE) {
+    const int64_t tile = std::min(ATTENTION_TILE, n - t);
+#if TB_HAVE_AVX2
+    if (vector_values) {
+      weighted_values_avx2(scores.data() + t, n, vh + (begin + t) * dim, tile, group, dim, out);
+      continue;
+    }
+#endif
+    for (int64_t j = t; j < t + tile; ++j) {
+      const float* vj = vh + (begin + j) * dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = scores[g * n + j];
+        float* og = out + g * dim;
 #pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) og[d] += p * vj[d];
+        for (int64_t d = 0; d < dim; ++d) og[d] += p * vj[d];
+      }
     }
   }
+  (void)vector_values;
 }
 
 // softmax(q K^T * scale) V for every row and query head: q (M, n_heads * dim) -> attn (same).
@@ -688,6 +827,21 @@ void attention(const float* q, const std::vector<float*>& keys,
 }
 
 }  // namespace
+
+// out[i] = silu(gate[i]) * gate[n + i] for i < n (SwiGLU; gate holds gate then up, (2 n,)).
+static void silu_times(const float* gate, int64_t n, float* out) {
+  int64_t i = 0;
+#if TB_HAVE_AVX2
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+                                            _mm256_loadu_ps(gate + n + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[n + i];
+}
 
 // One decoder layer of a decoding step of M goals (one token each), every linear on GGUF
 // blocks (Llama family, fp32): x (M, hidden) -> x + attn(...) -> + mlp(...). Row r's token
@@ -784,11 +938,8 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
              normed.data() + r * hidden);
   gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), gate_up.size(1), normed.data(), M,
            hidden, mlp.data(), 2 * inter, false);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t i = 0; i < inter; ++i) {
-      const float g = mlp[r * 2 * inter + i];
-      normed[r * inter + i] = g / (1.0f + std::exp(-g)) * mlp[r * 2 * inter + inter + i];
-    }
+  for (int64_t r = 0; r < M; ++r) silu_times(mlp.data() + r * 2 * inter, inter,
+                                             normed.data() + r * inter);
   gemm_raw(down_type, down.data_ptr<uint8_t>(), down.size(1), normed.data(), M, inter,
            delta.data(), hidden, false);
   for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
