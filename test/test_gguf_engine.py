@@ -32,15 +32,8 @@ def test_the_embedded_gguf_blocks_are_the_models_weights():
     assert {qtype for qtype, _ in blocks.values()} == {kernels.Q4_1, kernels.Q8_0}
 
 
-@pytest.mark.parametrize('qtype', [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
-                                   GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
-def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype, quantize_model):
-    """Same weights, so the one-token logits agree to float rounding; the prefill is fp32."""
-    model, blocks = quantize_model(tiny_model, qtype)
-    exact = LeanLlamaForward(model)
-    on_blocks = LeanLlamaForward(model, None, blocks)
-    assert {layer.qkv.kernel for layer in on_blocks.layers} == {f'gguf-{int(qtype)}'}
-    assert on_blocks.lm_head.kernel == f'gguf-{int(qtype)}'
+def _assert_steps_agree(exact, on_blocks):
+    """Six greedy steps of both forwards after one prefill: logits equal to float rounding."""
     ids = list(range(100, 140))
     with torch.inference_mode():
         caches = [exact.new_cache(), on_blocks.new_cache()]
@@ -52,6 +45,18 @@ def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype, quantize_model)
             b = on_blocks.run([token], len(ids) + offset, caches[1], step=True)
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
             token = int(a.argmax())
+
+
+@pytest.mark.parametrize('qtype', [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
+                                   GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
+def test_steps_on_blocks_match_the_fp32_steps(tiny_model, qtype, quantize_model):
+    """Same weights, so the one-token logits agree to float rounding; the prefill is fp32."""
+    model, blocks = quantize_model(tiny_model, qtype)
+    exact = LeanLlamaForward(model)
+    on_blocks = LeanLlamaForward(model, None, blocks)
+    assert {layer.qkv.kernel for layer in on_blocks.layers} == {f'gguf-{int(qtype)}'}
+    assert on_blocks.lm_head.kernel == f'gguf-{int(qtype)}'
+    _assert_steps_agree(exact, on_blocks)
 
 
 Q4_K, Q5_K, Q6_K = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
@@ -95,17 +100,7 @@ def test_steps_on_kquant_blocks_match_the_fp32_steps(slow_model, kquant_rows, qt
     kernel_type = kernels.KQUANTS[qtype_of('model.layers.0.mlp.down_proj').name]
     assert {layer.down.kernel for layer in on_blocks.layers} == {f'gguf-{kernel_type}'}
     assert on_blocks.lm_head.kernel == f'gguf-{kernels.KQUANTS[qtype_of("lm_head").name]}'
-    ids = list(range(100, 140))
-    with torch.inference_mode():
-        caches = [exact.new_cache(), on_blocks.new_cache()]
-        first = [f.run(ids, 0, c, step=False) for f, c in zip((exact, on_blocks), caches)]
-        assert torch.equal(first[0], first[1])  # the prefill never reads the blocks
-        token = int(first[0].argmax())
-        for offset in range(6):
-            a = exact.run([token], len(ids) + offset, caches[0], step=True)
-            b = on_blocks.run([token], len(ids) + offset, caches[1], step=True)
-            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
-            token = int(a.argmax())
+    _assert_steps_agree(exact, on_blocks)
 
 
 def test_read_step_blocks_repacks_the_kquants(tmp_path, kquant_rows):

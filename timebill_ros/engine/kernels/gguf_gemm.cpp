@@ -349,77 +349,6 @@ inline void kquant_codes_avx2(const uint8_t* c, __m256 q[4]) {
   }
 }
 
-// Repacked K-quants: sum over one block of w_j x_j = sum((s q_j) x_j) + min * sum(x_j). s q_j
-// is exact in fp32 (the weight before its minimum), so it is formed once a block and shared by
-// all rows: four FMAs a row and block. Q6_K_R scales weights 0-15 and 16-31 apart and has no
-// minimum. ``xs`` (ROWS, nb) holds each activation row's block sums; with few rows, P
-// accumulators a row hide the FMA latency. The same products as the dequantized weights',
-// regrouped (rounding differs, as any summation order's).
-template <int64_t T, int64_t ROWS>
-void rows_avx2_kquant_fixed(const uint8_t* w, int64_t row_bytes, const float* x,
-                            const float* xs, int64_t K, float* y, int64_t N, int64_t n0,
-                            int64_t n1) {
-  constexpr int P = ROWS == 1 ? 4 : (ROWS <= 3 ? 2 : 1);
-  constexpr bool has_min = T != Q6_K_R;
-  const int64_t nb = K / QK, bb = block_bytes(T);
-  for (int64_t n = n0; n < n1; ++n) {
-    __m256 acc[ROWS][P];
-    float macc[ROWS];
-    for (int64_t r = 0; r < ROWS; ++r) {
-      for (int a = 0; a < P; ++a) acc[r][a] = _mm256_setzero_ps();
-      macc[r] = 0.0f;
-    }
-    const uint8_t* row = w + n * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = row + b * bb;
-      __m256 q[4];
-      kquant_codes_avx2<T>(blk + 8, q);
-      const __m256 s0 = _mm256_set1_ps(read_f32(blk));
-      const __m256 s1 = T == Q6_K_R ? _mm256_set1_ps(read_f32(blk + 4)) : s0;
-      const float m = has_min ? read_f32(blk + 4) : 0.0f;
-      q[0] = _mm256_mul_ps(s0, q[0]);
-      q[1] = _mm256_mul_ps(s0, q[1]);
-      q[2] = _mm256_mul_ps(s1, q[2]);
-      q[3] = _mm256_mul_ps(s1, q[3]);
-      for (int64_t r = 0; r < ROWS; ++r) {
-        const float* xr = x + r * K + b * QK;
-        for (int i = 0; i < 4; ++i)
-          acc[r][i % P] = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % P]);
-        if constexpr (has_min) macc[r] = std::fma(m, xs[r * nb + b], macc[r]);
-      }
-    }
-    for (int64_t r = 0; r < ROWS; ++r) {
-      __m256 sum = acc[r][0];
-      for (int a = 1; a < P; ++a) sum = _mm256_add_ps(sum, acc[r][a]);
-      y[r * N + n] = has_min ? hsum(sum) + macc[r] : hsum(sum);
-    }
-  }
-}
-
-template <int64_t T>
-void rows_avx2_kquant_t(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
-                        int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
-  switch (M) {
-    case 1: return rows_avx2_kquant_fixed<T, 1>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 2: return rows_avx2_kquant_fixed<T, 2>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 3: return rows_avx2_kquant_fixed<T, 3>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 4: return rows_avx2_kquant_fixed<T, 4>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 5: return rows_avx2_kquant_fixed<T, 5>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 6: return rows_avx2_kquant_fixed<T, 6>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 7: return rows_avx2_kquant_fixed<T, 7>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    default: return rows_avx2_kquant_fixed<T, 8>(w, row_bytes, x, xs, K, y, N, n0, n1);
-  }
-}
-
-// The repacked K-quants' AVX2 rows; the GGML types' are rows_avx2_fixed's.
-void rows_avx2_kquant(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
-                      const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
-                      int64_t n1) {
-  if (qtype == Q4_K_R) return rows_avx2_kquant_t<Q4_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-  if (qtype == Q5_K_R) return rows_avx2_kquant_t<Q5_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-  rows_avx2_kquant_t<Q6_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-}
-
 // The 32 codes of one block as four vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31):
 // 0..15 for Q4_0 / Q4_1, -128..127 for Q8_0. Two byte-to-int widenings per block (the shuffle
 // port is the scarce one); the nibbles are split with and / shift on the other ports.
@@ -443,17 +372,40 @@ inline void codes_avx2(int64_t qtype, const uint8_t* b, __m256 q[4]) {
   q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
 }
 
-// Sum over one block of w_j x_j = sum((d q_j) x_j) + c * sum(x_j), c = m (Q4_1), -8 d (Q4_0),
-// 0 (Q8_0): the same products regrouped (rounding differs, as any summation order's). d q_j is
-// exact in fp32 (an fp16 times a code of at most 8 bits), so it is formed once a block and
-// shared by all rows: four FMAs a row and block. ``xs`` (ROWS, nb) holds each activation
-// row's block sums. With few rows, P accumulators a row hide the FMA latency.
-template <int64_t ROWS>
-void rows_avx2_fixed(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
-                     const float* xs, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+// One block's weights less their constant as four vectors of 8 floats, and that constant c
+// (w_j = s q_j + c): d q_j and c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0); the repacked K-quants'
+// scale times code and minimum (Q6_K_R scales weights 0-15 and 16-31 apart, no minimum).
+// s q_j is exact in fp32 (a scale times a code of at most 8 bits).
+template <int64_t T>
+inline float block_weights_avx2(const uint8_t* blk, __m256 q[4]) {
+  if constexpr (T == Q4_K_R || T == Q5_K_R || T == Q6_K_R) {
+    kquant_codes_avx2<T>(blk + 8, q);
+    const __m256 s0 = _mm256_set1_ps(read_f32(blk));
+    const __m256 s1 = T == Q6_K_R ? _mm256_set1_ps(read_f32(blk + 4)) : s0;
+    q[0] = _mm256_mul_ps(s0, q[0]);
+    q[1] = _mm256_mul_ps(s0, q[1]);
+    q[2] = _mm256_mul_ps(s1, q[2]);
+    q[3] = _mm256_mul_ps(s1, q[3]);
+    return T == Q6_K_R ? 0.0f : read_f32(blk + 4);
+  } else {
+    codes_avx2(T, blk, q);
+    const float d = _cvtsh_ss(read_u16(blk));
+    const __m256 dv = _mm256_set1_ps(d);
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_mul_ps(dv, q[i]);
+    return T == Q4_1 ? _cvtsh_ss(read_u16(blk + 2)) : (T == Q4_0 ? -8.0f * d : 0.0f);
+  }
+}
+
+// Sum over one block of w_j x_j = sum((s q_j) x_j) + c * sum(x_j) (block_weights_avx2): the
+// same products regrouped (rounding differs, as any summation order's). s q_j is formed once a
+// block and shared by all rows: four FMAs a row and block. ``xs`` (ROWS, nb) holds each
+// activation row's block sums. With few rows, P accumulators a row hide the FMA latency.
+template <int64_t T, int64_t ROWS>
+void rows_avx2_fixed(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
+                     int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
   constexpr int P = ROWS == 1 ? 4 : (ROWS <= 3 ? 2 : 1);
-  const int64_t nb = K / QK, bb = block_bytes(qtype);
-  const bool q4_1 = qtype == Q4_1, q4_0 = qtype == Q4_0;
+  constexpr bool has_constant = T != Q8_0 && T != Q6_K_R;
+  const int64_t nb = K / QK, bb = block_bytes(T);
   for (int64_t n = n0; n < n1; ++n) {
     __m256 acc[ROWS][P];
     float macc[ROWS];
@@ -463,41 +415,49 @@ void rows_avx2_fixed(int64_t qtype, const uint8_t* w, int64_t row_bytes, const f
     }
     const uint8_t* row = w + n * row_bytes;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = row + b * bb;
       __m256 q[4];
-      codes_avx2(qtype, blk, q);
-      const float d = _cvtsh_ss(read_u16(blk));
-      const float c = q4_1 ? _cvtsh_ss(read_u16(blk + 2)) : (q4_0 ? -8.0f * d : 0.0f);
-      const __m256 dv = _mm256_set1_ps(d);
-      for (int i = 0; i < 4; ++i) q[i] = _mm256_mul_ps(dv, q[i]);
+      const float c = block_weights_avx2<T>(row + b * bb, q);
       for (int64_t r = 0; r < ROWS; ++r) {
         const float* xr = x + r * K + b * QK;
         for (int i = 0; i < 4; ++i)
           acc[r][i % P] = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % P]);
-        macc[r] = std::fma(c, xs[r * nb + b], macc[r]);
+        if constexpr (has_constant) macc[r] = std::fma(c, xs[r * nb + b], macc[r]);
       }
     }
     for (int64_t r = 0; r < ROWS; ++r) {
       __m256 sum = acc[r][0];
       for (int a = 1; a < P; ++a) sum = _mm256_add_ps(sum, acc[r][a]);
-      y[r * N + n] = hsum(sum) + macc[r];
+      y[r * N + n] = has_constant ? hsum(sum) + macc[r] : hsum(sum);
     }
   }
 }
 
+template <int64_t T>
+void rows_avx2_t(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
+                 int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+  switch (M) {
+    case 1: return rows_avx2_fixed<T, 1>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 2: return rows_avx2_fixed<T, 2>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 3: return rows_avx2_fixed<T, 3>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 4: return rows_avx2_fixed<T, 4>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 5: return rows_avx2_fixed<T, 5>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 6: return rows_avx2_fixed<T, 6>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 7: return rows_avx2_fixed<T, 7>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    default: return rows_avx2_fixed<T, 8>(w, row_bytes, x, xs, K, y, N, n0, n1);
+  }
+}
+
+// The type chosen once per call, outside the loops.
 void rows_avx2(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
                const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
                int64_t n1) {
-  if (is_kquant(qtype)) return rows_avx2_kquant(qtype, w, row_bytes, x, xs, M, K, y, N, n0, n1);
-  switch (M) {
-    case 1: return rows_avx2_fixed<1>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 2: return rows_avx2_fixed<2>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 3: return rows_avx2_fixed<3>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 4: return rows_avx2_fixed<4>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 5: return rows_avx2_fixed<5>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 6: return rows_avx2_fixed<6>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 7: return rows_avx2_fixed<7>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
-    default: return rows_avx2_fixed<8>(qtype, w, row_bytes, x, xs, K, y, N, n0, n1);
+  switch (qtype) {
+    case Q4_0: return rows_avx2_t<Q4_0>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+    case Q4_1: return rows_avx2_t<Q4_1>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+    case Q8_0: return rows_avx2_t<Q8_0>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+    case Q4_K_R: return rows_avx2_t<Q4_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+    case Q5_K_R: return rows_avx2_t<Q5_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
+    default: return rows_avx2_t<Q6_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
   }
 }
 #endif
