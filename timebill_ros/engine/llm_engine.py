@@ -129,7 +129,6 @@ class LlmEngine:
         # The embedded GGUF, loaded here (not a model a caller built): decode_weights gguf's
         # blocks are its weights.
         self.embedded_model = model is None and not engine_config.model_path
-        self.step_blocks = step_blocks
         if model is None or tokenizer is None:
             model_dir = model_source.resolve_model_dir(engine_config)
             if tokenizer is None:

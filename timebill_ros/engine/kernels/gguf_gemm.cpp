@@ -328,48 +328,42 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The 32 codes of one repacked K-quant block (``c``: its codes) as four vectors of 8 floats
-// (elements 0-7, 8-15, 16-23, 24-31): 0..15 (Q4_K_R), 0..31 (Q5_K_R), -32..31 (Q6_K_R).
-template <int64_t T>
-inline void kquant_codes_avx2(const uint8_t* c, __m256 q[4]) {
-  if constexpr (T == Q4_K_R) {
-    const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-    const __m256i v1 =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8)));
-    const __m256i mask = _mm256_set1_epi32(0x0f);
-    q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, mask));
-    q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, mask));
-    q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
-    q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
-  } else {
-    for (int i = 0; i < 4; ++i) {
-      __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * i));
-      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    }
-  }
-}
-
-// The 32 codes of one block as four vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31):
-// 0..15 for Q4_0 / Q4_1, -128..127 for Q8_0. Two byte-to-int widenings per block (the shuffle
-// port is the scarce one); the nibbles are split with and / shift on the other ports.
-inline void codes_avx2(int64_t qtype, const uint8_t* b, __m256 q[4]) {
-  if (qtype == Q8_0) {
-    const uint8_t* c = b + 2;
-    for (int i = 0; i < 4; ++i) {
-      __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * i));
-      q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    }
-    return;
-  }
-  const uint8_t* qs = b + (qtype == Q4_1 ? 4 : 2);
-  const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+// 32 codes as four vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31). Nibbles: 16 bytes,
+// code j in the low half of byte j and code j + 16 in the high half (0..15). Two byte-to-int
+// widenings (the shuffle port is the scarce one); the nibbles are split with and / shift on
+// the other ports.
+inline void nibble_codes_avx2(const uint8_t* c, __m256 q[4]) {
+  const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
   const __m256i v1 =
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8)));
   const __m256i mask = _mm256_set1_epi32(0x0f);
   q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, mask));
   q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, mask));
   q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
   q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
+}
+
+// 32 int8 codes (32 bytes) as four vectors of 8 floats.
+inline void int8_codes_avx2(const uint8_t* c, __m256 q[4]) {
+  for (int i = 0; i < 4; ++i) {
+    __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * i));
+    q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  }
+}
+
+// The codes of one block: 0..15 (Q4_0 / Q4_1, after the fp16 d [and m]; Q4_K_R after its fp32
+// scale and minimum), -128..127 (Q8_0), 0..31 (Q5_K_R), -32..31 (Q6_K_R).
+template <int64_t T>
+inline void codes_avx2(const uint8_t* blk, __m256 q[4]) {
+  if constexpr (T == Q8_0) {
+    int8_codes_avx2(blk + 2, q);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    nibble_codes_avx2(blk + (T == Q4_1 ? 4 : 2), q);
+  } else if constexpr (T == Q4_K_R) {
+    nibble_codes_avx2(blk + 8, q);
+  } else {
+    int8_codes_avx2(blk + 8, q);
+  }
 }
 
 // One block's weights less their constant as four vectors of 8 floats, and that constant c
@@ -378,8 +372,8 @@ inline void codes_avx2(int64_t qtype, const uint8_t* b, __m256 q[4]) {
 // s q_j is exact in fp32 (a scale times a code of at most 8 bits).
 template <int64_t T>
 inline float block_weights_avx2(const uint8_t* blk, __m256 q[4]) {
+  codes_avx2<T>(blk, q);
   if constexpr (T == Q4_K_R || T == Q5_K_R || T == Q6_K_R) {
-    kquant_codes_avx2<T>(blk + 8, q);
     const __m256 s0 = _mm256_set1_ps(read_f32(blk));
     const __m256 s1 = T == Q6_K_R ? _mm256_set1_ps(read_f32(blk + 4)) : s0;
     q[0] = _mm256_mul_ps(s0, q[0]);
@@ -388,7 +382,6 @@ inline float block_weights_avx2(const uint8_t* blk, __m256 q[4]) {
     q[3] = _mm256_mul_ps(s1, q[3]);
     return T == Q6_K_R ? 0.0f : read_f32(blk + 4);
   } else {
-    codes_avx2(T, blk, q);
     const float d = _cvtsh_ss(read_u16(blk));
     const __m256 dv = _mm256_set1_ps(d);
     for (int i = 0; i < 4; ++i) q[i] = _mm256_mul_ps(dv, q[i]);
