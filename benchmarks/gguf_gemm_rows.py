@@ -25,21 +25,24 @@ def main(argv=None):
     gemm = kernels.load()
     tensors = [t for t in GGUFReader(embedded_gguf_path()).tensors
                if t.name.startswith('blk.0.') or t.name == 'token_embd.weight']
-    matrices = [(t.name, int(t.tensor_type), torch.from_numpy(np.array(t.data)),
-                 int(t.shape[0])) for t in tensors if t.tensor_type.name in ('Q4_1', 'Q8_0')]
+    tensors = [t for t in tensors if t.tensor_type.name in ('Q4_1', 'Q8_0')]
+    # (name, type, blocks in the kernels' layout, K, N); a GGUF shape is (K, N)
+    matrices = [(t.name, int(t.tensor_type),
+                 gemm.pack(torch.from_numpy(np.array(t.data)), int(t.tensor_type),
+                           int(t.shape[0])), int(t.shape[0]), int(t.shape[1])) for t in tensors]
     for rows in (1, 8):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             totals = []
             for _ in range(args.rounds):
                 total = 0.0
-                for name, qtype, blocks, k in matrices:
+                for name, qtype, blocks, k, n in matrices:
                     x = torch.randn(rows, k)
                     head = name == 'token_embd.weight'
                     reps = 3 if head else 20
                     start = time.perf_counter()
                     for _ in range(reps):
-                        gemm.gemm(x, blocks, qtype, False)
+                        gemm.gemm(x, blocks, qtype, n, False)
                     total += (time.perf_counter() - start) / reps * (1 if head else 30)
                 totals.append(total)
             print(f'{rows} row(s), {threads} thread(s): '

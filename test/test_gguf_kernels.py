@@ -31,6 +31,12 @@ def _blocks(qtype, n_rows, k, seed):
     return torch.from_numpy(blocks.copy()), dequantize(blocks, qtype).astype(np.float64)
 
 
+def _gemm(gemm, x, blocks, qtype, portable):
+    """Return x W^T through the kernels' layout: ``blocks`` (N, row bytes) packed, then used."""
+    packed = gemm.pack(blocks, qtype, x.shape[1])
+    return gemm.gemm(x, packed, qtype, blocks.shape[0], portable)
+
+
 def _rel_error(y, x, weights):
     ref = x.double().numpy() @ weights.T
     return float(np.abs(y.double().numpy() - ref).max() / np.abs(ref).max())
@@ -49,8 +55,23 @@ def test_dequantize_is_bit_exact_to_gguf(gemm, qtype):
 def test_gemm_multiplies_the_dequantized_weights(gemm, qtype, rows, portable):
     blocks, weights = _blocks(qtype, 200, 576, seed=rows)
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
-    y = gemm.gemm(x, blocks, int(qtype), portable)
+    y = _gemm(gemm, x, blocks, int(qtype), portable)
     assert y.shape == (rows, 200) and y.dtype == torch.float32
+    assert _rel_error(y, x, weights) < REL_TOL
+
+
+@pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
+@pytest.mark.parametrize('n_rows', [1, 7, 203])
+def test_rows_not_a_whole_group(gemm, n_rows, portable):
+    """The last group of 8 weight rows may be partial: its outputs are right, none past N."""
+    qtype = GGMLQuantizationType.Q4_1
+    blocks, weights = _blocks(qtype, n_rows, 128, seed=n_rows)
+    packed = gemm.pack(blocks, int(qtype), 128)
+    assert packed.shape == ((n_rows + 7) // 8, 128 // 32 * 8 * 20)
+    assert packed.numel() - blocks.numel() < 8 * blocks.shape[1]
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(n_rows))
+    y = gemm.gemm(x, packed, int(qtype), n_rows, portable)
+    assert y.shape == (5, n_rows)
     assert _rel_error(y, x, weights) < REL_TOL
 
 
@@ -61,7 +82,7 @@ def test_a_wrong_weight_is_seen(gemm):
     x = torch.randn(1, 256, generator=torch.Generator().manual_seed(7))
     broken = blocks.clone()
     broken[3, 4:20] = broken[3, 4:20] ^ 0x11  # flip a nibble of every code in one block
-    assert _rel_error(gemm.gemm(x, broken, int(qtype), False), x, weights) > REL_TOL * 10
+    assert _rel_error(_gemm(gemm, x, broken, int(qtype), False), x, weights) > REL_TOL * 10
 
 
 def test_the_embedded_models_matrices(gemm):
@@ -74,21 +95,26 @@ def test_the_embedded_models_matrices(gemm):
         k = int(tensor.shape[0])
         x = torch.randn(4, k, generator=torch.Generator().manual_seed(k))
         for portable in (False, True):
-            y = gemm.gemm(x, blocks, int(tensor.tensor_type), portable)
+            y = _gemm(gemm, x, blocks, int(tensor.tensor_type), portable)
             assert _rel_error(y, x, weights) < REL_TOL, (tensor.name, portable)
 
 
 def test_bad_inputs_are_refused(gemm):
     blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 8, 64, seed=1)
     q4_1 = int(GGMLQuantizationType.Q4_1)
+    packed = gemm.pack(blocks, q4_1, 64)
     with pytest.raises(RuntimeError, match='1 to 8 rows'):
-        gemm.gemm(torch.zeros(9, 64), blocks, q4_1, False)
+        gemm.gemm(torch.zeros(9, 64), packed, q4_1, 8, False)
     with pytest.raises(RuntimeError, match='do not hold'):
-        gemm.gemm(torch.zeros(1, 96), blocks, q4_1, False)
+        gemm.gemm(torch.zeros(1, 96), packed, q4_1, 8, False)
+    with pytest.raises(RuntimeError, match='do not hold'):
+        gemm.gemm(torch.zeros(1, 64), packed, q4_1, 9, False)
     with pytest.raises(RuntimeError, match='unsupported GGML type'):
-        gemm.gemm(torch.zeros(1, 64), blocks, 12, False)
+        gemm.gemm(torch.zeros(1, 64), packed, 12, 8, False)
     with pytest.raises(RuntimeError, match='float32'):
-        gemm.gemm(torch.zeros(1, 64, dtype=torch.float64), blocks, q4_1, False)
+        gemm.gemm(torch.zeros(1, 64, dtype=torch.float64), packed, q4_1, 8, False)
+    with pytest.raises(RuntimeError, match='blocks must be a contiguous'):
+        gemm.pack(blocks, q4_1, 96)
 
 
 def test_the_build_key_names_the_cpu_and_the_source(monkeypatch):
@@ -132,7 +158,7 @@ def test_gemm_multiplies_the_repacked_kquant_weights(gemm, kquant_rows, qtype, r
                                                      portable):
     kernel_type, blocks, weights = _kquant_blocks(kquant_rows, qtype, 200, 1536, seed=rows)
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
-    y = gemm.gemm(x, blocks, kernel_type, portable)
+    y = _gemm(gemm, x, blocks, kernel_type, portable)
     assert y.shape == (rows, 200) and y.dtype == torch.float32
     assert _rel_error(y, x, weights) < REL_TOL
 
@@ -143,16 +169,16 @@ def test_a_wrong_repacked_block_is_seen(gemm, kquant_rows, qtype, portable):
     """One 32-weight block's codes read wrong (or, Q6_K, its second scale) breaks the bound."""
     kernel_type, blocks, weights = _kquant_blocks(kquant_rows, qtype, 64, 512, seed=7)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(7))
-    assert _rel_error(gemm.gemm(x, blocks, kernel_type, portable), x, weights) < REL_TOL
+    assert _rel_error(_gemm(gemm, x, blocks, kernel_type, portable), x, weights) < REL_TOL
     broken = blocks.clone()
     bb = blocks.shape[1] // 16
     start = 3 * bb + 8  # the codes of row 3's fourth block
     broken[3, start:start + 16] = broken[3, start:start + 16] ^ 0x11
-    assert _rel_error(gemm.gemm(x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
+    assert _rel_error(_gemm(gemm, x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
     if qtype == GGMLQuantizationType.Q6_K:  # the scale of weights 16-31 used for 0-15
         broken = blocks.clone()
         broken[3, 3 * bb + 4:3 * bb + 8] = broken[3, 3 * bb:3 * bb + 4]
-        assert _rel_error(gemm.gemm(x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
+        assert _rel_error(_gemm(gemm, x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
 
 
 def test_kquants_need_whole_super_blocks(gemm, kquant_rows):
@@ -165,12 +191,13 @@ def test_kquants_need_whole_super_blocks(gemm, kquant_rows):
         kquants.repack(raw, int(GGMLQuantizationType.Q4_1))
     blocks = torch.zeros(4, 96 // 32 * 24, dtype=torch.uint8)  # K = 96 in the Q4_K format
     with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
-        gemm.gemm(torch.zeros(1, 96), blocks, kernels.Q4_K_R, False)
+        gemm.pack(blocks, kernels.Q4_K_R, 96)
+    with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
+        gemm.gemm(torch.zeros(1, 96), blocks, kernels.Q4_K_R, 32, False)
     with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
         gemm.dequantize(blocks, kernels.Q4_K_R, 96)
     with pytest.raises(RuntimeError, match='repacked'):  # the file's own K-quant bytes
-        gemm.gemm(torch.zeros(1, 512), torch.from_numpy(raw), int(GGMLQuantizationType.Q4_K),
-                  False)
+        gemm.pack(torch.from_numpy(raw), int(GGMLQuantizationType.Q4_K), 512)
 
 
 def test_threads_of_their_own_and_any_thread_count(gemm):
@@ -181,13 +208,14 @@ def test_threads_of_their_own_and_any_thread_count(gemm):
     across threads, so the result is bit-identical whatever the split.
     """
     import threading
-    blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 300, 512, seed=3)
+    rows, _ = _blocks(GGMLQuantizationType.Q4_1, 300, 512, seed=3)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
     q4_1 = int(GGMLQuantizationType.Q4_1)
+    blocks = gemm.pack(rows, q4_1, 512)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        expected = gemm.gemm(x, blocks, q4_1, False)
+        expected = gemm.gemm(x, blocks, q4_1, 300, False)
     finally:
         torch.set_num_threads(before)
     failures = []
@@ -195,7 +223,7 @@ def test_threads_of_their_own_and_any_thread_count(gemm):
     def run(n_threads):
         torch.set_num_threads(n_threads)
         for _ in range(200):
-            if not torch.equal(gemm.gemm(x, blocks, q4_1, False), expected):
+            if not torch.equal(gemm.gemm(x, blocks, q4_1, 300, False), expected):
                 failures.append(n_threads)
                 return
 

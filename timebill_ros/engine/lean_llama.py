@@ -68,7 +68,8 @@ class _Linear:
 
         blocks: one ``(GGML type, blocks (N, row bytes) uint8)`` per module (the GGUF's own
         weights, engine/gguf_weights.py), or None. When given for every module in one type,
-        one-token steps run the GGUF kernels on them and ``step_dtype`` is not used.
+        they are kept joined in the kernels' layout (``gguf_blocks``), one-token steps run the
+        GGUF kernels on them and ``step_dtype`` is not used.
         """
         self.parts = [(m.weight, m.bias) for m in modules]
         self.split = [w.shape[0] for w, _ in self.parts]
@@ -108,14 +109,16 @@ class _Linear:
                 or len({qtype for qtype, _ in blocks}) != 1):
             return False
         self.gguf_type = blocks[0][0]
-        self.gguf_blocks = torch.cat([data for _, data in blocks]).contiguous()
-        if self.gguf_blocks.shape[0] != sum(self.split):
-            raise ValueError(f'GGUF blocks hold {self.gguf_blocks.shape[0]} rows, the layers '
+        rows = torch.cat([data for _, data in blocks]).contiguous()
+        if rows.shape[0] != sum(self.split):
+            raise ValueError(f'GGUF blocks hold {rows.shape[0]} rows, the layers '
                              f'{sum(self.split)}')
         bias = self._joined_bias()
         self.step_bias = None if bias is None else bias.detach().float()
         self.kernels = kernels.load()
-        self.step_bytes = self.gguf_blocks.numel()
+        # The kernels' own layout (rows in interleaved groups, gguf_gemm.cpp pack).
+        self.gguf_blocks = self.kernels.pack(rows, self.gguf_type, self.parts[0][0].shape[1])
+        self.step_bytes = rows.numel()
         return True
 
     def _quantize_int8(self, weight: torch.Tensor, bias) -> None:
@@ -171,7 +174,8 @@ class _Linear:
         """Return x W^T from the GGUF blocks; x (..., K) -> (..., N), rows 8 at a time."""
         rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
         parts = [self.kernels.gemm(rows[i:i + kernels.MAX_ROWS], self.gguf_blocks, self.gguf_type,
-                                   False) for i in range(0, rows.shape[0], kernels.MAX_ROWS)]
+                                   sum(self.split), False)
+                 for i in range(0, rows.shape[0], kernels.MAX_ROWS)]
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self.step_bias is not None:
             y = y + self.step_bias

@@ -6,16 +6,16 @@
 // by these blocks on an AVX2 CPU without quantizing the activations. llama.cpp quantizes x to
 // 8 bits (its answers drift from fp32's); torch's int4/int8 packed GEMMs vectorise only bf16
 // activations on x86; onnxruntime's MatMulNBits takes a slow path for Q4_1's float minimum.
-// The portable path dequantizes each weight exactly as gguf's reference does (w = d * q + m in
-// fp32: d * q is exact, one rounding for + m) and multiplies; the AVX2 path regroups the same
-// sum per block as d * sum(q x) + m * sum(x) (fewer operations a weight). Both compute the
-// products of the dequantized fp32 weights the engine runs today; only the rounding of the
+// Both paths dequantize each weight exactly as gguf's reference does (w = d * q + m in fp32:
+// d * q is exact, one rounding for + m) and multiply it by fp32 activations, so they compute
+// the products of the dequantized fp32 weights the engine runs today; only the rounding of the
 // summation differs, as between any two GEMM libraries.
 //
-// Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); w (N,
-// row_bytes) uint8, each row ceil(K / 32) blocks; y (M, N) fp32. Every block is decoded once
-// and used for all M rows. Rows of W are split over the calling thread's intra-op threads (WorkerPool). The repacked
-// K-quants need K to be a multiple of 256 (the super-blocks they come from).
+// Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); W (N, K) held
+// as ``pack`` lays the blocks out at load (GROUP rows interleaved, see GROUP); y (M, N) fp32.
+// Every weight is decoded once and used for all M rows. Groups of rows are split over the
+// calling thread's intra-op threads (WorkerPool). The repacked K-quants need K to be a multiple
+// of 256 (the super-blocks they come from).
 //
 // Two paths: AVX2 + FMA + F16C (compiled where the build machine has them: the library is
 // built with -march=native for the machine that runs it), and a portable scalar path (ARM,
@@ -159,7 +159,6 @@ namespace {
 constexpr int64_t QK = 32;        // weights per block
 constexpr int64_t QK_K = 256;     // weights per K-quant super-block
 constexpr int64_t MAX_ROWS = 8;   // activation rows per call
-constexpr int64_t MAX_BLOCKS = 1024;  // blocks per weight row (K <= 32768)
 // GGML type ids of the file's own blocks (Q4_0, Q4_1, Q8_0), and the internal formats that
 // engine/kquants.py repacks the K-quants into at load: 100 + the K-quant's GGML id (GGML's own
 // ids stay below 100). An internal block holds 32 weights, two fp32 parameters first:
@@ -292,224 +291,267 @@ inline void dequantize_block(const uint8_t* b, float* w) {
 }
 
 // Portable path: rows [n0, n1) of y.
-template <int64_t T>
-void rows_portable_t(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K,
-                     float* y, int64_t N, int64_t n0, int64_t n1) {
-  const int64_t nb = K / QK, bb = block_bytes(T);
-  float wb[QK];
-  for (int64_t n = n0; n < n1; ++n) {
-    float acc[MAX_ROWS] = {0};
-    const uint8_t* row = w + n * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      dequantize_block<T>(row + b * bb, wb);
-      for (int64_t r = 0; r < M; ++r) {
-        const float* xr = x + r * K + b * QK;
-        float s = 0.0f;
-        for (int j = 0; j < QK; ++j) s = std::fma(wb[j], xr[j], s);
-        acc[r] += s;
-      }
-    }
-    for (int64_t r = 0; r < M; ++r) y[r * N + n] = acc[r];
+// The kernels' layout: the weight rows in groups of GROUP, each group's blocks interleaved so
+// that one vector holds the same weight of GROUP output rows (made once at load by ``pack``).
+// A group block is GROUP blocks of the type, field by field: each header field (fp16 d / m of
+// the GGML types, fp32 scale / min of the repacked K-quants) of the GROUP rows side by side,
+// then each code byte of the GROUP rows side by side. Same bytes as the rows it comes from, so
+// the same bytes a token; rows past N (a last partial group) are zero (weight 0).
+// Why: with a row of W a vector, every activation row costs four FMAs a block and a horizontal
+// sum, and the activations are re-read for every weight row; with GROUP rows a vector, one FMA
+// of a broadcast activation serves GROUP outputs, and a batch of 8 goals runs near the FMA peak.
+constexpr int64_t GROUP = 8;
+
+struct Fields {
+  int64_t field_bytes, n_fields, code_bytes;  // a block: n_fields header fields, then codes
+};
+
+Fields block_fields(int64_t qtype) {
+  switch (qtype) {
+    case Q4_0: return {2, 1, QK / 2};
+    case Q4_1: return {2, 2, QK / 2};
+    case Q8_0: return {2, 1, QK};
+    case Q4_K_R: return {4, 2, QK / 2};
+    default: return {4, 2, QK};  // Q5_K_R, Q6_K_R
   }
 }
 
-void rows_portable(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
-                   int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+// Copy row ``i``'s block out of a group block ``g`` (GROUP blocks interleaved) to ``out``.
+void unpack_block(const uint8_t* g, int64_t qtype, int64_t i, uint8_t* out) {
+  const Fields f = block_fields(qtype);
+  for (int64_t t = 0; t < f.n_fields; ++t)
+    std::memcpy(out + t * f.field_bytes, g + (t * GROUP + i) * f.field_bytes, f.field_bytes);
+  const uint8_t* codes = g + GROUP * f.n_fields * f.field_bytes;
+  uint8_t* out_codes = out + f.n_fields * f.field_bytes;
+  for (int64_t j = 0; j < f.code_bytes; ++j) out_codes[j] = codes[j * GROUP + i];
+}
+
+// Portable path: output groups [g0, g1) of y, each weight dequantized as gguf does.
+template <int64_t T>
+void groups_portable_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
+                       int64_t N, int64_t g0, int64_t g1) {
+  const int64_t nb = K / QK, bb = block_bytes(T);
+  uint8_t block[QK + 8];
+  float wb[QK];
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t i = 0; i < GROUP && g * GROUP + i < N; ++i) {
+      float acc[MAX_ROWS] = {0};
+      for (int64_t b = 0; b < nb; ++b) {
+        unpack_block(grp + b * GROUP * bb, T, i, block);
+        dequantize_block<T>(block, wb);
+        for (int64_t r = 0; r < M; ++r) {
+          const float* xr = x + r * K + b * QK;
+          float s = 0.0f;
+          for (int j = 0; j < QK; ++j) s = std::fma(wb[j], xr[j], s);
+          acc[r] += s;
+        }
+      }
+      for (int64_t r = 0; r < M; ++r) y[r * N + g * GROUP + i] = acc[r];
+    }
+  }
+}
+
+void groups_portable(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                     float* y, int64_t N, int64_t g0, int64_t g1) {
   with_qtype(qtype, [&](auto t) {
-    rows_portable_t<decltype(t)::value>(w, row_bytes, x, M, K, y, N, n0, n1);
+    groups_portable_t<decltype(t)::value>(w, x, M, K, y, N, g0, g1);
   });
 }
 
 #if TB_HAVE_AVX2
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// 32 codes as four vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31). Nibbles: 16 bytes,
-// code j in the low half of byte j and code j + 16 in the high half (0..15). Two byte-to-int
-// widenings (the shuffle port is the scarce one); the nibbles are split with and / shift on
-// the other ports.
-inline void nibble_codes_avx2(const uint8_t* c, __m256 q[4]) {
-  const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-  const __m256i v1 =
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8)));
-  const __m256i mask = _mm256_set1_epi32(0x0f);
-  q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, mask));
-  q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, mask));
-  q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
-  q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
-}
-
-// 32 int8 codes (32 bytes) as four vectors of 8 floats.
-inline void int8_codes_avx2(const uint8_t* c, __m256 q[4]) {
-  for (int i = 0; i < 4; ++i) {
-    __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + 8 * i));
-    q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  }
-}
-
-// The codes of one block: 0..15 (Q4_0 / Q4_1, after the fp16 d [and m]; Q4_K_R after its fp32
-// scale and minimum), -128..127 (Q8_0), 0..31 (Q5_K_R), -32..31 (Q6_K_R).
+// The scales and constant of one group block, GROUP rows a vector: weight k of row i is
+// s[i] * code + c[i], s = s_lo for k < 16 and s_hi after (only Q6_K_R's differ); c = m
+// (Q4_1, Q4_K_R, Q5_K_R), -8 d (Q4_0), 0 (Q8_0, Q6_K_R). s * code is exact in fp32 (a scale
+// times a code of at most 8 bits), so fma(s, code, c) is gguf's dequantized weight.
 template <int64_t T>
-inline void codes_avx2(const uint8_t* blk, __m256 q[4]) {
-  if constexpr (T == Q8_0) {
-    int8_codes_avx2(blk + 2, q);
-  } else if constexpr (T == Q4_0 || T == Q4_1) {
-    nibble_codes_avx2(blk + (T == Q4_1 ? 4 : 2), q);
-  } else if constexpr (T == Q4_K_R) {
-    nibble_codes_avx2(blk + 8, q);
+inline void group_scales_avx2(const uint8_t* g, __m256& s_lo, __m256& s_hi, __m256& c) {
+  if constexpr (T == Q4_0 || T == Q4_1 || T == Q8_0) {
+    s_lo = s_hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g)));
+    if constexpr (T == Q4_1)
+      c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 2 * GROUP)));
+    else if constexpr (T == Q4_0)
+      c = _mm256_mul_ps(s_lo, _mm256_set1_ps(-8.0f));
+    else
+      c = _mm256_setzero_ps();
   } else {
-    int8_codes_avx2(blk + 8, q);
+    s_lo = _mm256_loadu_ps(reinterpret_cast<const float*>(g));
+    const __m256 second = _mm256_loadu_ps(reinterpret_cast<const float*>(g + 4 * GROUP));
+    s_hi = T == Q6_K_R ? second : s_lo;
+    c = T == Q6_K_R ? _mm256_setzero_ps() : second;
   }
 }
 
-// One block's weights less their constant as four vectors of 8 floats, and that constant c
-// (w_j = s q_j + c): d q_j and c = m (Q4_1), -8 d (Q4_0), 0 (Q8_0); the repacked K-quants'
-// scale times code and minimum (Q6_K_R scales weights 0-15 and 16-31 apart, no minimum).
-// s q_j is exact in fp32 (a scale times a code of at most 8 bits).
-template <int64_t T>
-inline float block_weights_avx2(const uint8_t* blk, __m256 q[4]) {
-  codes_avx2<T>(blk, q);
-  if constexpr (T == Q4_K_R || T == Q5_K_R || T == Q6_K_R) {
-    const __m256 s0 = _mm256_set1_ps(read_f32(blk));
-    const __m256 s1 = T == Q6_K_R ? _mm256_set1_ps(read_f32(blk + 4)) : s0;
-    q[0] = _mm256_mul_ps(s0, q[0]);
-    q[1] = _mm256_mul_ps(s0, q[1]);
-    q[2] = _mm256_mul_ps(s1, q[2]);
-    q[3] = _mm256_mul_ps(s1, q[3]);
-    return T == Q6_K_R ? 0.0f : read_f32(blk + 4);
-  } else {
-    const float d = _cvtsh_ss(read_u16(blk));
-    const __m256 dv = _mm256_set1_ps(d);
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_mul_ps(dv, q[i]);
-    return T == Q4_1 ? _cvtsh_ss(read_u16(blk + 2)) : (T == Q4_0 ? -8.0f * d : 0.0f);
-  }
-}
-
-// Sum over one block of w_j x_j = sum((s q_j) x_j) + c * sum(x_j) (block_weights_avx2): the
-// same products regrouped (rounding differs, as any summation order's). s q_j is formed once a
-// block and shared by all rows: four FMAs a row and block. ``xs`` (ROWS, nb) holds each
-// activation row's block sums. With few rows, P accumulators a row hide the FMA latency.
+// Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
+// rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
+// FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
 template <int64_t T, int64_t ROWS>
-void rows_avx2_fixed(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
-                     int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
-  constexpr int P = ROWS == 1 ? 4 : (ROWS <= 3 ? 2 : 1);
-  constexpr bool has_constant = T != Q8_0 && T != Q6_K_R;
-  const int64_t nb = K / QK, bb = block_bytes(T);
-  for (int64_t n = n0; n < n1; ++n) {
+void groups_avx2_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                       int64_t g0, int64_t g1) {
+  constexpr int P = ROWS == 1 ? 8 : (ROWS == 2 ? 4 : (ROWS <= 4 ? 2 : 1));
+  constexpr bool nibbles = T == Q4_0 || T == Q4_1 || T == Q4_K_R;
+  const Fields f = block_fields(T);
+  const int64_t nb = K / QK, bb = block_bytes(T), header = GROUP * f.n_fields * f.field_bytes;
+  const __m256i low4 = _mm256_set1_epi32(0x0f);
+  for (int64_t g = g0; g < g1; ++g) {
     __m256 acc[ROWS][P];
-    float macc[ROWS];
-    for (int64_t r = 0; r < ROWS; ++r) {
+    for (int64_t r = 0; r < ROWS; ++r)
       for (int a = 0; a < P; ++a) acc[r][a] = _mm256_setzero_ps();
-      macc[r] = 0.0f;
-    }
-    const uint8_t* row = w + n * row_bytes;
+    const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t b = 0; b < nb; ++b) {
-      __m256 q[4];
-      const float c = block_weights_avx2<T>(row + b * bb, q);
-      for (int64_t r = 0; r < ROWS; ++r) {
-        const float* xr = x + r * K + b * QK;
-        for (int i = 0; i < 4; ++i)
-          acc[r][i % P] = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % P]);
-        if constexpr (has_constant) macc[r] = std::fma(c, xs[r * nb + b], macc[r]);
+      const uint8_t* blk = grp + b * GROUP * bb;
+      __m256 s_lo, s_hi, c;
+      group_scales_avx2<T>(blk, s_lo, s_hi, c);
+      const uint8_t* codes = blk + header;
+      const float* xb = x + b * QK;
+      if constexpr (nibbles) {  // byte j: weight j (low nibble) and j + 16 (high) of each row
+#pragma GCC unroll 16
+        for (int j = 0; j < QK / 2; ++j) {
+          const __m256i v = _mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j * GROUP)));
+          const __m256 w_lo =
+              _mm256_fmadd_ps(s_lo, _mm256_cvtepi32_ps(_mm256_and_si256(v, low4)), c);
+          const __m256 w_hi =
+              _mm256_fmadd_ps(s_hi, _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), c);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            __m256& a_lo = acc[r][(2 * j) % P];
+            a_lo = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * K + j), w_lo, a_lo);
+            __m256& a_hi = acc[r][(2 * j + 1) % P];
+            a_hi = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * K + j + QK / 2), w_hi, a_hi);
+          }
+        }
+      } else {  // byte k: weight k of each row, int8 (Q5_K_R's 0..31 read the same)
+#pragma GCC unroll 32
+        for (int k = 0; k < QK; ++k) {
+          const __m256i v = _mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k * GROUP)));
+          const __m256 wk = _mm256_fmadd_ps(k < QK / 2 ? s_lo : s_hi, _mm256_cvtepi32_ps(v), c);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            __m256& a = acc[r][k % P];
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * K + k), wk, a);
+          }
+        }
       }
     }
+    const int64_t n0 = g * GROUP, valid = std::min(GROUP, N - n0);
     for (int64_t r = 0; r < ROWS; ++r) {
       __m256 sum = acc[r][0];
       for (int a = 1; a < P; ++a) sum = _mm256_add_ps(sum, acc[r][a]);
-      y[r * N + n] = has_constant ? hsum(sum) + macc[r] : hsum(sum);
+      if (valid == GROUP) {
+        _mm256_storeu_ps(y + r * N + n0, sum);
+      } else {
+        float lanes[GROUP];
+        _mm256_storeu_ps(lanes, sum);
+        std::memcpy(y + r * N + n0, lanes, valid * sizeof(float));
+      }
     }
   }
 }
 
 template <int64_t T>
-void rows_avx2_t(const uint8_t* w, int64_t row_bytes, const float* x, const float* xs,
-                 int64_t M, int64_t K, float* y, int64_t N, int64_t n0, int64_t n1) {
+void groups_avx2_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y, int64_t N,
+                   int64_t g0, int64_t g1) {
   switch (M) {
-    case 1: return rows_avx2_fixed<T, 1>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 2: return rows_avx2_fixed<T, 2>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 3: return rows_avx2_fixed<T, 3>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 4: return rows_avx2_fixed<T, 4>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 5: return rows_avx2_fixed<T, 5>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 6: return rows_avx2_fixed<T, 6>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    case 7: return rows_avx2_fixed<T, 7>(w, row_bytes, x, xs, K, y, N, n0, n1);
-    default: return rows_avx2_fixed<T, 8>(w, row_bytes, x, xs, K, y, N, n0, n1);
+    case 1: return groups_avx2_fixed<T, 1>(w, x, K, y, N, g0, g1);
+    case 2: return groups_avx2_fixed<T, 2>(w, x, K, y, N, g0, g1);
+    case 3: return groups_avx2_fixed<T, 3>(w, x, K, y, N, g0, g1);
+    case 4: return groups_avx2_fixed<T, 4>(w, x, K, y, N, g0, g1);
+    case 5: return groups_avx2_fixed<T, 5>(w, x, K, y, N, g0, g1);
+    case 6: return groups_avx2_fixed<T, 6>(w, x, K, y, N, g0, g1);
+    case 7: return groups_avx2_fixed<T, 7>(w, x, K, y, N, g0, g1);
+    default: return groups_avx2_fixed<T, 8>(w, x, K, y, N, g0, g1);
   }
 }
 
 // The type chosen once per call, outside the loops.
-void rows_avx2(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* x,
-               const float* xs, int64_t M, int64_t K, float* y, int64_t N, int64_t n0,
-               int64_t n1) {
-  switch (qtype) {
-    case Q4_0: return rows_avx2_t<Q4_0>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-    case Q4_1: return rows_avx2_t<Q4_1>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-    case Q8_0: return rows_avx2_t<Q8_0>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-    case Q4_K_R: return rows_avx2_t<Q4_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-    case Q5_K_R: return rows_avx2_t<Q5_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-    default: return rows_avx2_t<Q6_K_R>(w, row_bytes, x, xs, M, K, y, N, n0, n1);
-  }
+void groups_avx2(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                 float* y, int64_t N, int64_t g0, int64_t g1) {
+  with_qtype(qtype, [&](auto t) {
+    groups_avx2_t<decltype(t)::value>(w, x, M, K, y, N, g0, g1);
+  });
 }
 #endif
 
 }  // namespace
 
-// y (M, N) = x (M, K) W^T over raw pointers; rows of W split over torch's OpenMP threads.
-void gemm_raw(int64_t qtype, const uint8_t* w, int64_t row_bytes, const float* xp, int64_t M,
-              int64_t K, float* yp, int64_t N, bool portable) {
+// y (M, N) = x (M, K) W^T over raw pointers, W packed (``pack``); groups of GROUP output
+// rows split over the calling thread's pool.
+void gemm_raw(int64_t qtype, const uint8_t* w, const float* xp, int64_t M, int64_t K,
+              float* yp, int64_t N, bool portable) {
   const bool use_avx2 = TB_HAVE_AVX2 && !portable;
-  // Block sums of each activation row (M, K / 32), for the AVX2 path's scale-and-minimum
-  // regrouping (the portable path does not read them).
-  float xs[MAX_ROWS * MAX_BLOCKS];
-  if (use_avx2) {
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t b = 0; b < K / QK; ++b) {
-        float s = 0.0f;
-        for (int j = 0; j < QK; ++j) s += xp[r * K + b * QK + j];
-        xs[r * (K / QK) + b] = s;
-      }
-  }
-  parallel_for(N, 16, [&](int64_t n0, int64_t n1) {
+  parallel_for((N + GROUP - 1) / GROUP, 2, [&](int64_t g0, int64_t g1) {
 #if TB_HAVE_AVX2
     if (use_avx2) {
-      rows_avx2(qtype, w, row_bytes, xp, xs, M, K, yp, N, n0, n1);
+      groups_avx2(qtype, w, xp, M, K, yp, N, g0, g1);
       return;
     }
 #endif
-    rows_portable(qtype, w, row_bytes, xp, M, K, yp, N, n0, n1);
+    groups_portable(qtype, w, xp, M, K, yp, N, g0, g1);
   });
   (void)use_avx2;
-  (void)xs;
 }
 
-void check_blocks(const torch::Tensor& blocks, int64_t qtype, int64_t K, const char* what) {
-  const int64_t bb = block_bytes(qtype);
-  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, TYPES_HELP);
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
-              blocks.is_contiguous(), what, " must be a contiguous (N, row_bytes) uint8 tensor");
-  TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
+void check_type_and_k(int64_t qtype, int64_t K) {
+  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported GGML type ", qtype, TYPES_HELP);
+  TORCH_CHECK(K > 0 && K % QK == 0, "K must be a positive multiple of 32, got ", K);
   TORCH_CHECK(!is_kquant(qtype) || K % QK_K == 0, "K must be a multiple of ", QK_K,
               " (a K-quant super-block) for type ", qtype, ", got ", K);
-  TORCH_CHECK(K / QK <= MAX_BLOCKS, "K must be at most ", MAX_BLOCKS * QK, ", got ", K);
-  TORCH_CHECK(blocks.size(1) == K / QK * bb, "rows of ", blocks.size(1), " bytes do not hold ",
+}
+
+// ``packed`` must be ``pack``'s layout of N rows of K weights of type ``qtype``.
+void check_packed(const torch::Tensor& packed, int64_t qtype, int64_t K, int64_t N,
+                  const char* what) {
+  check_type_and_k(qtype, K);
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 &&
+              packed.is_contiguous(), what, " must be a contiguous packed uint8 tensor");
+  TORCH_CHECK(N > 0 && packed.size(0) == (N + GROUP - 1) / GROUP &&
+              packed.size(1) == K / QK * GROUP * block_bytes(qtype),
+              what, ": packed blocks of shape ", packed.sizes(), " do not hold ", N, " rows of ",
               K, " weights of type ", qtype);
 }
 
-// y (M, N) = x (M, K) W^T; W = ``blocks`` (N, row_bytes) of GGML type ``qtype``.
+// The kernels' layout of ``blocks`` (N, K / 32 * block bytes), rows as the GGUF (or
+// engine/kquants.py) holds them: (ceil(N / GROUP), K / 32 * GROUP * block bytes).
+torch::Tensor pack(torch::Tensor blocks, int64_t qtype, int64_t K) {
+  check_type_and_k(qtype, K);
+  const int64_t bb = block_bytes(qtype), nb = K / QK;
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
+              blocks.is_contiguous() && blocks.size(1) == nb * bb,
+              "blocks must be a contiguous (N, ", nb * bb, ") uint8 tensor for ", K,
+              " weights of type ", qtype, ", got ", blocks.sizes());
+  const int64_t N = blocks.size(0), groups = (N + GROUP - 1) / GROUP;
+  auto out = torch::zeros({groups, nb * GROUP * bb}, blocks.options());
+  const Fields f = block_fields(qtype);
+  const int64_t header = f.n_fields * f.field_bytes;
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t g = n / GROUP, i = n % GROUP;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = src + n * nb * bb + b * bb;
+      uint8_t* grp = dst + (g * nb + b) * GROUP * bb;
+      for (int64_t t = 0; t < f.n_fields; ++t)
+        std::memcpy(grp + (t * GROUP + i) * f.field_bytes, blk + t * f.field_bytes,
+                    f.field_bytes);
+      for (int64_t j = 0; j < f.code_bytes; ++j)
+        grp[GROUP * header + j * GROUP + i] = blk[header + j];
+    }
+  }
+  return out;
+}
+
+// y (M, N) = x (M, K) W^T; W = ``packed`` (``pack`` of N rows of type ``qtype``).
 // ``portable`` forces the scalar path (tests compare both).
-torch::Tensor gemm(torch::Tensor x, torch::Tensor blocks, int64_t qtype, bool portable) {
-  TORCH_CHECK(block_bytes(qtype) > 0, "unsupported GGML type ", qtype, TYPES_HELP);
+torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N,
+                   bool portable) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous (M, K) float32 tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = blocks.size(0);
+  const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
-  check_blocks(blocks, qtype, K, "blocks");
+  check_packed(packed, qtype, K, N, "blocks");
   auto y = torch::empty({M, N}, x.options());
-  gemm_raw(qtype, blocks.data_ptr<uint8_t>(), blocks.size(1), x.data_ptr<float>(), M, K,
-           y.data_ptr<float>(), N, portable);
+  gemm_raw(qtype, packed.data_ptr<uint8_t>(), x.data_ptr<float>(), M, K, y.data_ptr<float>(),
+           N, portable);
   return y;
 }
 
@@ -555,6 +597,13 @@ std::vector<AttentionTask> attention_tasks(const std::vector<int64_t>& n_live,
 }
 
 #if TB_HAVE_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // e^x for 8 floats: Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial for e^r
 // (about 1 ulp, as torch's own vectorised exp; inputs clamped to [-87.3, 88.4]). Written here
 // because the softmax and SiLU of a step call exp ~10^5-10^6 times and the scalar std::exp
@@ -838,14 +887,15 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
               "query heads must be a multiple of KV heads");
   const int64_t q_rows = n_heads * dim, kv_rows = n_kv_heads * dim;
-  TORCH_CHECK(qkv.size(0) == q_rows + 2 * kv_rows && out_proj.size(0) == hidden &&
-              down.size(0) == hidden && gate_up.size(0) % 2 == 0,
-              "the blocks do not have the layer's shapes");
-  const int64_t inter = gate_up.size(0) / 2, proj_rows = q_rows + 2 * kv_rows;
-  check_blocks(qkv, qkv_type, hidden, "qkv");
-  check_blocks(out_proj, out_type, q_rows, "out_proj");
-  check_blocks(gate_up, gate_up_type, hidden, "gate_up");
-  check_blocks(down, down_type, inter, "down");
+  const int64_t proj_rows = q_rows + 2 * kv_rows;
+  TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2,
+              "down must be packed blocks of a supported type");
+  // The MLP's width from the down projection's packed rows (K / 32 group blocks).
+  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
+  check_packed(qkv, qkv_type, hidden, proj_rows, "qkv");
+  check_packed(out_proj, out_type, q_rows, hidden, "out_proj");
+  check_packed(gate_up, gate_up_type, hidden, 2 * inter, "gate_up");
+  check_packed(down, down_type, inter, hidden, "down");
   TORCH_CHECK(cos.numel() == M * dim && sin.numel() == M * dim && cos.is_contiguous() &&
               sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
               sin.scalar_type() == torch::kFloat32,
@@ -862,8 +912,8 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
   for (int64_t r = 0; r < M; ++r)
     rms_norm(h + r * hidden, in_norm.data_ptr<float>(), in_eps, hidden,
              normed.data() + r * hidden);
-  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), qkv.size(1), normed.data(), M, hidden,
-           proj.data(), proj_rows, false);
+  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), normed.data(), M, hidden, proj.data(),
+           proj_rows, false);
   for (int64_t r = 0; r < M; ++r) {
     float* q = proj.data() + r * proj_rows;
     float* k = q + q_rows;
@@ -881,20 +931,20 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
   }
   attention(queries.data(), key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads, dim,
             static_cast<float>(scaling), attn.data());
-  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), out_proj.size(1), attn.data(), M, q_rows,
-           delta.data(), hidden, false);
+  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), attn.data(), M, q_rows, delta.data(),
+           hidden, false);
   for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
 
   // MLP block.
   for (int64_t r = 0; r < M; ++r)
     rms_norm(h + r * hidden, post_norm.data_ptr<float>(), post_eps, hidden,
              normed.data() + r * hidden);
-  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), gate_up.size(1), normed.data(), M,
-           hidden, mlp.data(), 2 * inter, false);
+  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), normed.data(), M, hidden, mlp.data(),
+           2 * inter, false);
   for (int64_t r = 0; r < M; ++r) silu_times(mlp.data() + r * 2 * inter, inter,
                                              normed.data() + r * inter);
-  gemm_raw(down_type, down.data_ptr<uint8_t>(), down.size(1), normed.data(), M, inter,
-           delta.data(), hidden, false);
+  gemm_raw(down_type, down.data_ptr<uint8_t>(), normed.data(), M, inter, delta.data(), hidden,
+           false);
   for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
   return result;
 }
@@ -926,7 +976,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released while a kernel runs (the arguments are C++ tensors by then): another
   // executor's thread (the offload engine) runs its Python meanwhile.
   using no_gil = py::call_guard<py::gil_scoped_release>;
-  m.def("gemm", &gemm, "y = x W^T, W as GGUF blocks (Q4_0, Q4_1, Q8_0, repacked K-quants)",
+  m.def("pack", &pack, "GGUF blocks (N, row bytes) -> the kernels' layout (rows in groups)",
+        no_gil());
+  m.def("gemm", &gemm, "y = x W^T, W packed GGUF blocks (Q4_0, Q4_1, Q8_0, repacked K-quants)",
         no_gil());
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights", no_gil());
   m.def("layer_step", &layer_step,
