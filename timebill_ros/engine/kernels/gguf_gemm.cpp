@@ -78,9 +78,13 @@ class WorkerPool {
   int n_threads() const { return n_threads_; }
 
   // Run fn(begin, end) over [0, n) in chunks of at least ``grain``, on every thread of the
-  // pool (the caller too); returns when all chunks are done.
+  // pool (the caller too); returns when all chunks are done. CHUNKS chunks a thread (8 was
+  // tried: slower at one goal, the same at eight).
+  static constexpr int64_t CHUNKS = 4;
+
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
-    const int64_t chunk = std::max<int64_t>(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
+    const int64_t parts = CHUNKS * n_threads_;
+    const int64_t chunk = std::max<int64_t>(grain, (n + parts - 1) / parts);
     if (n_threads_ == 1 || n <= chunk) {
       if (n > 0) fn(0, n);
       return;
@@ -150,6 +154,18 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   const int n_threads = std::max(1, at::get_num_threads());
   if (!pool || pool->n_threads() != n_threads) pool = std::make_unique<WorkerPool>(n_threads);
   pool->run(n, grain, fn);
+}
+
+// Temporaries of a step, kept per calling thread and reused (grown, never shrunk or cleared):
+// a fresh std::vector a call meant a malloc and a zero-fill of up to ~200 kB a layer, and
+// fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
+enum Scratch { NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, N_SCRATCH };
+
+float* scratch(Scratch slot, int64_t n) {
+  thread_local std::vector<float> buffers[N_SCRATCH];
+  auto& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
 }
 
 }  // namespace
@@ -681,34 +697,54 @@ float softmax_weights_avx2(float* scores, int64_t n, float best) {
 #endif
 
 #if TB_HAVE_AVX2
-// out[g] += sum_j p[g][j] v_j over keys [0, n) of ``vh`` (n, dim), for group <= MAX_GROUP query
-// heads, dim a multiple of 16: 16 values of out per pass, held in registers for all keys.
+// out[g] += sum_j p[g][j] v_j over keys [0, n) of ``vh`` (n, dim), for G query heads, dim a
+// multiple of 16: 16 values of out per pass, held in registers for all keys (G a template
+// argument, so the accumulators stay in registers).
 constexpr int64_t MAX_GROUP = 4;
 
-void weighted_values_avx2(const float* p, int64_t p_stride, const float* vh, int64_t n,
-                          int64_t group, int64_t dim, float* out) {
+template <int64_t G>
+void weighted_values_avx2_g(const float* p, int64_t p_stride, const float* vh, int64_t n,
+                            int64_t dim, float* out) {
   for (int64_t d = 0; d < dim; d += 16) {
-    __m256 acc[MAX_GROUP][2];
-    for (int64_t g = 0; g < MAX_GROUP; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    __m256 acc[G][2];
+    for (int64_t g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       const __m256 v0 = _mm256_loadu_ps(vh + j * dim + d);
       const __m256 v1 = _mm256_loadu_ps(vh + j * dim + d + 8);
-      for (int64_t g = 0; g < group; ++g) {
+      for (int64_t g = 0; g < G; ++g) {
         const __m256 pg = _mm256_set1_ps(p[g * p_stride + j]);
         acc[g][0] = _mm256_fmadd_ps(pg, v0, acc[g][0]);
         acc[g][1] = _mm256_fmadd_ps(pg, v1, acc[g][1]);
       }
     }
-    for (int64_t g = 0; g < group; ++g) {
+    for (int64_t g = 0; g < G; ++g) {
       float* og = out + g * dim + d;
       _mm256_storeu_ps(og, _mm256_add_ps(_mm256_loadu_ps(og), acc[g][0]));
       _mm256_storeu_ps(og + 8, _mm256_add_ps(_mm256_loadu_ps(og + 8), acc[g][1]));
     }
   }
 }
+
+void weighted_values_avx2(const float* p, int64_t p_stride, const float* vh, int64_t n,
+                          int64_t group, int64_t dim, float* out) {
+  switch (group) {
+    case 1: return weighted_values_avx2_g<1>(p, p_stride, vh, n, dim, out);
+    case 2: return weighted_values_avx2_g<2>(p, p_stride, vh, n, dim, out);
+    case 3: return weighted_values_avx2_g<3>(p, p_stride, vh, n, dim, out);
+    default: return weighted_values_avx2_g<4>(p, p_stride, vh, n, dim, out);
+  }
+}
 #endif
 
 constexpr int64_t ATTENTION_TILE = 64;  // keys a pass (their K or V rows stay in L1)
+
+// Ask for the ``n`` floats at ``p`` ahead of use (the next tile's keys or values): a step's KV
+// is mostly not in cache, and a head's short stream gives the hardware prefetcher little time.
+inline void prefetch(const float* p, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(float)); b += 64)
+    __builtin_prefetch(bytes + b, 0, 2);
+}
 
 // One task: ``q`` (group, dim) query heads, ``kh`` / ``vh`` (capacity, dim) of one KV head;
 // writes out (group, dim) unnormalised, best (group,) maxima and total (group,) sums. Keys are
@@ -717,7 +753,7 @@ void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begi
                   int64_t group, int64_t dim, float scale, float* out, float* best,
                   float* total) {
   const int64_t n = end - begin;
-  std::vector<float> scores(group * n);
+  float* scores = scratch(SCORES, group * n);
 #if TB_HAVE_AVX2
   const bool vector = dim % 8 == 0;
   const bool vector_values = dim % 16 == 0 && group <= MAX_GROUP;
@@ -726,8 +762,10 @@ void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begi
 #endif
   for (int64_t t = 0; t < n; t += ATTENTION_TILE) {
     const int64_t tile = std::min(ATTENTION_TILE, n - t);
+    if (t + tile < n)
+      prefetch(kh + (begin + t + tile) * dim, std::min(ATTENTION_TILE, n - t - tile) * dim);
     for (int64_t g = 0; g < group; ++g) {
-      float* sg = scores.data() + g * n + t;
+      float* sg = scores + g * n + t;
 #if TB_HAVE_AVX2
       if (vector) scores_avx2(q + g * dim, kh + (begin + t) * dim, tile, dim, scale, sg);
 #endif
@@ -745,8 +783,9 @@ void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begi
       }
     }
   }
+  prefetch(vh + begin * dim, std::min(ATTENTION_TILE, n) * dim);
   for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores.data() + g * n;
+    float* sg = scores + g * n;
     best[g] = -INFINITY;
     for (int64_t j = 0; j < n; ++j) best[g] = std::max(best[g], sg[j]);
 #if TB_HAVE_AVX2
@@ -764,9 +803,11 @@ void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begi
   }
   for (int64_t t = 0; t < n; t += ATTENTION_TILE) {
     const int64_t tile = std::min(ATTENTION_TILE, n - t);
+    if (t + tile < n)
+      prefetch(vh + (begin + t + tile) * dim, std::min(ATTENTION_TILE, n - t - tile) * dim);
 #if TB_HAVE_AVX2
     if (vector_values) {
-      weighted_values_avx2(scores.data() + t, n, vh + (begin + t) * dim, tile, group, dim, out);
+      weighted_values_avx2(scores + t, n, vh + (begin + t) * dim, tile, group, dim, out);
       continue;
     }
 #endif
@@ -792,16 +833,17 @@ void attention(const float* q, const std::vector<float*>& keys,
   const int64_t group = n_heads / n_kv_heads, q_rows = n_heads * dim;
   const auto tasks = attention_tasks(n_live, n_kv_heads);
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  std::vector<float> outs(n_tasks * group * dim), bests(n_tasks * group),
-      totals(n_tasks * group);
+  float* outs = scratch(OUTS, n_tasks * group * dim);
+  float* bests = scratch(BESTS, n_tasks * group);
+  float* totals = scratch(TOTALS, n_tasks * group);
   parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const AttentionTask& task = tasks[t];
       const int64_t offset = task.kv_head * capacity[task.row] * dim;
       attend_chunk(q + task.row * q_rows + task.kv_head * group * dim,
                    keys[task.row] + offset, values[task.row] + offset, task.begin, task.end,
-                   group, dim, scale, outs.data() + t * group * dim,
-                   bests.data() + t * group, totals.data() + t * group);
+                   group, dim, scale, outs + t * group * dim,
+                   bests + t * group, totals + t * group);
     }
   });
   // Merge the chunks of each (row, KV head): tasks of one pair are consecutive.
@@ -819,7 +861,7 @@ void attention(const float* q, const std::vector<float*>& keys,
       for (int64_t c = t; c <= last; ++c) {
         const float w = std::exp(bests[c * group + g] - best);
         total += w * totals[c * group + g];
-        const float* oc = outs.data() + (c * group + g) * dim;
+        const float* oc = outs + (c * group + g) * dim;
         for (int64_t d = 0; d < dim; ++d) o[d] += w * oc[d];
       }
       for (int64_t d = 0; d < dim; ++d) o[d] /= total;
@@ -903,25 +945,29 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
 
   auto result = x.clone();
   float* h = result.data_ptr<float>();
-  std::vector<float> normed(M * std::max(hidden, inter)), proj(M * proj_rows),
-      queries(M * q_rows), attn(M * q_rows), mlp(M * 2 * inter), delta(M * hidden);
+  float* normed = scratch(NORMED, M * std::max(hidden, inter));
+  float* proj = scratch(PROJ, M * proj_rows);
+  float* queries = scratch(QUERIES, M * q_rows);
+  float* attn = scratch(ATTN, M * q_rows);
+  float* mlp = scratch(MLP, M * 2 * inter);
+  float* delta = scratch(DELTA, M * hidden);
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
 
   // Attention block.
   for (int64_t r = 0; r < M; ++r)
     rms_norm(h + r * hidden, in_norm.data_ptr<float>(), in_eps, hidden,
-             normed.data() + r * hidden);
-  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), normed.data(), M, hidden, proj.data(),
+             normed + r * hidden);
+  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), normed, M, hidden, proj,
            proj_rows, false);
   for (int64_t r = 0; r < M; ++r) {
-    float* q = proj.data() + r * proj_rows;
+    float* q = proj + r * proj_rows;
     float* k = q + q_rows;
     float* v = k + kv_rows;
     const float* cr = cs + r * dim;
     const float* sr = sn + r * dim;
     for (int64_t head = 0; head < n_heads; ++head) rope(q + head * dim, cr, sr, dim);
-    std::memcpy(queries.data() + r * q_rows, q, q_rows * sizeof(float));
+    std::memcpy(queries + r * q_rows, q, q_rows * sizeof(float));
     for (int64_t head = 0; head < n_kv_heads; ++head) {
       rope(k + head * dim, cr, sr, dim);
       const int64_t at = (head * capacity[r] + n_kv[r]) * dim;
@@ -929,21 +975,21 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
       std::memcpy(value_ptrs[r] + at, v + head * dim, dim * sizeof(float));
     }
   }
-  attention(queries.data(), key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads, dim,
-            static_cast<float>(scaling), attn.data());
-  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), attn.data(), M, q_rows, delta.data(),
+  attention(queries, key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads, dim,
+            static_cast<float>(scaling), attn);
+  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), attn, M, q_rows, delta,
            hidden, false);
   for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
 
   // MLP block.
   for (int64_t r = 0; r < M; ++r)
     rms_norm(h + r * hidden, post_norm.data_ptr<float>(), post_eps, hidden,
-             normed.data() + r * hidden);
-  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), normed.data(), M, hidden, mlp.data(),
+             normed + r * hidden);
+  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), normed, M, hidden, mlp,
            2 * inter, false);
-  for (int64_t r = 0; r < M; ++r) silu_times(mlp.data() + r * 2 * inter, inter,
-                                             normed.data() + r * inter);
-  gemm_raw(down_type, down.data_ptr<uint8_t>(), normed.data(), M, inter, delta.data(), hidden,
+  for (int64_t r = 0; r < M; ++r) silu_times(mlp + r * 2 * inter, inter,
+                                             normed + r * inter);
+  gemm_raw(down_type, down.data_ptr<uint8_t>(), normed, M, inter, delta, hidden,
            false);
   for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
   return result;
