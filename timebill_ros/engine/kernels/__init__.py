@@ -1,7 +1,9 @@
 """Hand-written CPU kernels, compiled on the machine that runs them (gguf_gemm.cpp).
 
-They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks as they are, and by
-its K-quants (Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below).
+They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks, and by its K-quants
+(Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below). ``pack(blocks,
+type, K)`` lays a matrix's blocks out once, at load, in the kernels' own order (8 output rows
+interleaved, the same bytes); ``gemm(x, packed, type, N, portable)`` and ``layer_step`` take that.
 
 :func:`load` builds the C++ extension with torch's cpp_extension (g++ and ninja) into
 ``<cache>/kernels/<key>/`` and imports it. The key hashes the source, torch's version, the
