@@ -836,8 +836,20 @@ void attention(const float* q, const std::vector<float*>& keys,
   float* outs = scratch(OUTS, n_tasks * group * dim);
   float* bests = scratch(BESTS, n_tasks * group);
   float* totals = scratch(TOTALS, n_tasks * group);
+  // The first tile of a task's keys and values, asked for ahead (a task's own at the start of
+  // a chunk of tasks, then the next task's while one runs): many misses in flight at once
+  // instead of one tile's demand misses after another.
+  auto prefetch_task = [&](int64_t t) {
+    const AttentionTask& task = tasks[t];
+    const int64_t offset = (task.kv_head * capacity[task.row] + task.begin) * dim;
+    const int64_t n = std::min(ATTENTION_TILE, task.end - task.begin) * dim;
+    prefetch(keys[task.row] + offset, n);
+    prefetch(values[task.row] + offset, n);
+  };
   parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1) {
+    prefetch_task(t0);
     for (int64_t t = t0; t < t1; ++t) {
+      if (t + 1 < t1) prefetch_task(t + 1);
       const AttentionTask& task = tasks[t];
       const int64_t offset = task.kv_head * capacity[task.row] * dim;
       attend_chunk(q + task.row * q_rows + task.kv_head * group * dim,
