@@ -61,14 +61,16 @@ def test_gemm_multiplies_the_dequantized_weights(gemm, qtype, rows, portable):
 
 
 @pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
-@pytest.mark.parametrize('n_rows', [1, 7, 203])
+@pytest.mark.parametrize('n_rows', [1, 7, 17, 203])
 def test_rows_not_a_whole_group(gemm, n_rows, portable):
-    """The last group of 8 weight rows may be partial: its outputs are right, none past N."""
+    """The last group of weight rows may be partial: its outputs are right, none past N."""
     qtype = GGMLQuantizationType.Q4_1
+    group = gemm.group_rows()
+    assert group in (8, 16)
     blocks, weights = _blocks(qtype, n_rows, 128, seed=n_rows)
     packed = gemm.pack(blocks, int(qtype), 128)
-    assert packed.shape == ((n_rows + 7) // 8, 128 // 32 * 8 * 20)
-    assert packed.numel() - blocks.numel() < 8 * blocks.shape[1]
+    assert packed.shape == (-(-n_rows // group), 128 // 32 * group * 20)
+    assert packed.numel() - blocks.numel() < group * blocks.shape[1]
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(n_rows))
     y = gemm.gemm(x, packed, int(qtype), n_rows, portable)
     assert y.shape == (5, n_rows)
@@ -107,8 +109,8 @@ def test_bad_inputs_are_refused(gemm):
         gemm.gemm(torch.zeros(9, 64), packed, q4_1, 8, False)
     with pytest.raises(RuntimeError, match='do not hold'):
         gemm.gemm(torch.zeros(1, 96), packed, q4_1, 8, False)
-    with pytest.raises(RuntimeError, match='do not hold'):
-        gemm.gemm(torch.zeros(1, 64), packed, q4_1, 9, False)
+    with pytest.raises(RuntimeError, match='do not hold'):  # one group more than packed
+        gemm.gemm(torch.zeros(1, 64), packed, q4_1, gemm.group_rows() + 1, False)
     with pytest.raises(RuntimeError, match='unsupported GGML type'):
         gemm.gemm(torch.zeros(1, 64), packed, 12, 8, False)
     with pytest.raises(RuntimeError, match='float32'):
