@@ -18,9 +18,21 @@ TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationT
 REL_TOL = 1e-5
 
 
-@pytest.fixture(scope='module')
-def gemm():
-    return kernels.load()
+def _has_avx512() -> bool:
+    try:
+        return ' avx512f' in open('/proc/cpuinfo').read()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope='module', params=['native', 'avx2'])
+def gemm(request):
+    """Return the kernels as built here, and on an AVX-512 CPU the AVX2 path (8-row groups)."""
+    if request.param == 'native':
+        return kernels.load()
+    if not _has_avx512():
+        pytest.skip('no AVX-512 here: the native build is the AVX2 path')
+    return kernels.load(extra_cflags=('-mno-avx512f',))
 
 
 def _blocks(qtype, n_rows, k, seed):

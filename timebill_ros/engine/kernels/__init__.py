@@ -60,10 +60,11 @@ def _compiler() -> str:
         return 'unknown'
 
 
-def build_key() -> str:
+def build_key(extra_cflags=()) -> str:
     """Return the hex key of this source, flags, torch, compiler and CPU (16 characters)."""
     import torch
-    parts = [SOURCE.read_bytes(), ' '.join(_cflags()).encode(), torch.__version__.encode(),
+    flags = _cflags() + list(extra_cflags)
+    parts = [SOURCE.read_bytes(), ' '.join(flags).encode(), torch.__version__.encode(),
              _compiler().encode(), platform.machine().encode(), _cpu_id().encode()]
     return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]
 
@@ -78,12 +79,14 @@ def _cflags() -> list:
     return ['-O3', _arch_flag(), '-fopenmp-simd', '-pthread']
 
 
-def load(cache_dir=None, verbose=False):
+def load(cache_dir=None, verbose=False, extra_cflags=()):
     """Return the compiled extension module (building it first if needed).
 
-    Raises RuntimeError (with the compiler's message) when it cannot be built here.
+    extra_cflags: more compiler flags (the tests build the AVX2 path on an AVX-512 CPU with
+    ``-mno-avx512f``); they are part of the key. Raises RuntimeError (with the compiler's
+    message) when it cannot be built here.
     """
-    key = build_key()
+    key = build_key(extra_cflags)
     with _lock:
         if key in _loaded:
             return _loaded[key]
@@ -93,7 +96,7 @@ def load(cache_dir=None, verbose=False):
         try:
             module = cpp_extension.load(
                 name=f'timebill_gguf_gemm_{key}', sources=[str(SOURCE)],
-                extra_cflags=_cflags(), extra_ldflags=['-pthread'],
+                extra_cflags=_cflags() + list(extra_cflags), extra_ldflags=['-pthread'],
                 build_directory=str(build_dir),
                 verbose=verbose)
         except Exception as exc:  # compiler missing or failing: say what, the caller decides
