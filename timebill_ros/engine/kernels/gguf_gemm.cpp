@@ -467,6 +467,8 @@ inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
 // Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
 // rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
 // FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
+constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (1-2 kB)
+
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                        int64_t g0, int64_t g1) {
@@ -481,6 +483,11 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
     const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
+      // The weights are read once a step, from memory: ask for the block PREFETCH_BLOCKS
+      // ahead in this thread's stream (the hardware prefetcher alone left the 8-goal GEMMs
+      // of a real step ~1.5x slower than with the weights in cache).
+      for (int64_t line = 0; line < GROUP * bb; line += 64)
+        __builtin_prefetch(blk + PREFETCH_BLOCKS * GROUP * bb + line, 0, 0);
       Vec s_lo, s_hi, c;
       group_scales<T>(blk, s_lo, s_hi, c);
       const uint8_t* codes = blk + header;
