@@ -314,7 +314,8 @@ inline void dequantize_block(const uint8_t* b, float* w) {
 // the same bytes a token; rows past N (a last partial group) are zero (weight 0).
 // Why: with a row of W a vector, every activation row costs four FMAs a block and a horizontal
 // sum, and the activations are re-read for every weight row; with GROUP rows a vector, one FMA
-// of a broadcast activation serves GROUP outputs, and a batch of 8 goals runs near the FMA peak.
+// of a broadcast activation serves GROUP outputs, and a batch of 8 goals keeps the FMA units
+// busy.
 // GROUP is the vector width in floats: 16 where the compiler has AVX-512 (the machine that
 // runs the library built it: half the decoding and broadcast instructions a weight of the
 // 8-row AVX2 form, 1.3x its GEMM at 8 goals on a Zen 4 EPYC), else 8. ``pack`` and the kernels
@@ -467,7 +468,7 @@ inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
 // Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
 // rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
 // FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
-constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (1-2 kB)
+constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (0.6-2.2 kB; a prefetch never faults)
 
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
