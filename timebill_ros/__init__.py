@@ -15,7 +15,18 @@ Two wings (docs/architecture.md; test/test_core_boundary.py keeps the rules):
 built with colcon.
 """
 
+import os
 import pkgutil
+
+# libgomp (torch's OpenMP) lets its workers spin for a while after each parallel region. The
+# prefill runs on them, the GGUF decoding steps on the kernels' own threads (engine/kernels):
+# on a 2-core robot computer the still-spinning workers took a core from the first decoding
+# steps after every prefill (8 steps at 1024 KV: 15 ms a step against 9; the start-up
+# calibration's decode fit 33-55 % MAPE). A short spin (~tens of microseconds) keeps the
+# prefill's speed (its regions follow each other closely) and frees the core at once
+# (docs/engine.md). Read when libgomp loads, i.e. on the first torch import: it applies when
+# this package is imported first, and a value the user set wins.
+os.environ.setdefault('GOMP_SPINCOUNT', '20000')
 
 # The generated timebill_ros.msg / timebill_ros.action live in the colcon install tree; when the
 # source folder comes first on sys.path (running from the repo root), extend the package path
