@@ -3,7 +3,8 @@
 They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks, and by its K-quants
 (Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below). ``pack(blocks,
 type, K)`` lays a matrix's blocks out once, at load, in the kernels' own order (8 output rows
-interleaved, the same bytes); ``gemm(x, packed, type, N, portable)`` and ``layer_step`` take that.
+interleaved, 16 where the build has AVX-512: ``group_rows()``; the same bytes);
+``gemm(x, packed, type, N, portable)`` and ``layer_step`` take that.
 
 :func:`load` builds the C++ extension with torch's cpp_extension (g++ and ninja) into
 ``<cache>/kernels/<key>/`` and imports it. The key hashes the source, torch's version, the
@@ -63,8 +64,8 @@ def _compiler() -> str:
 def build_key(extra_cflags=()) -> str:
     """Return the hex key of this source, flags, torch, compiler and CPU (16 characters)."""
     import torch
-    flags = _cflags() + list(extra_cflags)
-    parts = [SOURCE.read_bytes(), ' '.join(flags).encode(), torch.__version__.encode(),
+    parts = [SOURCE.read_bytes(), ' '.join(_cflags(extra_cflags)).encode(),
+             torch.__version__.encode(),
              _compiler().encode(), platform.machine().encode(), _cpu_id().encode()]
     return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]
 
@@ -74,9 +75,9 @@ def _arch_flag() -> str:
     return '-mcpu=native' if arm else '-march=native'
 
 
-def _cflags() -> list:
+def _cflags(extra_cflags=()) -> list:
     """Return the compiler flags (``omp simd`` pragmas only: the threads are the source's)."""
-    return ['-O3', _arch_flag(), '-fopenmp-simd', '-pthread']
+    return ['-O3', _arch_flag(), '-fopenmp-simd', '-pthread'] + list(extra_cflags)
 
 
 def load(cache_dir=None, verbose=False, extra_cflags=()):
@@ -96,7 +97,7 @@ def load(cache_dir=None, verbose=False, extra_cflags=()):
         try:
             module = cpp_extension.load(
                 name=f'timebill_gguf_gemm_{key}', sources=[str(SOURCE)],
-                extra_cflags=_cflags() + list(extra_cflags), extra_ldflags=['-pthread'],
+                extra_cflags=_cflags(extra_cflags), extra_ldflags=['-pthread'],
                 build_directory=str(build_dir),
                 verbose=verbose)
         except Exception as exc:  # compiler missing or failing: say what, the caller decides

@@ -257,6 +257,14 @@ inline uint16_t read_u16(const uint8_t* p) {
   return v;
 }
 
+// Ask for ``bytes`` bytes at ``p`` ahead of use, one cache line at a time (a prefetch never
+// faults, so the range may run past an allocation). LOCALITY: __builtin_prefetch's hint.
+template <int LOCALITY>
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, LOCALITY);
+}
+
 inline float read_f32(const uint8_t* p) {
   float v;
   std::memcpy(&v, p, sizeof(v));
@@ -468,7 +476,7 @@ inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
 // Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
 // rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
 // FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
-constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (0.6-2.2 kB; a prefetch never faults)
+constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (0.6-2.2 kB)
 
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
@@ -487,8 +495,7 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
       // The weights are read once a step, from memory: ask for the block PREFETCH_BLOCKS
       // ahead in this thread's stream (the hardware prefetcher alone left the 8-goal GEMMs
       // of a real step ~1.5x slower than with the weights in cache).
-      for (int64_t line = 0; line < GROUP * bb; line += 64)
-        __builtin_prefetch(blk + PREFETCH_BLOCKS * GROUP * bb + line, 0, 0);
+      prefetch_bytes<0>(blk + PREFETCH_BLOCKS * GROUP * bb, GROUP * bb);
       Vec s_lo, s_hi, c;
       group_scales<T>(blk, s_lo, s_hi, c);
       const uint8_t* codes = blk + header;
@@ -810,9 +817,7 @@ constexpr int64_t ATTENTION_TILE = 64;  // keys a pass (their K or V rows stay i
 // Ask for the ``n`` floats at ``p`` ahead of use (the next tile's keys or values): a step's KV
 // is mostly not in cache, and a head's short stream gives the hardware prefetcher little time.
 inline void prefetch(const float* p, int64_t n) {
-  const char* bytes = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(float)); b += 64)
-    __builtin_prefetch(bytes + b, 0, 2);
+  prefetch_bytes<2>(p, n * static_cast<int64_t>(sizeof(float)));
 }
 
 // One task: ``q`` (group, dim) query heads, ``kh`` / ``vh`` (capacity, dim) of one KV head;
