@@ -7,7 +7,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
-from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.model_source import resolve_model_dir
 
@@ -72,14 +72,16 @@ def make_tiny_engine(tiny_model, tiny_gguf, smollm2_tokenizer):
     """Return a factory of LlmEngine on the tiny model (chunks of 16 tokens, window 8).
 
     decode_weights ``gguf``: the tiny model with Q4_1 weights, one-token steps on its blocks.
+    prefix_cache: a PrefixCacheConfig (None: no prefix store).
     """
     def make(scorer='snapkv', window_size=8, prefill_chunk_tokens=16, forward='auto',
-             decode_weights='float32'):
+             decode_weights='float32', prefix_cache=None):
         model, blocks = tiny_gguf if decode_weights == 'gguf' else (tiny_model, None)
         return LlmEngine(EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens,
                                       forward=forward, decode_weights=decode_weights),
                          EvictionConfig(scorer=scorer, window_size=window_size),
-                         model=model, tokenizer=smollm2_tokenizer, step_blocks=blocks)
+                         model=model, tokenizer=smollm2_tokenizer, step_blocks=blocks,
+                         prefix_cache=prefix_cache or PrefixCacheConfig(enabled=False))
     return make
 
 

@@ -31,6 +31,11 @@ def _coerce(name, value, default):
         if not isinstance(value, bool):
             raise TypeError(f'parameter {name} must be a bool, got {value!r}')
         return value
+    if isinstance(default, tuple):  # a string array (e.g. prefix_cache.pin)
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or any(
+                not isinstance(item, str) for item in value):
+            raise TypeError(f'parameter {name} must be a list of strings, got {value!r}')
+        return tuple(value)
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f'parameter {name} must be a number, got {value!r}')
@@ -87,7 +92,9 @@ def load_yaml(path, node_name='timebill'):
 
 def to_yaml(config, node_name='/**'):
     """Return a ROS 2 params YAML document for ``config`` (every parameter, dotted groups)."""
-    tree = {group: dataclasses.asdict(getattr(config, group)) for group in groups()}
+    tree = {group: {name: list(value) if isinstance(value, tuple) else value
+                    for name, value in dataclasses.asdict(getattr(config, group)).items()}
+            for group in groups()}
     return yaml.safe_dump({node_name: {'ros__parameters': tree}}, sort_keys=False)
 
 

@@ -1,4 +1,4 @@
-"""``timebill bench``, ``enginebench`` and ``schedbench``: the benchmarks through the real node.
+"""``timebill bench``, ``enginebench``, ``schedbench``, ``prefixbench``: the benchmarks.
 
 Each benchmark's flags live beside it (``add_arguments`` in ``timebill_ros.bench.timebill``,
 ``.engine`` and ``.scheduling.run``).
@@ -15,6 +15,12 @@ def cmd_schedbench(args, ros_args):
     """Scheduling policies (RT-LM) under Poisson load with deadlines, through the real node."""
     from timebill_ros.bench.scheduling.run import run_schedbench
     return run_schedbench(args)
+
+
+def cmd_prefixbench(args, ros_args):
+    """Follow-up questions over a shared context with and without prefix reuse."""
+    from timebill_ros.bench.prefix import run_prefixbench
+    return run_prefixbench(args)
 
 
 def cmd_bench(args, ros_args):
@@ -40,12 +46,13 @@ def _print_breakdown(raw_path):
 
 
 def add_parser(sub):
-    """Add the ``bench``, ``enginebench`` and ``schedbench`` commands to ``sub``."""
-    from timebill_ros.bench import engine, timebill
+    """Add the ``bench``, ``enginebench``, ``schedbench`` and ``prefixbench`` commands."""
+    from timebill_ros.bench import engine, prefix, timebill
     from timebill_ros.bench.scheduling import run as scheduling
     for name, func, module in (('bench', cmd_bench, timebill),
                                ('enginebench', cmd_enginebench, engine),
-                               ('schedbench', cmd_schedbench, scheduling)):
+                               ('schedbench', cmd_schedbench, scheduling),
+                               ('prefixbench', cmd_prefixbench, prefix)):
         parser = sub.add_parser(name, help=func.__doc__)
         module.add_arguments(parser)
         parser.set_defaults(func=func)

@@ -83,7 +83,12 @@ def yaml_value(value):
 
 
 def type_name(field):
-    """Return the name of a dataclass field's type (``str``, ``int``, ``float``, ``bool``)."""
+    """Return the name of a dataclass field's type (``str``, ``int``, ``float``, ``bool``).
+
+    A tuple field is a ROS string array (``string[]``).
+    """
+    if field.type is tuple:
+        return 'string[]'
     return field.type.__name__ if isinstance(field.type, type) else str(field.type)
 
 

@@ -52,15 +52,31 @@ class HiddenPool:
     last layer is its count), in the order :meth:`features` lays them out.
     """
 
-    def __init__(self, eps: float, layers: Sequence[int]):
-        """Start an empty pool of ``layers`` normalising with ``eps``."""
+    def __init__(self, eps: float, layers: Sequence[int], block_tokens: int = 0):
+        """Start an empty pool of ``layers`` normalising with ``eps``.
+
+        block_tokens: > 0 also keeps the sum over each block of that many positions
+        (:meth:`block_sum`; what the prefix store keeps beside a block's KV).
+        """
         if not layers or any(not isinstance(n, int) or n < 1 for n in layers):
             raise ValueError(f'layers must be 1-based layer numbers, got {layers!r}')
         self.eps = float(eps)
         self.layers = tuple(layers)
+        self.block_tokens = block_tokens
         self.n_positions = dict.fromkeys(self.layers, 0)
         self.last = {}
         self.total = {}
+        self.blocks = {n: {} for n in self.layers}  # layer -> block index -> sum (hidden,)
+
+    def seed(self, sums: torch.Tensor, n_positions: int) -> None:
+        """Start from positions pooled elsewhere: ``sums`` (layers, hidden) over ``n_positions``.
+
+        A prefill that copies a cached prompt head pools only the rest; the head's sums come
+        from the prefix store (``last`` comes from the rest, which is never empty).
+        """
+        for row, layer in enumerate(self.layers):
+            self.total[layer] = sums[row].clone()
+            self.n_positions[layer] = n_positions
 
     def add(self, layer: int, hidden: torch.Tensor) -> None:
         """Pool one chunk of ``layer``'s output, (1, n, hidden), in position order."""
@@ -71,7 +87,25 @@ class HiddenPool:
         chunk_sum = unit.sum(0)
         self.total[layer] = chunk_sum + self.total.get(layer, 0.0)
         self.last[layer] = unit[-1].clone()
+        if self.block_tokens:
+            self._add_blocks(self.blocks[layer], unit, self.n_positions[layer])
         self.n_positions[layer] += unit.shape[0]
+
+    def _add_blocks(self, sums: dict, unit: torch.Tensor, begin: int) -> None:
+        """Add the rows of ``unit`` (n, hidden), positions ``begin``..., to their blocks' sums."""
+        size, row = self.block_tokens, 0
+        while row < unit.shape[0]:
+            index = (begin + row) // size
+            end = min(unit.shape[0], (index + 1) * size - begin)
+            part = unit[row:end].sum(0)
+            sums[index] = part + sums[index] if index in sums else part
+            row = end
+
+    def block_sum(self, index: int) -> Optional[torch.Tensor]:
+        """Return block ``index``'s sums of every pooled layer, (layers, hidden), or None."""
+        if any(index not in self.blocks[n] for n in self.layers):
+            return None
+        return torch.stack([self.blocks[n][index] for n in self.layers])
 
     def features(self) -> Optional[torch.Tensor]:
         """Return [last of each layer, mean of each layer], (1, 2 x layers x hidden) fp32.
@@ -186,4 +220,11 @@ class Forward:
 
     def keep(self, cache, layer_idx: int, indices: torch.Tensor) -> None:
         """Keep positions ``indices`` (1, H, K), ascending, of layer ``layer_idx``."""
+        raise NotImplementedError
+
+    def append_kv(self, cache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
+        """Write ``keys`` / ``values`` (1, H, n, D) after layer ``layer_idx``'s live tokens.
+
+        How a cached prompt head (engine/prefix_store.py) enters a new goal's cache.
+        """
         raise NotImplementedError

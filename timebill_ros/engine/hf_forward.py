@@ -48,6 +48,11 @@ class TransformersForward(Forward):
         layer = _full_layer(cache, layer_idx)
         return layer.keys, layer.values
 
+    def append_kv(self, cache, layer_idx: int, keys: torch.Tensor,
+                  values: torch.Tensor) -> None:
+        """Write ``keys`` / ``values`` (1, H, n, D) after layer ``layer_idx``'s tokens."""
+        cache.update(keys, values, layer_idx)
+
     def keep(self, cache, layer_idx: int, indices: torch.Tensor) -> None:
         """Keep positions ``indices`` (1, H, K) of layer ``layer_idx``."""
         layer = _full_layer(cache, layer_idx)

@@ -286,6 +286,11 @@ class LeanLlamaForward(Forward):
         """Keep positions ``indices`` (1, H_kv, K) of layer ``layer_idx``."""
         cache.keep(layer_idx, indices)
 
+    def append_kv(self, cache: KvCache, layer_idx: int, keys: torch.Tensor,
+                  values: torch.Tensor) -> None:
+        """Write ``keys`` / ``values`` (1, H_kv, n, D) after layer ``layer_idx``'s tokens."""
+        cache.append(layer_idx, keys, values)
+
     def run(self, token_ids: list, position: int, cache: KvCache, step: bool) -> torch.Tensor:
         """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""
         device = self.model.device

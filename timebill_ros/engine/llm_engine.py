@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from timebill_ros.checks import check_count
-from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import kernels, model_source
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
 from timebill_ros.engine.forward import Forward, HiddenPool, Interrupted, PassHooks
@@ -37,6 +37,7 @@ from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
 from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
 from timebill_ros.engine.eviction import keep_indices, make_scorer, n_keep_for
+from timebill_ros.engine.prefix_store import PrefixMatch, PrefixStore
 from timebill_ros.engine.probe import Probe
 from timebill_ros.engine.stopping import StepTimer, StopCriteria
 
@@ -68,6 +69,7 @@ class PrefillState:
     first_token: greedy token after the prompt (generated token 1).
     scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
     n_chunks: forward passes the prefill took (each pays a per-call overhead).
+    n_cached: prompt tokens copied from the prefix store instead of prefilled (0: none).
     pooled: the outputs of the engine's ``pool_layers`` pooled over the prompt
     (engine.forward.HiddenPool: [last, mean] of the unit-RMS rows, layer by layer),
     (1, 2 x layers x hidden) fp32; what the length readout reads.
@@ -80,6 +82,7 @@ class PrefillState:
     prefill_s: float
     n_chunks: int = 1
     pooled: Optional[torch.Tensor] = None
+    n_cached: int = 0
 
     @property
     def n_kv(self) -> int:
@@ -111,13 +114,15 @@ class LlmEngine:
 
     def __init__(self, engine_config: EngineConfig, eviction_config: EvictionConfig,
                  model=None, tokenizer=None, clock: Callable[[], float] = time.perf_counter,
-                 step_blocks=None):
+                 step_blocks=None, prefix_cache: Optional[PrefixCacheConfig] = None):
         """Use ``model`` and ``tokenizer``, loading from ``engine_config`` those left None.
 
         clock: seconds (monotonic) for the prefill_s / decode_s this engine reports.
         step_blocks: ``decode_weights: gguf``'s blocks, ``{module name: (type id, blocks)}``
         (engine/gguf_weights.py), for a ``model`` given here whose weights they are; None
         reads them from the embedded GGUF.
+        prefix_cache: the prefix store's settings (engine/prefix_store.py); None or not
+        enabled: no store, every prefill computes the whole prompt.
         """
         if not isinstance(engine_config, EngineConfig):
             raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
@@ -151,9 +156,14 @@ class LlmEngine:
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
+        self.prefix_store = None
+        if prefix_cache is not None and prefix_cache.enabled:
+            self.prefix_store = PrefixStore(
+                prefix_cache.block_tokens, prefix_cache.max_bytes, prefix_cache.min_tokens,
+                fresh_tokens=eviction_config.window_size + 1)
         # Decoder layers (1-based) whose outputs each prefill pools into PrefillState.pooled:
         # the last by default; the server sets those its length readout was trained on.
-        self.pool_layers = (self.n_layers,)
+        self._pool_layers = (self.n_layers,)
 
     def _choose_step_format(self) -> None:
         """Resolve ``decode_weights: auto`` by timing steps (engine/step_format.py).
@@ -188,15 +198,29 @@ class LlmEngine:
         torch.set_num_threads(self.engine_config.threads or DEFAULT_THREADS)
 
     @classmethod
-    def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig) -> 'LlmEngine':
+    def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig,
+             prefix_cache: Optional[PrefixCacheConfig] = None) -> 'LlmEngine':
         """Resolve, load and return the engine of ``engine_config`` (no network).
 
         This is the server's and the CLI's path: it also turns off transformers' per-weight
         progress bar, which otherwise floods server logs (a process-wide setting).
+        prefix_cache: the prefix store's settings (None: no store).
         """
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
-        return cls(engine_config, eviction_config)
+        return cls(engine_config, eviction_config, prefix_cache=prefix_cache)
+
+    @property
+    def pool_layers(self) -> tuple:
+        """Decoder layers (1-based) each prefill pools (what the length readout reads)."""
+        return self._pool_layers
+
+    @pool_layers.setter
+    def pool_layers(self, layers) -> None:
+        layers = tuple(layers)
+        if layers != self._pool_layers and self.prefix_store is not None:
+            self.prefix_store.clear()  # its blocks' pooled sums are of the old layers
+        self._pool_layers = layers
 
     @property
     def context_tokens(self) -> int:
@@ -241,24 +265,41 @@ class LlmEngine:
         # The template text already holds its special tokens: add none.
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
+    def match_prefix(self, input_ids, count: bool = True) -> PrefixMatch:
+        """Return the head of ``input_ids`` the prefix store holds (an empty match without one).
+
+        count: add the lookup to the store's hit rate (False when re-checking a goal).
+        """
+        if self.prefix_store is None:
+            return PrefixMatch()
+        return self.prefix_store.match(input_ids, count)
+
     def prefill(self, input_ids: list, stop: StopCriteria,
                 chunk_plan: Optional[Callable[[int, int], int]] = None,
-                interrupt: Optional[StopCriteria] = None) -> PrefillState:
+                interrupt: Optional[StopCriteria] = None,
+                prefix: Optional[PrefixMatch] = None,
+                store: Optional[PrefixStore] = None) -> PrefillState:
         """Run the prompt through the model in chunks; evict nothing.
 
         chunk_plan(n_prefilled, n_x) -> tokens of the next chunk (default: fixed chunks of
         ``prefill_chunk_tokens``). ``stop.check(0, None, n_prefilled)`` runs before each chunk;
         ``interrupt`` (include it in ``stop`` too) is checked before every decoder layer.
         A stop reason raises :class:`GenerationStopped`.
+        prefix: a :meth:`match_prefix` of these ids: its KV is copied and the prefill starts
+        after it (``prefill_s`` includes the copy). store: a PrefixStore (the engine's own,
+        ``prefix_store``, for goals) that afterwards keeps the prompt's blocks it lacks
+        (before any eviction; the copy is in ``prefill_s``).
         """
         ids = self._check_ids(input_ids)
         plan = chunk_plan or fixed_chunks(self.engine_config.prefill_chunk_tokens)
         window = self.eviction_config.window_size
         start = self.clock()
         cache = self.forward.new_cache()
-        begin, n_chunks = 0, 0
-        hooks = PassHooks(interrupt, window + 1,
-                          HiddenPool(self.model.model.norm.variance_epsilon, self.pool_layers))
+        pool = HiddenPool(self.model.model.norm.variance_epsilon, self.pool_layers,
+                          store.block_tokens if store is not None else 0)
+        begin = self._load_prefix(ids, prefix, cache, pool)
+        n_cached, n_chunks = begin, 0
+        hooks = PassHooks(interrupt, window + 1, pool)
         with torch.inference_mode(), self.forward.hooked(hooks):
             while begin < len(ids):
                 reason = stop.check(0, None, begin)
@@ -272,8 +313,82 @@ class LlmEngine:
                     raise GenerationStopped(exc.reason) from None
                 begin, n_chunks = end, n_chunks + 1
         first = int(logits.argmax())
+        if store is not None:
+            self._keep_prefix(store, ids, cache, pool)
         return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
-                            n_chunks, hooks.pool.features())
+                            n_chunks, pool.features(), n_cached)
+
+    def _load_prefix(self, ids, prefix, cache, pool) -> int:
+        """Copy ``prefix``'s KV into ``cache`` and seed ``pool``; return its tokens (0: none)."""
+        if prefix is None or not prefix.n_tokens:
+            return 0
+        size = len(prefix.blocks[0].tokens)
+        if (prefix.n_tokens >= len(ids) or prefix.n_tokens != size * len(prefix.blocks)
+                or any(block.tokens != tuple(ids[i * size:(i + 1) * size])
+                       for i, block in enumerate(prefix.blocks))):
+            raise ValueError(f'prefix of {prefix.n_tokens} tokens is not a head of these '
+                             f'{len(ids)} prompt tokens')
+        pooled = prefix.pool_sum()
+        if pooled is None or pooled.shape[0] != len(self.pool_layers):
+            raise ValueError('prefix was stored for other pooled layers')
+        with torch.inference_mode():
+            for layer_idx in range(self.n_layers):
+                keys = torch.cat([block.kv[layer_idx, 0] for block in prefix.blocks], dim=1)
+                values = torch.cat([block.kv[layer_idx, 1] for block in prefix.blocks], dim=1)
+                self.forward.append_kv(cache, layer_idx, keys.unsqueeze(0),
+                                       values.unsqueeze(0))
+        pool.seed(pooled, prefix.n_tokens)
+        return prefix.n_tokens
+
+    def _keep_prefix(self, store, ids, cache, pool) -> None:
+        """Store the full blocks of ``ids`` the store lacks, from ``cache`` and ``pool``."""
+        size = store.block_tokens
+
+        def make_block(index):
+            pooled = pool.block_sum(index)
+            if pooled is None:  # a copied head block the store dropped meanwhile
+                return None
+            return self._block_kv(cache, index * size, (index + 1) * size), pooled
+
+        store.insert(ids, make_block)
+
+    def _block_kv(self, cache, begin: int, end: int) -> torch.Tensor:
+        """Return a copy of positions [begin, end) of every layer's KV, (L, 2, H, n, D)."""
+        with torch.inference_mode():
+            keys, _ = self.forward.layer_kv(cache, 0)
+            out = keys.new_empty((self.n_layers, 2, keys.shape[1], end - begin, keys.shape[3]))
+            for layer in range(self.n_layers):
+                keys, values = self.forward.layer_kv(cache, layer)
+                out[layer, 0].copy_(keys[0, :, begin:end])
+                out[layer, 1].copy_(values[0, :, begin:end])
+            return out
+
+    def pin_prefix(self, system_prompt: str) -> int:
+        """Prefill the templated head of ``system_prompt`` and pin it in the store.
+
+        The head is what every goal sent with this system prompt starts with (the common
+        token prefix of two such goals). Returns the tokens pinned (whole blocks), 0 without
+        a store or when the head is shorter than a block.
+        """
+        if self.prefix_store is None:
+            return 0
+        first, second = (self.encode(text, system_prompt) for text in ('a', 'b'))
+        n_head = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+        head = first[:n_head]
+        size = self.prefix_store.block_tokens
+        if n_head < size:
+            return 0
+        pool = HiddenPool(self.model.model.norm.variance_epsilon, self.pool_layers, size)
+        cache = self.forward.new_cache()
+        with torch.inference_mode(), self.forward.hooked(PassHooks(pool=pool)):
+            for begin in range(0, n_head, self.engine_config.prefill_chunk_tokens):
+                end = min(n_head, begin + self.engine_config.prefill_chunk_tokens)
+                self._forward(head[begin:end], begin, cache, step=False)
+
+        self.prefix_store.insert(head, lambda index: (
+            self._block_kv(cache, index * size, (index + 1) * size), pool.block_sum(index)),
+            pin=True)
+        return self.prefix_store.held_tokens(head)
 
     def evict(self, state: PrefillState, alpha: float,
               interrupt: Optional[StopCriteria] = None) -> int:

@@ -56,7 +56,7 @@ def result_to_msg(result) -> Instruct.Result:
         truncated=bool(result.truncated), infeasible=bool(result.infeasible),
         min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s),
         executor=result.executor, uncertainty_tokens=int(result.uncertainty_tokens),
-        batch_size=int(result.batch_size),
+        batch_size=int(result.batch_size), cached_tokens=int(result.cached_tokens),
         schedule_time=s_to_duration(result.schedule_time_s))
 
 
@@ -82,4 +82,5 @@ def event_msg(result, stamp: Time) -> GoalEvent:
         truncated=bool(result.truncated), infeasible=bool(result.infeasible),
         queue_time_s=float(result.queue_time_s),
         kill_latency_s=float(result.kill_latency_s or 0.0), executor=result.executor,
-        uncertainty_tokens=int(result.uncertainty_tokens), batch_size=int(result.batch_size))
+        uncertainty_tokens=int(result.uncertainty_tokens), batch_size=int(result.batch_size),
+        cached_tokens=int(result.cached_tokens))

@@ -28,6 +28,7 @@ from timebill_ros.server.goals import JobResult
 from timebill_ros.server.stats import diagnostic_level, firm_ok
 
 LEVELS = (DiagnosticStatus.OK, DiagnosticStatus.WARN, DiagnosticStatus.ERROR)
+MIB = float(2 ** 20)
 WAIT_SLICE_S = 1.0  # how often a waiting execute callback checks the server's threads, s
 CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
 EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job is kept, s
@@ -252,7 +253,11 @@ class TimeBillNode(Node):
             scheduler_policy=serving.scheduler_policy,
             executor_names=[name for name, _, _ in serving.executors],
             executor_busy=[busy for _, busy, _ in serving.executors],
-            executor_queue_depth=[queued for _, _, queued in serving.executors]))
+            executor_queue_depth=[queued for _, _, queued in serving.executors],
+            prefix_lookups=serving.prefix.lookups, prefix_hits=serving.prefix.hits,
+            prefix_hit_rate=float(serving.prefix.hit_rate),
+            prefix_store_mb=serving.prefix.bytes / MIB,
+            prefix_store_max_mb=serving.prefix.max_bytes / MIB))
         level, message = diagnostic_level(snap, self.config.stats)
         self._diag_pub.publish(DiagnosticArray(header=Header(stamp=stamp), status=[
             DiagnosticStatus(level=LEVELS[level], name=f'{self.get_name()}: deadlines',
@@ -282,6 +287,12 @@ def diagnostic_values(snap, serving, stats_config):
         'wcet_margin_prefill': f'{serving.wcet_margin_prefill:.3f}',
     }
     values['scheduler_policy'] = serving.scheduler_policy
+    values.update({
+        'prefix_hit_rate': f'{serving.prefix.hit_rate:.3f}',
+        'prefix_hits': f'{serving.prefix.hits}/{serving.prefix.lookups}',
+        'prefix_store_mb':
+            f'{serving.prefix.bytes / MIB:.1f}/{serving.prefix.max_bytes / MIB:.0f}',
+    })
     for name, busy, queued in serving.executors:
         values[f'executor_{name}'] = 'busy' if busy else 'idle'
         values[f'queue_depth_{name}'] = queued

@@ -18,9 +18,10 @@ def build_service(config, log=print):
     from timebill_ros.timing.startup import load_or_calibrate, online_state_path
 
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
-    engine = LlmEngine.load(config.engine, config.eviction)
+    engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
     config = resolved_engine(config, engine, log)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
+    calibration = with_prefix_points(config, engine, calibration, log)
     log(format_report(calibration))
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     readout = make_readout(config.predictor, engine.model_key,
@@ -35,9 +36,52 @@ def build_service(config, log=print):
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
                               batch_step=batch_step, readout=readout)
+    # After the service set the pooled layers (a change clears a store).
+    for each in [engine] + ([offload[0]] if offload is not None else []):
+        pin_prefixes(config, each, log)
     if config.timing.warm_up:
         service.warm_up()
     return service
+
+
+def with_prefix_points(config, engine, calibration, log=print):
+    """Return ``calibration`` with prefix-store hit points, probed (and cached) if it has none.
+
+    Only with ``prefix_cache.enabled``: a few prefills that hit a scratch store
+    (timing/prefix.py; ~10 s here), saved with the cached calibration (not into an
+    explicit ``timing.calibration_file``).
+    """
+    import dataclasses
+
+    from timebill_ros.timing.prefix import hit_mape_pct, probe_prefix
+    if engine.prefix_store is None:
+        return calibration
+    if not calibration.prefix_points:
+        log('prefix store: the calibration has no prefix-hit points; probing')
+        points = tuple(probe_prefix(engine, progress=log))
+        calibration = dataclasses.replace(calibration, prefix_points=points)
+        if not config.timing.calibration_file:
+            from timebill_ros.timing.model import default_calibration_path
+            path = default_calibration_path(calibration.key)
+            calibration.save(path)
+            log(f'prefix-hit points saved with the calibration ({path})')
+    copy_s = calibration.copy_token_s
+    mape = hit_mape_pct(calibration.coefficients, calibration.prefix_points, copy_s)
+    log(f'prefix store: {copy_s * 1e6:.1f} us a copied prompt token; hit prefill model '
+        f'MAPE {mape:.1f} % on {len(calibration.prefix_points)} probes')
+    return calibration
+
+
+def pin_prefixes(config, engine, log=print):
+    """Prefill and pin ``prefix_cache.pin``'s system prompts in the engine's prefix store."""
+    if engine.prefix_store is None:
+        if config.prefix_cache.pin:
+            log('prefix_cache.pin is set but prefix_cache.enabled is false: nothing pinned')
+        return
+    for text in config.prefix_cache.pin:
+        n_tokens = engine.pin_prefix(text)
+        log(f'prefix store: pinned {n_tokens} tokens of the system prompt '
+            f'{text[:40]!r}{"..." if len(text) > 40 else ""}')
 
 
 def resolved_engine(config, engine, log=print):
@@ -128,11 +172,13 @@ def build_offload(config, engine, predictor, log=print, readout=None):
     timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
     log(f'loading the offload engine ({engine_config.device}, '
         f'{engine_config.threads} threads)')
-    offload_engine = LlmEngine.load(engine_config, config.eviction)
+    offload_engine = LlmEngine.load(engine_config, config.eviction, config.prefix_cache)
     engine_config = offload_engine.engine_config  # decode_weights auto resolved
     offload_engine.bind_thread()  # the calibration below runs on this thread
     try:
         calibration = load_or_calibrate(offload_engine, engine_config, timing_config, log=log)
+        calibration = with_prefix_points(
+            dataclasses.replace(config, timing=timing_config), offload_engine, calibration, log)
     finally:
         engine.bind_thread()
     model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
@@ -156,7 +202,9 @@ def build_time_model(config, calibration, predictor, state_path, log=print):
     model = TimeModel(calibration.coefficients, config.timing.online_settings(),
                       predict_s=None if predictor is None else predictor.expected_time_s,
                       calibration_created=calibration.created,
-                      calibration_chunk_tokens=config.engine.prefill_chunk_tokens)
+                      calibration_chunk_tokens=config.engine.prefill_chunk_tokens,
+                      copy_token_s=(calibration.copy_token_s if config.prefix_cache.enabled
+                                    else 0.0))
     if not config.timing.online:
         log('time model: fixed (timing.online is false): no speed factor, no margin')
         return model

@@ -56,6 +56,7 @@ class JobResult:
     batch_size: the most goals decoding together with it at one step
     (``scheduler.consolidation``; 1 = alone, 0 = it never ran; a goal that ended before
     decoding: the goals taken with it).
+    cached_tokens: prompt tokens its prefill copied from the prefix store (0: none).
     """
 
     status: int
@@ -87,6 +88,7 @@ class JobResult:
     uncertainty_tokens: int = 0
     schedule_time_s: float = 0.0
     batch_size: int = 0
+    cached_tokens: int = 0
 
     @property
     def status_name(self) -> str:

@@ -53,6 +53,7 @@ class Job:
     estimated_time_s: float = 0.0
     executor: str = ''
     schedule_s: float = 0.0
+    n_cached: int = 0
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = print
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

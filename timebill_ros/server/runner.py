@@ -30,9 +30,12 @@ WARM_UP_STEPS = 16
 WARM_UP_ALPHA = 0.5
 
 
-def _planned(sizes):
-    """Return a chunk plan (engine.prefill's ``chunk_plan``) following ``sizes``, tokens."""
-    by_begin = dict(zip(itertools.accumulate([0] + sizes[:-1]), sizes))
+def _planned(sizes, first=0):
+    """Return a chunk plan (engine.prefill's ``chunk_plan``) following ``sizes``, tokens.
+
+    first: the position of the first chunk (the tokens copied from the prefix store).
+    """
+    by_begin = dict(zip(itertools.accumulate([first] + sizes[:-1]), sizes))
     return lambda begin, n_tokens: by_begin.get(begin, MIN_CHUNK_TOKENS)
 
 
@@ -67,12 +70,15 @@ class JobRunner:
     (timing.batch.BatchStepCoefficients) when the calibration has one, else None (a goal
     in a batch of B then budgets B x its step alone). readout: a
     predictors.prefill_readout.PrefillReadout giving N^ after the prefill (the predictor
-    then does not run beside it), or None.
+    then does not run beside it), or None. recheck(job) -> JobResult or None: admission
+    again, for a goal that finds less of its prompt in the prefix store than it was
+    admitted with (a result ends it unrun); None: no re-check.
     """
 
     def __init__(self, engine, predictor, time_model, server_config, clock=time.monotonic,
-                 batch_step=None, readout=None):
+                 batch_step=None, readout=None, recheck=None):
         self.engine = engine
+        self.recheck = recheck
         self.predictor = predictor
         self.readout = readout
         self.time_model = time_model
@@ -148,7 +154,8 @@ class JobRunner:
         scale: their step scale, that of a batch of ``size`` goals.
         """
         # A goal's decoding starts once the goals after it are prefilled: its budget says so.
-        prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED) for job in jobs]
+        prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED, n_cached=job.n_cached)
+                      for job in jobs]
         for index, job in enumerate(jobs):
             goal = self._start(job, batch_size=len(jobs), step_scale=scale,
                                wait_s=sum(prefills_s[index + 1:]), scale_size=size)
@@ -238,6 +245,9 @@ class _GoalRun:
     def prepare(self):
         """Prefill, predict, budget and evict; return (state, alpha) or None when it ended."""
         job, model, result = self.job, self.model, self.result
+        prefix = self._find_prefix()
+        if prefix is None:
+            return None
         chunks = self._chunk_sizes()
         # u_J predicted while the goal waited is reused as N^ (its call may still run).
         readout = self.runner.readout
@@ -251,15 +261,19 @@ class _GoalRun:
         if readout is not None:
             overhang_s = readout.time_s
         else:
-            overhang_s = 0.0 if early and prediction.done() else model.overhang_s(job.n_x, WORST)
-        self.wcet_head_s = model.prefill_s(job.n_x, WORST, len(chunks)) + overhang_s
+            overhang_s = (0.0 if early and prediction.done()
+                          else model.overhang_s(job.n_x, WORST, job.n_cached))
+        self.wcet_head_s = (model.prefill_s(job.n_x, WORST, len(chunks), job.n_cached)
+                            + overhang_s)
         self._feedback(status.PHASE_PREFILL)
         if not early and readout is None:
             prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
                                                        job.n_max)
         try:
             state = self.engine.prefill(job.input_ids, self._prefill_stop(),
-                                        chunk_plan=_planned(chunks), interrupt=self.interrupt)
+                                        chunk_plan=_planned(chunks, job.n_cached),
+                                        interrupt=self.interrupt, prefix=prefix,
+                                        store=self.engine.prefix_store)
         except GenerationStopped as stop:
             if prediction is not None:
                 self._drop(prediction)
@@ -267,7 +281,8 @@ class _GoalRun:
             return
         prefill_end = self.clock()
         result.prefill_time_s = state.prefill_s
-        model.observe_prefill(job.n_x, state.prefill_s, state.n_chunks)
+        result.cached_tokens = state.n_cached
+        model.observe_prefill(job.n_x, state.prefill_s, state.n_chunks, state.n_cached)
         self.phase = 'predictor'
         if readout is not None:
             n_hat = self._read_out(readout, state)
@@ -281,6 +296,28 @@ class _GoalRun:
             return None
         self.phase = 'decode'
         return state, decision.alpha
+
+    def _find_prefix(self):
+        """Return the prefix store's match for the prompt, or None when the goal ended.
+
+        The goal was admitted counting ``job.n_cached`` tokens (the primary engine's store at
+        admission); this engine's store may hold less now (dropped to make room, or another
+        executor's store): the goal is then checked again as admission would.
+        """
+        job = self.job
+        match = self.engine.match_prefix(job.input_ids, count=False)
+        admitted_with = job.n_cached
+        job.n_cached = match.n_tokens
+        if match.n_tokens < admitted_with and self.runner.recheck is not None:
+            refused = self.runner.recheck(job)
+            if refused is not None:
+                result = self.result
+                result.status, result.infeasible = refused.status, refused.infeasible
+                result.min_time_s, result.stop_phase = refused.min_time_s, 'prefill'
+                result.message = (f'{refused.message} (its cached prompt head went from '
+                                  f'{admitted_with} to {match.n_tokens} tokens)')
+                return None
+        return match
 
     def failed(self, exc):
         """Record a model or predictor fault as this goal's FAILED result."""
@@ -329,7 +366,7 @@ class _GoalRun:
         cfg = self.runner.config.engine
         model, n_x = self.model, self.job.n_x
         allowed_s = (cfg.stop_bound_s or model.step_s(n_x, EXPECTED)) * self.engine.n_layers
-        sizes, begin = [], 0
+        sizes, begin = [], self.job.n_cached
         while begin < n_x:
             low, high = MIN_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, cfg.prefill_chunk_tokens)
             while low < high:

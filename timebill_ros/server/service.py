@@ -11,6 +11,7 @@ import time
 import traceback
 import uuid
 
+from timebill_ros.engine.prefix_store import PrefixStoreStats
 from timebill_ros.server import goals, overrun, status
 from timebill_ros.server.admission import make_admission
 from timebill_ros.server.executor import Executor
@@ -52,6 +53,7 @@ class ServiceStatus:
     active_goals: queued + running. speed factors and WCET margins: the time model's
     decode and prefill phases (timing/online.py). scheduler_policy: ``scheduler.policy``.
     executors: ((name, busy, queued goals routed to it), ...) of every executor.
+    prefix: the prefix stores' counters and sizes, summed over the executors' engines.
     """
 
     queue_depth: int
@@ -63,6 +65,7 @@ class ServiceStatus:
     wcet_margin_prefill: float
     scheduler_policy: str = ''
     executors: tuple = ()
+    prefix: PrefixStoreStats = PrefixStoreStats(*[0] * 9)
 
 
 class TimeBillService:
@@ -112,7 +115,8 @@ class TimeBillService:
             engine.pool_layers = readout.pool_layers
             if offload is not None:
                 offload[0].pool_layers = readout.pool_layers
-        self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step, readout)
+        self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step, readout,
+                                recheck=self._on_dequeue)
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,
                                    accept=lambda job: self._accepts(PRIMARY, job),
@@ -125,7 +129,7 @@ class TimeBillService:
                 raise ValueError('an offload executor needs tau_tokens')
             offload_engine, offload_model = offload
             runner = JobRunner(offload_engine, predictor, offload_model, config, clock,
-                               readout=readout)
+                               readout=readout, recheck=self._on_dequeue)
             self.executors.append(Executor(OFFLOAD, self.queue, runner, self._on_dequeue,
                                            self._after_job, log,
                                            accept=lambda job: self._accepts(OFFLOAD, job)))
@@ -210,7 +214,15 @@ class TimeBillService:
             wcet_margin_decode=decode.upper_margin, wcet_margin_prefill=prefill.upper_margin,
             scheduler_policy=self.queue.policy.name,
             executors=tuple((e.name, e.current is not None, routed.count(e.name))
-                            for e in self.executors))
+                            for e in self.executors),
+            prefix=self.prefix_stats())
+
+    def prefix_stats(self) -> PrefixStoreStats:
+        """Return the prefix stores' counters and sizes summed over the executors' engines."""
+        stores = [getattr(e.runner.engine, 'prefix_store', None) for e in self.executors]
+        found = [dataclasses.astuple(store.stats()) for store in stores if store is not None]
+        return PrefixStoreStats(*(sum(values) for values in zip(*found))) if found \
+            else PrefixStoreStats(*[0] * 9)
 
     def submit(self, request, on_feedback, on_done, received_s=None):
         """Admit a goal; return its Job, or None when it was rejected (on_done already called).
@@ -262,7 +274,8 @@ class TimeBillService:
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))
         job = Job(request=request, goal_id=goal_id, received_s=received_s,
                   deadline_s=deadline_s, policy=policy, n_max=n_max, input_ids=input_ids,
-                  on_feedback=on_feedback, on_done=on_done, clock=self.clock, log=self.log)
+                  on_feedback=on_feedback, on_done=on_done, clock=self.clock, log=self.log,
+                  n_cached=self.engine.match_prefix(input_ids).n_tokens)
         verdict = self.admission.check(job, self.clock())
         if not verdict.admit:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
@@ -314,7 +327,7 @@ class TimeBillService:
 
     def _prefill_alone_s(self, job):
         """Return the goal's expected prefill, seconds (primary time model)."""
-        return self.time_model.prefill_s(job.n_x, EXPECTED)
+        return self.time_model.prefill_s(job.n_x, EXPECTED, n_cached=job.n_cached)
 
     def _decode_alone_s(self, job):
         """Return the goal's expected decoding alone, seconds: u_J tokens at alpha 0."""
@@ -350,7 +363,7 @@ class TimeBillService:
         """Return t^_J, seconds: prefill plus u_J decoding steps at the EXPECTED bound."""
         model, n_x = self.time_model, job.n_x
         steps = max(job.uncertainty_tokens - 1, 0)
-        return (model.prefill_s(n_x, EXPECTED)
+        return (model.prefill_s(n_x, EXPECTED, n_cached=job.n_cached)
                 + steps * model.step_s(n_x + steps // 2, EXPECTED))
 
     def _predict_uncertainty(self, job):

@@ -239,17 +239,20 @@ def _check_points(name, points):
     return tuple(checked)
 
 
-def _check_batch_points(points):
-    """Return ``[[B, S, seconds], ...]`` as a tuple of ``(int, int, float)`` triples."""
+def _check_triples(name, points, form):
+    """Return ``[[int, int, seconds], ...]`` as a tuple of ``(int, int, float)`` triples.
+
+    name: the field; form: how one row reads, for messages (e.g. ``[B, S, seconds]``).
+    """
     if isinstance(points, (str, bytes)) or not isinstance(points, Iterable):
-        raise TypeError(f'batch_points must be a list of [B, S, seconds], got {points!r}')
+        raise TypeError(f'{name} must be a list of {form}, got {points!r}')
     checked = []
     for i, row in enumerate(points):
         if isinstance(row, (str, bytes)) or not isinstance(row, Iterable) or len(row) != 3:
-            raise ValueError(f'batch_points[{i}] must be [B, S, seconds], got {row!r}')
-        checked.append((check_int(f'batch_points[{i}][0]', row[0]),
-                        check_int(f'batch_points[{i}][1]', row[1]),
-                        check_nonneg_real(f'batch_points[{i}][2]', row[2])))
+            raise ValueError(f'{name}[{i}] must be {form}, got {row!r}')
+        checked.append((check_int(f'{name}[{i}][0]', row[0]),
+                        check_int(f'{name}[{i}][1]', row[1]),
+                        check_nonneg_real(f'{name}[{i}][2]', row[2])))
     return tuple(checked)
 
 
@@ -283,6 +286,9 @@ class Calibration:
     ``((n_kv tokens, t_s seconds per step), ...)``; :func:`fit_coefficients` refits them.
     batch_points: optional ``((B goals, S cached tokens in all, t_s seconds per step), ...)``
     of batched decoding (timing/batch.py; empty when not probed); :attr:`batch_step` fits them.
+    prefix_points: optional ``((P cached tokens, N_x prompt tokens, t_s seconds), ...)`` of
+    prefills that took their head from the prefix store (timing/prefix.py; empty when not
+    probed); :attr:`copy_token_s` fits them.
     """
 
     coefficients: TimingCoefficients
@@ -299,6 +305,7 @@ class Calibration:
     prefill_points: Tuple[Tuple[int, float], ...]
     decode_points: Tuple[Tuple[int, float], ...]
     batch_points: Tuple[Tuple[int, int, float], ...] = ()
+    prefix_points: Tuple[Tuple[int, int, float], ...] = ()
 
     def __post_init__(self):
         """Check every field, naming the bad one, and normalise types."""
@@ -317,7 +324,10 @@ class Calibration:
             'created': _check_created(self.created),
             'prefill_points': _check_points('prefill_points', self.prefill_points),
             'decode_points': _check_points('decode_points', self.decode_points),
-            'batch_points': _check_batch_points(self.batch_points),
+            'batch_points': _check_triples('batch_points', self.batch_points,
+                                           '[B, S, seconds]'),
+            'prefix_points': _check_triples('prefix_points', self.prefix_points,
+                                            '[P, N_x, seconds]'),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -338,6 +348,12 @@ class Calibration:
         return fit_batch_step(self.batch_points)
 
     @property
+    def copy_token_s(self):
+        """Return the prefix store's copy cost, seconds a prompt token (0 without points)."""
+        from timebill_ros.timing.prefix import fit_copy_token_s
+        return fit_copy_token_s(self.coefficients, self.prefix_points)
+
+    @property
     def key(self):
         """Return this calibration's :func:`calibration_key`."""
         return calibration_key(self.model_key, self.device, self.dtype, self.threads)
@@ -348,7 +364,7 @@ class Calibration:
         for field in dataclasses.fields(self):
             data[field.name] = getattr(self, field.name)
         data['coefficients'] = self.coefficients.as_dict()
-        for name in ('prefill_points', 'decode_points', 'batch_points'):
+        for name in ('prefill_points', 'decode_points', 'batch_points', 'prefix_points'):
             data[name] = [list(pair) for pair in data[name]]
         return data
 

@@ -43,7 +43,7 @@ from typing import Callable, Optional
 import numpy as np
 import yaml
 
-from timebill_ros.checks import check_int
+from timebill_ros.checks import check_int, check_nonneg_real
 from timebill_ros.config import OnlineSettings
 from timebill_ros.timing.model import TimingCoefficients, now_iso
 
@@ -148,10 +148,14 @@ class TimeModel:
 
     def __init__(self, coefficients: TimingCoefficients, settings: OnlineSettings = None,
                  predict_s: Optional[Callable[[int], float]] = None,
-                 calibration_created: str = '', calibration_chunk_tokens: int = 512):
+                 calibration_created: str = '', calibration_chunk_tokens: int = 512,
+                 copy_token_s: float = 0.0):
         if not isinstance(coefficients, TimingCoefficients):
             raise TypeError(f'coefficients must be TimingCoefficients, got {coefficients!r}')
         self.coefficients = coefficients
+        # Seconds per prompt token copied into or out of the prefix store (timing/prefix.py);
+        # 0 without a store.
+        self.copy_token_s = check_nonneg_real('copy_token_s', copy_token_s)
         self.calibration_chunk_tokens = check_int('calibration_chunk_tokens',
                                                   calibration_chunk_tokens, 1)
         self.settings = settings or OnlineSettings()
@@ -168,7 +172,7 @@ class TimeModel:
             tracker = self.phases[phase]
             return tracker.factor * tracker.margin(bound)
 
-    def _prefill_base_s(self, n_x: int, n_chunks: Optional[int]) -> float:
+    def _prefill_base_s(self, n_x: int, n_chunks: Optional[int], n_cached: int = 0) -> float:
         """Eq. 4a, plus the per-call overhead c of each chunk beyond the calibration's.
 
         Eq. 4a was fitted on prefills in chunks of ``calibration_chunk_tokens``; a prefill in
@@ -176,19 +180,31 @@ class TimeModel:
         (benchmarks/chunk_cost.py on the 2-core VM: 2,750 tokens in 128-token chunks took
         1.29-1.42x the time in 512-token chunks, 0.17-0.23 s per extra chunk; c was 0.11-0.16
         s). Without this, a goal prefilled in small chunks would read as a slower machine.
+        n_cached: the prompt's first tokens copied from the prefix store: the prefill is then
+        tokens n_cached..n_x attending over them (Eq. 4a's difference plus its c). With a
+        store, every prompt token is copied once, out of it (the cached head) or into it
+        (the rest): ``copy_token_s`` each.
         """
-        base = self.coefficients.prefill_s(n_x)
+        n_new = check_int('n_x', n_x) - check_int('n_cached', n_cached)
+        co = self.coefficients
+        if n_cached:
+            base = co.prefill_s(n_x) - co.prefill_s(n_cached) + co.c
+        else:
+            base = co.prefill_s(n_x)
+        base += self.copy_token_s * n_x
         if n_chunks is None:
             return base
-        calibrated = -(-check_int('n_x', n_x) // self.calibration_chunk_tokens)
-        return base + self.coefficients.c * max(0, n_chunks - calibrated)
+        calibrated = -(-n_new // self.calibration_chunk_tokens)
+        return base + co.c * max(0, n_chunks - calibrated)
 
-    def prefill_s(self, n_x: int, bound: str = EXPECTED, n_chunks: Optional[int] = None) -> float:
+    def prefill_s(self, n_x: int, bound: str = EXPECTED, n_chunks: Optional[int] = None,
+                  n_cached: int = 0) -> float:
         """Return the prefill time of an ``n_x``-token prompt (Eq. 4a, corrected).
 
         n_chunks: the forward passes it will take (None: as in the calibration).
+        n_cached: its first tokens found in the prefix store (copied, not prefilled).
         """
-        return self._scale(PREFILL, bound) * self._prefill_base_s(n_x, n_chunks)
+        return self._scale(PREFILL, bound) * self._prefill_base_s(n_x, n_chunks, n_cached)
 
     def prefill_rest_s(self, n_done: int, n_x: int, bound: str = EXPECTED) -> float:
         """Return the time to prefill tokens ``n_done``..``n_x`` (Eq. 4a differences)."""
@@ -235,27 +251,35 @@ class TimeModel:
             return 0.0
         return self._scale(PREDICT, bound) * self.predict_base_s(n_x)
 
-    def overhang_s(self, n_x: int, bound: str = EXPECTED) -> float:
+    def overhang_s(self, n_x: int, bound: str = EXPECTED, n_cached: int = 0) -> float:
         """Return the predictor time not hidden behind the prefill (it starts with it).
 
         WORST pairs the slowest predictor with the fastest prefill, LEAST the reverse.
         """
         other = {WORST: LEAST, LEAST: WORST, EXPECTED: EXPECTED}[bound]
-        return max(0.0, self.predict_s(n_x, bound) - self.prefill_s(n_x, other))
+        return max(0.0, self.predict_s(n_x, bound)
+                   - self.prefill_s(n_x, other, n_cached=n_cached))
 
-    def least_e2e_s(self, n_x: int) -> float:
-        """Return the least time a goal can take: prefill, overhang, one decoding step."""
-        return (self.prefill_s(n_x, LEAST) + self.overhang_s(n_x, LEAST)
-                + self.step_s(n_x, LEAST))
+    def least_e2e_s(self, n_x: int, n_cached: int = 0) -> float:
+        """Return the least time a goal can take: prefill, overhang, one decoding step.
+
+        n_cached: the prompt's first tokens found in the prefix store.
+        """
+        return (self.prefill_s(n_x, LEAST, n_cached=n_cached)
+                + self.overhang_s(n_x, LEAST, n_cached) + self.step_s(n_x, LEAST))
 
     # --- online updates ----------------------------------------------------------------
     def _observe(self, phase: str, base_s: float, measured_s: float) -> None:
         with self._lock:
             self.phases[phase].observe(base_s, measured_s)
 
-    def observe_prefill(self, n_x: int, measured_s: float, n_chunks: Optional[int] = None) -> None:
-        """Add a goal's measured prefill of ``n_x`` tokens in ``n_chunks`` chunks, seconds."""
-        self._observe(PREFILL, self._prefill_base_s(n_x, n_chunks), measured_s)
+    def observe_prefill(self, n_x: int, measured_s: float, n_chunks: Optional[int] = None,
+                        n_cached: int = 0) -> None:
+        """Add a goal's measured prefill of ``n_x`` tokens in ``n_chunks`` chunks, seconds.
+
+        n_cached: its first tokens were copied from the prefix store.
+        """
+        self._observe(PREFILL, self._prefill_base_s(n_x, n_chunks, n_cached), measured_s)
 
     def observe_decode(self, n_kv_first: int, n_steps: int, measured_s: float) -> None:
         """Add ``n_steps`` decoding steps from ``n_kv_first`` cached tokens, ``measured_s`` s.

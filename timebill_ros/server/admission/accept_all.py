@@ -14,5 +14,5 @@ class AcceptAllPolicy(AdmissionPolicy):
 
     def check(self, job, now_s, queued=False):
         """Return an admitting Verdict."""
-        least = self.time_model.least_e2e_s(job.n_x) if self.time_model else 0.0
+        least = self.time_model.least_e2e_s(job.n_x, job.n_cached) if self.time_model else 0.0
         return Verdict(admit=True, min_time_s=least)

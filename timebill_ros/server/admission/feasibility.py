@@ -21,7 +21,7 @@ class FeasibilityPolicy(AdmissionPolicy):
 
     def check(self, job, now_s, queued=False):
         """Compare the least time with the time left at ``now_s``; see the module doc."""
-        min_time_s = self.time_model.least_e2e_s(job.n_x)
+        min_time_s = self.time_model.least_e2e_s(job.n_x, job.n_cached)
         left_s = job.deadline_s - now_s
         if min_time_s <= left_s:
             return Verdict(admit=True, min_time_s=min_time_s)
