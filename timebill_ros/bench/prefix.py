@@ -72,15 +72,22 @@ def ask(service, goal):
 
 
 def expected_prefill_s(service, goal):
-    """Return the time model's EXPECTED prefill of ``goal`` as admission would count it."""
+    """Return the time model's EXPECTED prefill of ``goal`` as its run will count it.
+
+    The cached head the store holds now, and the chunks the runner will cut the rest into
+    (each chunk pays the per-call overhead).
+    """
+    from timebill_ros.server.runner import chunk_sizes
+    from timebill_ros.timing.online import EXPECTED
     engine = service.engine
     ids = engine.encode(goal.prompt, goal.system_prompt)
     n_cached = 0
     if engine.prefix_store is not None:
         n_cached = min(engine.prefix_store.held_tokens(ids),
                        engine.prefix_store.usable_tokens(len(ids)))
-    from timebill_ros.timing.online import EXPECTED
-    return service.time_model.prefill_s(len(ids), EXPECTED, n_cached=n_cached)
+    chunks = chunk_sizes(service.time_model, service.config.engine, engine.n_layers, len(ids),
+                         n_cached)
+    return service.time_model.prefill_s(len(ids), EXPECTED, len(chunks), n_cached)
 
 
 def row(result, predicted_prefill_s, **extra):

@@ -39,6 +39,34 @@ def _planned(sizes, first=0):
     return lambda begin, n_tokens: by_begin.get(begin, MIN_CHUNK_TOKENS)
 
 
+def chunk_sizes(model, engine_config, n_layers, n_x, n_cached=0):
+    """Return a prefill's chunk sizes, tokens: one decoder layer takes at most the bound.
+
+    model: the TimeModel; engine_config: the ``engine`` group; n_layers: decoder layers;
+    n_x: prompt tokens, the first ``n_cached`` of them copied from the prefix store.
+    The bound is ``engine.stop_bound_s`` or, when 0, one decoding step at this prompt's
+    length; a cancel or deadline then lands within about one step (checks run before
+    every layer). Chunk and step times are the time model's EXPECTED ones: both scale
+    with the machine's speed, and a pessimistic chunk estimate would only shrink the
+    chunks, which costs (each forward pass pays an overhead; see TimeModel.prefill_s).
+    The largest such chunk up to ``engine.prefill_chunk_tokens`` is taken (binary
+    search: the time grows with size).
+    """
+    allowed_s = (engine_config.stop_bound_s or model.step_s(n_x, EXPECTED)) * n_layers
+    sizes, begin = [], n_cached
+    while begin < n_x:
+        low, high = MIN_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, engine_config.prefill_chunk_tokens)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if model.chunk_s(begin, mid, EXPECTED) <= allowed_s:
+                low = mid
+            else:
+                high = mid - 1
+        sizes.append(min(low, n_x - begin))
+        begin += sizes[-1]
+    return sizes
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """One predictor call: N^ and N^_q (None: not asked or not known), tokens; its times, s."""
@@ -353,31 +381,9 @@ class _GoalRun:
         return stopping.StopCriteria(criteria)
 
     def _chunk_sizes(self):
-        """Return the prefill's chunk sizes, tokens: one decoder layer takes at most the bound.
-
-        The bound is ``engine.stop_bound_s`` or, when 0, one decoding step at this prompt's
-        length; a cancel or deadline then lands within about one step (checks run before
-        every layer). Chunk and step times are the time model's EXPECTED ones: both scale
-        with the machine's speed, and a pessimistic chunk estimate would only shrink the
-        chunks, which costs (each forward pass pays an overhead; see TimeModel.prefill_s).
-        The largest such chunk up to ``engine.prefill_chunk_tokens`` is taken (binary
-        search: the time grows with size).
-        """
-        cfg = self.runner.config.engine
-        model, n_x = self.model, self.job.n_x
-        allowed_s = (cfg.stop_bound_s or model.step_s(n_x, EXPECTED)) * self.engine.n_layers
-        sizes, begin = [], self.job.n_cached
-        while begin < n_x:
-            low, high = MIN_CHUNK_TOKENS, max(MIN_CHUNK_TOKENS, cfg.prefill_chunk_tokens)
-            while low < high:
-                mid = (low + high + 1) // 2
-                if model.chunk_s(begin, mid, EXPECTED) <= allowed_s:
-                    low = mid
-                else:
-                    high = mid - 1
-            sizes.append(min(low, n_x - begin))
-            begin += sizes[-1]
-        return sizes
+        """Return the prefill's chunk sizes, tokens (:func:`chunk_sizes`)."""
+        return chunk_sizes(self.model, self.runner.config.engine, self.engine.n_layers,
+                           self.job.n_x, self.job.n_cached)
 
     def _drop(self, future):
         """Give up a prediction: unstarted, it never runs; running, the predictor aborts.
