@@ -12,7 +12,7 @@ the embedded model, its calibration, Kill) with ``prefix_cache.enabled`` on and 
 * a run of goals over distinct contexts under a small ``prefix_cache.max_mb``: hit rate and
   the store's size after every goal against its bound.
 
-Writes ``prefix.md`` (tables) and ``prefix.json`` (every goal) under ``--out``.
+Writes ``prefix.md`` (tables), ``prefix.png`` and ``prefix.json`` (every goal) under ``--out``.
 """
 
 import dataclasses
@@ -191,8 +191,13 @@ def rotation_run(params_file, overrides, n_goals, n_contexts, context_tokens, ma
 
 
 def run_prefixbench(args):
-    """Run the benchmark and write its tables; return 0."""
+    """Run the benchmark and write its tables; return 0 (``--report``: from prefix.json)."""
     os.makedirs(args.out, exist_ok=True)
+    if args.report:
+        from timebill_ros.bench.prefix_report import write_report
+        with open(os.path.join(args.out, 'prefix.json'), encoding='utf-8') as stream:
+            write_report(json.load(stream), os.path.join(args.out, 'prefix.md'))
+        return 0
     say = print
     rows, budgets, identity = [], [], []
     for reuse in (True, False):
@@ -273,3 +278,5 @@ def add_arguments(parser):
     parser.add_argument('--rotation-contexts', type=int, default=10)
     parser.add_argument('--rotation-tokens', type=int, default=600)
     parser.add_argument('--rotation-max-mb', type=float, default=128.0)
+    parser.add_argument('--report', action='store_true',
+                        help='only rewrite prefix.md and prefix.png from --out/prefix.json')

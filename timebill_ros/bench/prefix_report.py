@@ -1,5 +1,6 @@
-"""The tables of ``timebill prefixbench`` (prefix.md) from its raw data (prefix.json)."""
+"""The tables and plot of ``timebill prefixbench`` (prefix.md, prefix.png) from prefix.json."""
 
+import os
 import statistics
 
 
@@ -85,6 +86,34 @@ def _rotation(rotation, stats):
             f'mean prefill of hits {hit_s:.2f} s, of misses {miss_s:.2f} s.']
 
 
+def write_plot(data, path):
+    """Write a PNG: follow-ups' prefill and smallest on-time budget, with and without reuse."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    sizes = sorted({g['context_tokens'] for g in data['goals']})
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for reuse, style in ((True, 'o-'), (False, 's--')):
+        label = 'reuse' if reuse else 'no reuse'
+        left.plot(sizes, [_mean([g['prefill_s'] for g in data['goals']
+                                 if g['kind'] == 'follow-up' and g['reuse'] is reuse
+                                 and g['context_tokens'] == n]) for n in sizes],
+                  style, label=label)
+        right.plot(sizes, [_mean([b['smallest_budget_s'] for b in data['smallest_budgets']
+                                  if b['reuse'] is reuse and b['context_tokens'] == n])
+                           for n in sizes], style, label=label)
+    right.axhline(data['args']['kill_budget_s'], color='grey', lw=0.8, ls=':')
+    left.set(xlabel='shared context, tokens', ylabel='follow-up prefill, s (mean)')
+    right.set(xlabel='shared context, tokens', ylabel='smallest on-time budget, s (mean)')
+    for axis in (left, right):
+        axis.legend()
+        axis.grid(alpha=0.3)
+    figure.suptitle(f"Prefix reuse, Kill ({data['host']}, {data['date']})", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
 def write_report(data, path):
     """Write the Markdown tables of ``data`` (run_prefixbench's) to ``path``."""
     goals = data['goals']
@@ -94,6 +123,7 @@ def write_report(data, path):
              f"`timebill prefixbench` with {data['args']['set'] or 'the default parameters'}, "
              f"max_new_tokens {data['args']['max_new_tokens']}, Kill budget "
              f"{data['args']['kill_budget_s']} s. Fallback length predictor (N^ = N_max).",
+             '', '![prefill and smallest budget](prefix.png)',
              '', '## Follow-up questions: prefill and total time', '', *_follow_ups(goals),
              '', '## Budgets under Kill', '', *_budgets(data['smallest_budgets'], kill),
              '', '## The time model on hits and misses', '', *_model(goals),
@@ -102,3 +132,4 @@ def write_report(data, path):
              *_rotation(data['rotation'], data['rotation_stats']), '']
     with open(path, 'w', encoding='utf-8') as stream:
         stream.write('\n'.join(parts))
+    write_plot(data, os.path.join(os.path.dirname(path), 'prefix.png'))
