@@ -71,15 +71,15 @@ class PrefixStoreStats:
     bytes held and the bound, blocks added and dropped.
     """
 
-    lookups: int
-    hits: int
-    hit_tokens: int
-    n_blocks: int
-    pinned_blocks: int
-    bytes: int
-    max_bytes: int
-    inserted_blocks: int
-    dropped_blocks: int
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    n_blocks: int = 0
+    pinned_blocks: int = 0
+    bytes: int = 0
+    max_bytes: int = 0
+    inserted_blocks: int = 0
+    dropped_blocks: int = 0
 
     @property
     def hit_rate(self) -> float:

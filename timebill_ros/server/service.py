@@ -65,7 +65,7 @@ class ServiceStatus:
     wcet_margin_prefill: float
     scheduler_policy: str = ''
     executors: tuple = ()
-    prefix: PrefixStoreStats = PrefixStoreStats(*[0] * 9)
+    prefix: PrefixStoreStats = PrefixStoreStats()
 
 
 class TimeBillService:
@@ -221,8 +221,7 @@ class TimeBillService:
         """Return the prefix stores' counters and sizes summed over the executors' engines."""
         stores = [getattr(e.runner.engine, 'prefix_store', None) for e in self.executors]
         found = [dataclasses.astuple(store.stats()) for store in stores if store is not None]
-        return PrefixStoreStats(*(sum(values) for values in zip(*found))) if found \
-            else PrefixStoreStats(*[0] * 9)
+        return PrefixStoreStats(*(sum(values) for values in zip(*found)))
 
     def submit(self, request, on_feedback, on_done, received_s=None):
         """Admit a goal; return its Job, or None when it was rejected (on_done already called).
