@@ -59,6 +59,13 @@ class EngineConfig:
         checked before every decoder layer, and prefill chunks are sized so that one layer of
         a chunk takes at most this (WORST bound of the time model); 0 = one decoding step at
         the goal's prompt length.
+    loop_guard: stop an answer whose last tokens repeat one cycle (finish_reason
+        ``repetition``; the response keeps the text up to the end of the cycle's first copy);
+        the embedded model loops on a third of the corpus prompts (docs/engine.md).
+    loop_guard_max_period: the longest cycle the guard looks for, tokens.
+    loop_guard_min_repeats: how many copies of a cycle make a loop (>= 2).
+    loop_guard_min_span: the fewest tokens a loop spans (all its copies together): shorter
+        repeats (a table rule, "- - -") are not loops.
     """
 
     model_path: str = ''
@@ -73,9 +80,18 @@ class EngineConfig:
     prefill_chunk_tokens: int = 512
     feedback_every_tokens: int = 4
     stop_bound_s: float = 0.0
+    loop_guard: bool = True
+    loop_guard_max_period: int = 64
+    loop_guard_min_repeats: int = 3
+    loop_guard_min_span: int = 48
 
     def __post_init__(self):
         check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
+        if not isinstance(self.loop_guard, bool):
+            raise TypeError(f'engine.loop_guard must be a bool, got {self.loop_guard!r}')
+        for name in ('loop_guard_max_period', 'loop_guard_min_span'):
+            check_count(f'engine.{name}', getattr(self, name))
+        check_count('engine.loop_guard_min_repeats', self.loop_guard_min_repeats, minimum=2)
         check_choice('engine.forward', self.forward, FORWARDS)
         check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
         check_nonneg_real('engine.stop_bound_s', self.stop_bound_s)

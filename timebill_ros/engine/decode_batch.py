@@ -12,15 +12,18 @@ from typing import Callable, Optional
 import torch
 
 from timebill_ros.engine.forward import PassHooks
-from timebill_ros.engine.stopping import EOS, MAX_TOKENS, StopCriteria
+from timebill_ros.engine.stopping import (
+    EOS, MAX_TOKENS, REPETITION, STOP_STRING, StopCriteria)
 
 
 @dataclasses.dataclass
 class DecodeResult:
     """Result of :meth:`LlmEngine.decode`.
 
-    token_ids: generated tokens, the EOS that stopped generation excluded. text: their text.
-    stop_reason: EOS, MAX_TOKENS, CANCELED or DEADLINE. decode_s: wall seconds of decode().
+    token_ids: generated tokens, the EOS that stopped generation excluded (a stop string's or
+    a loop's tail too). text: their text (cut before a stop string). stop_reason: EOS,
+    MAX_TOKENS, STOP_STRING, REPETITION, CANCELED, DEADLINE or CANNOT_FINISH. decode_s: wall
+    seconds of decode().
     n_kv_final: tokens held in the cache per layer at the end.
     """
 
@@ -156,6 +159,11 @@ class DecodeBatch:
         tokens = row.tokens
         if reason == EOS:  # EosStop fired on the last token: not part of the answer
             tokens.pop()
+        fired = row.stop.fired
+        if fired is not None and reason in (STOP_STRING, REPETITION):
+            del tokens[fired.answer_tokens(tokens):]  # the stop string's or the loop's tail
         text = row.stream.finish(tokens)
+        if reason == STOP_STRING:
+            text = fired.cut_text(text) or ''  # the text before the stop string
         return DecodeResult(tokens, text, reason, self.engine.clock() - row.start_s,
                             row.state.n_kv)

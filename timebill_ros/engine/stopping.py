@@ -1,4 +1,6 @@
-"""Per-step stop criteria for generation: EOS, N_max, cancel, deadline, cannot-finish.
+"""Per-step stop criteria for generation.
+
+EOS, N_max, cancel, deadline, cannot-finish, stop strings and the loop guard.
 
 The engine calls :meth:`StopCriteria.check` before every prefill chunk (``n_prefilled`` = the
 prompt tokens done so far) and before every decoding step; the *interrupt* criteria of a goal
@@ -18,10 +20,20 @@ CANCELED = 'canceled'
 DEADLINE = 'deadline'
 # The time model says the goal can no longer finish before its deadline (early Kill).
 CANNOT_FINISH = 'cannot_finish'
+STOP_STRING = 'stop'
+REPETITION = 'repetition'
 
 
 class StopCriterion(abc.ABC):
-    """Decides whether generation stops now."""
+    """Decides whether generation stops now.
+
+    A criterion that ends an answer before its last token (a stop string, a loop) also
+    overrides :meth:`answer_tokens`: how many of the generated tokens the answer keeps.
+    """
+
+    def answer_tokens(self, tokens: list) -> int:
+        """Return how many of ``tokens`` (the generated ids) the answer keeps (all)."""
+        return len(tokens)
 
     @abc.abstractmethod
     def should_stop(self, n_generated: int, last_token_id: Optional[int],
@@ -152,11 +164,92 @@ class StepTimer(StopCriterion):
         return [b - a for a, b in zip(self.times_s, self.times_s[1:])]
 
 
+class LoopGuard(StopCriterion):
+    """Stop an answer that repeats a cycle of tokens: ``REPETITION``.
+
+    The answer's tail is a loop when its last ``span`` tokens repeat one cycle of a period p
+    (1 <= p <= ``max_period`` tokens) exactly, at least ``min_repeats`` times over, and span
+    >= ``min_span`` tokens: a short table rule or a list of changing numbers is not one. One
+    counter a period: the run of tokens equal to the token p before them, O(max_period) a
+    step. The answer keeps its text up to the end of the cycle's first copy.
+    """
+
+    def __init__(self, max_period: int = 64, min_repeats: int = 3, min_span: int = 48):
+        for name, value in (('max_period', max_period), ('min_repeats', min_repeats),
+                            ('min_span', min_span)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f'{name} must be an int >= 1, got {value!r}')
+        if min_repeats < 2:
+            raise ValueError(f'min_repeats must be >= 2, got {min_repeats!r}')
+        self.max_period, self.min_repeats, self.min_span = max_period, min_repeats, min_span
+        self.tokens = []
+        self.runs = [0] * (max_period + 1)  # runs[p]: tokens equal to the one p before
+        self.keep = None
+
+    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+        """Add the new token; return REPETITION when the tail became a loop."""
+        if last_token_id is None or n_generated <= len(self.tokens):
+            return REPETITION if self.keep is not None else None
+        tokens = self.tokens
+        tokens.append(last_token_id)
+        last = len(tokens) - 1
+        for period in range(1, min(self.max_period, last) + 1):
+            run = self.runs[period] + 1 if tokens[last - period] == last_token_id else 0
+            self.runs[period] = run
+            span = run + period  # the tail of this length has period p
+            if span >= self.min_span and span >= self.min_repeats * period:
+                self.keep = len(tokens) - span + period
+                return REPETITION
+        return None
+
+    def answer_tokens(self, tokens):
+        """Return the tokens before the repetition: up to the first copy's end."""
+        return len(tokens) if self.keep is None else min(self.keep, len(tokens))
+
+
+class StopStrings(StopCriterion):
+    """Stop when the answer's text contains one of ``stop`` strings: ``STOP_STRING``.
+
+    text_of(token ids) -> str decodes the answer (the engine's tokenizer). The answer keeps
+    the tokens up to the one that completed the earliest stop string; its text is cut before
+    the string (:meth:`cut_text`). Checked before every step (the text decoded each time:
+    about a millisecond for hundreds of tokens).
+    """
+
+    def __init__(self, stop: Iterable[str], text_of: Callable[[list], str]):
+        self.stop = tuple(stop)
+        if not self.stop or any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f'stop must be non-empty strings, got {stop!r}')
+        self.text_of = text_of
+        self.tokens = []
+        self.keep = None
+
+    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+        """Add the new token; return STOP_STRING once a stop string appears in the text."""
+        if last_token_id is None or n_generated <= len(self.tokens):
+            return STOP_STRING if self.keep is not None else None
+        self.tokens.append(last_token_id)
+        if self.cut_text(self.text_of(self.tokens)) is not None:
+            self.keep = len(self.tokens)
+            return STOP_STRING
+        return None
+
+    def cut_text(self, text: str) -> Optional[str]:
+        """Return ``text`` before its earliest stop string, or None when it has none."""
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return text[:min(found)] if found else None
+
+    def answer_tokens(self, tokens):
+        """Return the tokens up to the one that completed the stop string."""
+        return len(tokens) if self.keep is None else min(self.keep, len(tokens))
+
+
 class StopCriteria:
-    """An ordered list of criteria; the first that fires gives the reason."""
+    """An ordered list of criteria; the first that fires gives the reason (``fired``)."""
 
     def __init__(self, criteria: Iterable[StopCriterion] = ()):
         self.criteria = list(criteria)
+        self.fired = None
 
     def check(self, n_generated: int, last_token_id: Optional[int] = None,
               n_prefilled: Optional[int] = None) -> Optional[str]:
@@ -164,5 +257,6 @@ class StopCriteria:
         for criterion in self.criteria:
             reason = criterion.should_stop(n_generated, last_token_id, n_prefilled)
             if reason is not None:
+                self.fired = criterion
                 return reason
         return None

@@ -10,10 +10,13 @@ from timebill_ros.ros.conversions import s_to_duration
 
 
 def make_goal(prompt, budget_s=0.0, deadline=None, max_new_tokens=0, policy=0,
-              system_prompt=''):
-    """Return an Instruct.Goal; budget_s in seconds (0 = use ``deadline``, a ROS Time msg)."""
+              system_prompt='', stop=()):
+    """Return an Instruct.Goal; budget_s in seconds (0 = use ``deadline``, a ROS Time msg).
+
+    stop: strings that end the answer (the response stops before the first one).
+    """
     goal = Instruct.Goal(prompt=prompt, system_prompt=system_prompt,
-                         max_new_tokens=max_new_tokens, overrun_policy=policy)
+                         max_new_tokens=max_new_tokens, overrun_policy=policy, stop=list(stop))
     goal.time_budget = s_to_duration(budget_s)
     if deadline is not None:
         goal.deadline = deadline

@@ -37,7 +37,7 @@ def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:
         prompt=goal.prompt, system_prompt=goal.system_prompt,
         budget_s=None if budget_s == 0 else budget_s, deadline_s=deadline_s,
         max_new_tokens=int(goal.max_new_tokens), overrun_policy=int(goal.overrun_policy),
-        goal_id=goal_id)
+        goal_id=goal_id, stop=tuple(goal.stop))
 
 
 def result_to_msg(result) -> Instruct.Result:
@@ -57,6 +57,7 @@ def result_to_msg(result) -> Instruct.Result:
         min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s),
         executor=result.executor, uncertainty_tokens=int(result.uncertainty_tokens),
         batch_size=int(result.batch_size), cached_tokens=int(result.cached_tokens),
+        finish_reason=result.finish_reason,
         schedule_time=s_to_duration(result.schedule_time_s))
 
 
@@ -83,4 +84,4 @@ def event_msg(result, stamp: Time) -> GoalEvent:
         queue_time_s=float(result.queue_time_s),
         kill_latency_s=float(result.kill_latency_s or 0.0), executor=result.executor,
         uncertainty_tokens=int(result.uncertainty_tokens), batch_size=int(result.batch_size),
-        cached_tokens=int(result.cached_tokens))
+        cached_tokens=int(result.cached_tokens), finish_reason=result.finish_reason)

@@ -19,6 +19,7 @@ class GoalRequest:
     deadline_s: absolute deadline on the service clock, seconds; None = use budget_s.
     max_new_tokens: N_max for this goal, tokens; 0 = server default.
     overrun_policy: a ``status.POLICY_*`` code.
+    stop: strings that end the answer (the response stops before the first one found).
     """
 
     prompt: str
@@ -28,6 +29,7 @@ class GoalRequest:
     max_new_tokens: int = 0
     overrun_policy: int = status.POLICY_DEFAULT
     goal_id: str = ''
+    stop: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,7 @@ class JobResult:
     (``scheduler.consolidation``; 1 = alone, 0 = it never ran; a goal that ended before
     decoding: the goals taken with it).
     cached_tokens: prompt tokens its prefill copied from the prefix store (0: none).
+    finish_reason: why the answer ended, one of ``status.FINISH_REASONS``.
     """
 
     status: int
@@ -89,6 +92,7 @@ class JobResult:
     schedule_time_s: float = 0.0
     batch_size: int = 0
     cached_tokens: int = 0
+    finish_reason: str = ''
 
     @property
     def status_name(self) -> str:
@@ -155,6 +159,26 @@ def resolve_max_new_tokens(request: GoalRequest, default_n_max: int, n_model: in
         raise GoalRejected(
             f'max_new_tokens {n_max} exceeds the model capacity of {n_model} tokens')
     return n_max
+
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+def check_stop(request: GoalRequest) -> tuple:
+    """Return the goal's stop strings; reject more than 16, empty ones or ones over 256 chars."""
+    stop = request.stop
+    if isinstance(stop, str) or not isinstance(stop, (list, tuple)):
+        raise GoalRejected(f'stop must be a list of strings, got {stop!r}')
+    if len(stop) > MAX_STOP_STRINGS:
+        raise GoalRejected(f'stop: at most {MAX_STOP_STRINGS} strings, got {len(stop)}')
+    for index, text in enumerate(stop):
+        if not isinstance(text, str) or not text:
+            raise GoalRejected(f'stop[{index}] must be a non-empty string, got {text!r}')
+        if len(text) > MAX_STOP_CHARS:
+            raise GoalRejected(f'stop[{index}] is {len(text)} characters; at most '
+                               f'{MAX_STOP_CHARS}')
+    return tuple(stop)
 
 
 def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> None:

@@ -6,6 +6,7 @@ import time
 import traceback
 from typing import Callable, List, Optional
 
+from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, GoalRequest, JobResult
 
 
@@ -104,6 +105,10 @@ class Job:
             if self.started_s is None:  # ended while queued: all of it was queue time
                 result.queue_time_s = result.total_time_s
             result.schedule_time_s = self.schedule_s
+            if not result.finish_reason:
+                result.finish_reason = (status.FINISH_SHUTDOWN if self.cancel_reason == 'shutdown'
+                                        and result.status == status.FAILED
+                                        else status.FINISH_OF_STATUS.get(result.status, ''))
             self._result = result
         try:
             self.on_done(result)

@@ -23,6 +23,14 @@ from timebill_ros.timing.batch import BatchScale, ScaledSteps
 from timebill_ros.timing.budget import decide_remaining
 from timebill_ros.timing.online import EXPECTED, LEAST, WORST
 
+# The finish_reason of each engine stop reason, and how a COMPLETED message says it.
+FINISH_OF_STOP = {
+    stopping.EOS: status.FINISH_EOS, stopping.MAX_TOKENS: status.FINISH_LENGTH,
+    stopping.STOP_STRING: status.FINISH_STOP, stopping.REPETITION: status.FINISH_REPETITION,
+    stopping.DEADLINE: status.FINISH_DEADLINE, stopping.CANNOT_FINISH: status.FINISH_DEADLINE,
+    stopping.CANCELED: status.FINISH_CANCELED}
+STOP_WORDS = {stopping.EOS: 'end of answer', stopping.STOP_STRING: 'stop string',
+              stopping.REPETITION: 'the answer repeated itself; cut where the loop began'}
 POLL_S = 0.005          # the predictor wait re-checks cancel and the deadline this often
 MIN_CHUNK_TOKENS = 16   # chunks never shrink below this (per-call overhead would dominate)
 WARM_UP_TOKENS = 256    # the start-up warm-up goal: prompt tokens, decoding steps, alpha
@@ -528,7 +536,8 @@ class _GoalRun:
         # The timer first: check() returns at the first criterion that fires, and the
         # boundary after the last step must still be recorded.
         criteria = [self.timer, stopping.EosStop(self.engine.eos_token_ids),
-                    stopping.MaxTokensStop(job.n_max)] + list(self.interrupt.criteria)
+                    stopping.MaxTokensStop(job.n_max)] + self._answer_criteria() \
+            + list(self.interrupt.criteria)
         if job.policy.stops_early:
             # Kill stops only when the step surely cannot finish (LEAST); an anytime
             # answer stops before a step that might not (WORST): it must arrive in time.
@@ -545,6 +554,20 @@ class _GoalRun:
             self._feedback(status.PHASE_DECODE, n_generated, text, alpha)
 
         return stopping.StopCriteria(criteria), on_tokens
+
+    def _answer_criteria(self):
+        """Return the criteria that end an answer by its content: stop strings, loop guard."""
+        cfg, criteria = self.runner.config.engine, []
+        if self.job.request.stop:
+            tokenizer = self.engine.tokenizer
+            criteria.append(stopping.StopStrings(
+                self.job.request.stop,
+                lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True)))
+        if cfg.loop_guard:
+            criteria.append(stopping.LoopGuard(cfg.loop_guard_max_period,
+                                               cfg.loop_guard_min_repeats,
+                                               cfg.loop_guard_min_span))
+        return criteria
 
     def decoded(self, out):
         """Record the decoding phase's outcome ``out`` (engine DecodeResult)."""
@@ -579,16 +602,15 @@ class _GoalRun:
         result.status = status.COMPLETED
         result.response = out.text
         result.deadline_met = late_s <= 0
+        result.finish_reason = FINISH_OF_STOP.get(out.stop_reason, status.FINISH_LENGTH)
         when = 'on time' if late_s <= 0 else f'{late_s:.3f} s late ({job.policy.name})'
         if stopped_for_time:
             result.truncated = True
             why = ('at the deadline' if out.stop_reason == stopping.DEADLINE
                    else 'the next token could not arrive before the deadline')
             how = f'truncated after {len(out.token_ids)} tokens: {why}'
-        elif out.stop_reason == stopping.EOS:
-            how = 'end of answer'
         else:
-            how = 'max_new_tokens reached'
+            how = STOP_WORDS.get(out.stop_reason, 'max_new_tokens reached')
         result.message = f'completed ({how}), {when}'
         if job.infeasible:
             result.message += f'; {job.admission_note}'

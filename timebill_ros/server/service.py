@@ -243,6 +243,7 @@ class TimeBillService:
             job = self._admit(request, goal_id, received_s, on_feedback, done)
         except GoalRejected as exc:
             done(JobResult(status=status.REJECTED, message=str(exc), goal_id=goal_id,
+                           finish_reason=status.FINISH_REJECTED,
                            total_time_s=self.clock() - received_s,
                            budget_s=request.budget_s or 0.0, stop_phase='admission',
                            infeasible=isinstance(exc, GoalInfeasible),
@@ -262,6 +263,7 @@ class TimeBillService:
         if self._closed:
             raise GoalRejected('server is shutting down')
         goals.check_prompt(request, self.config.queue.max_prompt_chars)
+        goals.check_stop(request)
         deadline_s = goals.resolve_deadline(request, received_s)
         policy = overrun.policy_by_name(
             goals.resolve_policy(request, self.config.overrun.default_policy))
