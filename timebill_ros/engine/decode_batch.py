@@ -79,6 +79,7 @@ class _Row:
     hooks: PassHooks
     start_s: float
     tokens: list
+    sampler: Optional[Callable] = None
 
 
 class DecodeBatch:
@@ -96,13 +97,15 @@ class DecodeBatch:
 
     def join(self, state, n_max: int, stop: StopCriteria,
              on_tokens: Optional[Callable[[int, str], None]] = None, feedback_every: int = 4,
-             interrupt: Optional[StopCriteria] = None) -> int:
+             interrupt: Optional[StopCriteria] = None, sampler=None) -> int:
         """Add a prefilled (and evicted) goal; return its row id.
 
         As ``LlmEngine.decode``: token 1 is ``state.first_token``; ``stop`` is checked before
         each step, ``interrupt`` (include it in ``stop`` too) before every decoder layer;
         ``n_max`` tokens and the model's context end it with MAX_TOKENS; ``on_tokens``
-        gets new text every ``feedback_every`` tokens and once at the end.
+        gets new text every ``feedback_every`` tokens and once at the end. sampler
+        (engine.sampling.Sampler): picks this goal's tokens, token 1 from the prefill's
+        logits too; None: greedy.
         """
         for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -115,8 +118,11 @@ class DecodeBatch:
         # The last token is never fed: its position may be context_tokens at most.
         limit = min(n_max, self.engine.context_tokens - state.n_x + 1)
         stream = _TextStream(self.engine.tokenizer, on_tokens, feedback_every)
+        first = state.first_token
+        if sampler is not None and state.logits is not None:
+            first = sampler(state.logits)
         row = _Row(state, limit, stop, stream, PassHooks(interrupt), self.engine.clock(),
-                   [state.first_token])
+                   [first], sampler)
         stream.after_token(row.tokens)
         row_id, self._next_id = self._next_id, self._next_id + 1
         self._rows[row_id] = row
@@ -150,7 +156,8 @@ class DecodeBatch:
             if index in interrupted:
                 finished.append((ids[index], self._finish(ids[index], interrupted[index])))
                 continue
-            row.tokens.append(int(logits[index].argmax()))
+            row.tokens.append(int(logits[index].argmax()) if row.sampler is None
+                              else row.sampler(logits[index]))
             row.stream.after_token(row.tokens)
         return sorted(finished, key=lambda item: item[0])
 

@@ -70,6 +70,7 @@ class PrefillState:
     scorer_inputs: per layer index, or None once released. prefill_s: wall seconds.
     n_chunks: forward passes the prefill took (each pays a per-call overhead).
     n_cached: prompt tokens copied from the prefix store instead of prefilled (0: none).
+    logits: the last prompt position's logits, (vocab,): what a sampled token 1 is drawn from.
     pooled: the outputs of the engine's ``pool_layers`` pooled over the prompt
     (engine.forward.HiddenPool: [last, mean] of the unit-RMS rows, layer by layer),
     (1, 2 x layers x hidden) fp32; what the length readout reads.
@@ -83,6 +84,7 @@ class PrefillState:
     n_chunks: int = 1
     pooled: Optional[torch.Tensor] = None
     n_cached: int = 0
+    logits: Optional[torch.Tensor] = None
 
     @property
     def n_kv(self) -> int:
@@ -247,21 +249,24 @@ class LlmEngine:
         """The model's torch device."""
         return self.model.device
 
-    def encode(self, prompt: str, system_prompt: str = '') -> list:
+    def encode(self, prompt: str, system_prompt: str = '', messages=()) -> list:
         """Return the token ids of the chat-formatted prompt, ready for generation.
 
-        The chat template is applied with ``add_generation_prompt=True``. With an empty
-        ``system_prompt`` no system message is passed; SmolLM2's template then inserts its
-        default system turn ("You are a helpful AI assistant named SmolLM, trained by Hugging
-        Face").
+        The conversation is ``system_prompt`` (a system turn, when not empty), then
+        ``messages`` (``(role, content)`` pairs: an earlier conversation), then ``prompt``
+        (a user turn, when not empty). The chat template is applied with
+        ``add_generation_prompt=True``. Without a system turn SmolLM2's template inserts its
+        default one ("You are a helpful AI assistant named SmolLM, trained by Hugging Face").
         """
         for name, value in (('prompt', prompt), ('system_prompt', system_prompt)):
             if not isinstance(value, str):
                 raise TypeError(f'{name} must be a str, got {value!r}')
-        messages = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
-        messages.append({'role': 'user', 'content': prompt})
+        turns = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
+        turns += [{'role': role, 'content': content} for role, content in messages]
+        if prompt or not turns:
+            turns.append({'role': 'user', 'content': prompt})
         text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False)
+            turns, add_generation_prompt=True, tokenize=False)
         # The template text already holds its special tokens: add none.
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
@@ -316,7 +321,7 @@ class LlmEngine:
         if store is not None:
             self._keep_prefix(store, ids, cache, pool)
         return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
-                            n_chunks, pool.features(), n_cached)
+                            n_chunks, pool.features(), n_cached, logits)
 
     def _load_prefix(self, ids, prefix, cache, pool) -> int:
         """Copy ``prefix``'s KV into ``cache`` and seed ``pool``; return its tokens (0: none)."""
@@ -417,7 +422,7 @@ class LlmEngine:
     def decode(self, state: PrefillState, n_max: int, stop: StopCriteria,
                on_tokens: Optional[Callable[[int, str], None]] = None,
                feedback_every: int = 4,
-               interrupt: Optional[StopCriteria] = None) -> DecodeResult:
+               interrupt: Optional[StopCriteria] = None, sampler=None) -> DecodeResult:
         """Generate greedily after the prompt; return the answer.
 
         Token 1 is ``state.first_token``. ``stop.check(n_generated, last_token_id)`` runs
@@ -426,9 +431,10 @@ class LlmEngine:
         decoder layer: a stop there abandons the step in flight and returns the tokens so
         far. ``on_tokens(n_generated, new_text)`` gets the text produced since its previous
         call every ``feedback_every`` tokens, and once more at the end if text is left.
+        sampler: an engine.sampling.Sampler choosing each token (None: greedy).
         """
         batch = DecodeBatch(self)
-        batch.join(state, n_max, stop, on_tokens, feedback_every, interrupt)
+        batch.join(state, n_max, stop, on_tokens, feedback_every, interrupt, sampler)
         while True:
             finished = batch.step()
             if finished:

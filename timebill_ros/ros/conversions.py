@@ -37,7 +37,11 @@ def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:
         prompt=goal.prompt, system_prompt=goal.system_prompt,
         budget_s=None if budget_s == 0 else budget_s, deadline_s=deadline_s,
         max_new_tokens=int(goal.max_new_tokens), overrun_policy=int(goal.overrun_policy),
-        goal_id=goal_id, stop=tuple(goal.stop))
+        goal_id=goal_id, stop=tuple(goal.stop),
+        messages=tuple((m.role, m.content) for m in goal.messages),
+        temperature=float(goal.temperature), top_p=float(goal.top_p) or 1.0,
+        top_k=int(goal.top_k), repetition_penalty=float(goal.repetition_penalty) or 1.0,
+        seed=int(goal.seed) or None)
 
 
 def result_to_msg(result) -> Instruct.Result:

@@ -8,6 +8,7 @@ import dataclasses
 import math
 from typing import Optional
 
+from timebill_ros.engine.sampling import SamplingConfig
 from timebill_ros.server import status
 
 
@@ -20,6 +21,11 @@ class GoalRequest:
     max_new_tokens: N_max for this goal, tokens; 0 = server default.
     overrun_policy: a ``status.POLICY_*`` code.
     stop: strings that end the answer (the response stops before the first one found).
+    messages: an earlier conversation, ``(role, content)`` pairs (roles ``system`` - first
+    only, ``user``, ``assistant``), between ``system_prompt`` and ``prompt`` (which may then
+    be empty: the conversation's last turn must be the user's).
+    temperature (0 = greedy), top_p (0, 1], top_k (0 = off), repetition_penalty (>= 1; 1 =
+    off), seed (None = unseeded): the answer's sampling (engine/sampling.py).
     """
 
     prompt: str
@@ -30,6 +36,12 @@ class GoalRequest:
     overrun_policy: int = status.POLICY_DEFAULT
     goal_id: str = ''
     stop: tuple = ()
+    messages: tuple = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,17 +193,61 @@ def check_stop(request: GoalRequest) -> tuple:
     return tuple(stop)
 
 
+ROLES = ('system', 'user', 'assistant')
+
+
 def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> None:
     """Reject non-string fields, prompts over ``max_chars``, empty or whitespace-only prompts.
 
-    max_chars: cap on len(prompt) + len(system_prompt), characters (None: no cap); checked
-    first, in O(1), so an oversized goal costs nothing before it is refused.
+    max_chars: cap on the characters of prompt, system_prompt and messages together (None: no
+    cap); checked first, so an oversized goal costs nothing before it is refused. With
+    ``messages`` the prompt may be empty; the conversation must then end with a user turn.
     """
     if not isinstance(request.prompt, str) or not isinstance(request.system_prompt, str):
         raise GoalRejected('prompt and system_prompt must be strings')
-    n_chars = len(request.prompt) + len(request.system_prompt)
+    messages = check_messages(request)
+    n_chars = (len(request.prompt) + len(request.system_prompt)
+               + sum(len(content) for _, content in messages))
     if max_chars is not None and n_chars > max_chars:
-        raise GoalRejected(f'prompt too large: {n_chars} characters (prompt + system_prompt), '
-                           f'queue.max_prompt_chars={max_chars}')
+        raise GoalRejected(f'prompt too large: {n_chars} characters (prompt + system_prompt + '
+                           f'messages), queue.max_prompt_chars={max_chars}')
     if not request.prompt.strip():
-        raise GoalRejected('prompt is empty or whitespace')
+        if not messages:
+            raise GoalRejected('prompt is empty or whitespace')
+        if request.prompt or messages[-1][0] != 'user':
+            raise GoalRejected('prompt is empty: the last of messages must then be a user turn '
+                               f'with text, got role {messages[-1][0]!r}')
+
+
+def check_messages(request: GoalRequest) -> tuple:
+    """Return the goal's ``messages`` as ``(role, content)`` pairs; reject bad ones.
+
+    Roles: ``system`` (only as the first message, and only without ``system_prompt``),
+    ``user``, ``assistant``; contents: non-empty strings.
+    """
+    messages = request.messages
+    if isinstance(messages, str) or not isinstance(messages, (list, tuple)):
+        raise GoalRejected(f'messages must be a list of (role, content), got {messages!r}')
+    for index, message in enumerate(messages):
+        if (not isinstance(message, (list, tuple)) or len(message) != 2
+                or not all(isinstance(part, str) for part in message)):
+            raise GoalRejected(f'messages[{index}] must be (role, content) strings, got '
+                               f'{message!r}')
+        role, content = message
+        if role not in ROLES:
+            raise GoalRejected(f'messages[{index}].role must be one of {ROLES}, got {role!r}')
+        if role == 'system' and (index > 0 or request.system_prompt):
+            raise GoalRejected(f'messages[{index}]: a system turn may only come first, and '
+                               'not with system_prompt')
+        if not content.strip():
+            raise GoalRejected(f'messages[{index}].content is empty or whitespace')
+    return tuple(tuple(message) for message in messages)
+
+
+def resolve_sampling(request: GoalRequest) -> SamplingConfig:
+    """Return the goal's engine.sampling.SamplingConfig; GoalRejected names a bad field."""
+    try:
+        return SamplingConfig(request.temperature, request.top_p, request.top_k,
+                              request.repetition_penalty, request.seed)
+    except ValueError as exc:
+        raise GoalRejected(str(exc)) from None

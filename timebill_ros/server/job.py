@@ -31,6 +31,9 @@ class Job:
     the policy's choice that picked it. The admission-time length prediction is not in it:
     it is the goal's t_Predict (the run reuses it, so it replaces the beside-the-prefill
     prediction rather than adding one).
+    n_cached: prompt tokens the prefix store holds for it (tokens, found at admission and
+    looked up again when it starts): what its prefill estimates count as copied.
+    sampling: its engine.sampling.SamplingConfig (None: greedy).
     """
 
     request: GoalRequest
@@ -55,6 +58,7 @@ class Job:
     executor: str = ''
     schedule_s: float = 0.0
     n_cached: int = 0
+    sampling: Optional[object] = None
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = print
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

@@ -17,6 +17,7 @@ from typing import Optional
 
 from timebill_ros.engine import stopping
 from timebill_ros.engine import GenerationStopped
+from timebill_ros.engine.sampling import Sampler
 from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, JobResult
 from timebill_ros.timing.batch import BatchScale, ScaledSteps
@@ -518,7 +519,7 @@ class _GoalRun:
         stop, on_tokens = self._decode_criteria(state, alpha)
         out = self.engine.decode(state, self.job.n_max, stop, on_tokens,
                                  self.runner.config.engine.feedback_every_tokens,
-                                 interrupt=self.interrupt)
+                                 interrupt=self.interrupt, sampler=self._sampler())
         self.decoded(out)
 
     def join(self, batch, state, alpha):
@@ -526,7 +527,14 @@ class _GoalRun:
         stop, on_tokens = self._decode_criteria(state, alpha)
         return batch.join(state, self.job.n_max, stop, on_tokens,
                           self.runner.config.engine.feedback_every_tokens,
-                          interrupt=self.interrupt)
+                          interrupt=self.interrupt, sampler=self._sampler())
+
+    def _sampler(self):
+        """Return the goal's Sampler, or None to decode greedily (the default)."""
+        sampling = self.job.sampling
+        if sampling is None or (sampling.greedy and sampling.repetition_penalty == 1):
+            return None
+        return Sampler(sampling)
 
     def _decode_criteria(self, state, alpha):
         """Return (stop criteria, feedback callback) of the decoding phase."""

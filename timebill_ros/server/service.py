@@ -264,6 +264,7 @@ class TimeBillService:
             raise GoalRejected('server is shutting down')
         goals.check_prompt(request, self.config.queue.max_prompt_chars)
         goals.check_stop(request)
+        sampling = goals.resolve_sampling(request)
         deadline_s = goals.resolve_deadline(request, received_s)
         policy = overrun.policy_by_name(
             goals.resolve_policy(request, self.config.overrun.default_policy))
@@ -276,7 +277,7 @@ class TimeBillService:
         job = Job(request=request, goal_id=goal_id, received_s=received_s,
                   deadline_s=deadline_s, policy=policy, n_max=n_max, input_ids=input_ids,
                   on_feedback=on_feedback, on_done=on_done, clock=self.clock, log=self.log,
-                  n_cached=self.engine.match_prefix(input_ids).n_tokens)
+                  n_cached=self.engine.match_prefix(input_ids).n_tokens, sampling=sampling)
         verdict = self.admission.check(job, self.clock())
         if not verdict.admit:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
@@ -400,7 +401,8 @@ class TimeBillService:
 
     def _encode(self, request):
         try:
-            input_ids = self.engine.encode(request.prompt, request.system_prompt)
+            input_ids = self.engine.encode(request.prompt, request.system_prompt,
+                                           goals.check_messages(request))
         except Exception as exc:
             raise GoalRejected(f'prompt could not be tokenized: {exc}') from exc
         limit = self.engine.context_tokens

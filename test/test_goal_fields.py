@@ -1,0 +1,162 @@
+"""Goal fields a planner relies on: sampling with a seed, and conversations (messages)."""
+
+import threading
+
+import pytest
+import torch
+
+from timebill_ros.config import EngineConfig, ServerConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.engine.sampling import Sampler, SamplingConfig
+from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.ros.client import make_goal
+from timebill_ros.ros.conversions import request_from_goal
+from timebill_ros.server import status
+from timebill_ros.server.goals import GoalRequest
+from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.model import TimingCoefficients
+
+
+# --- sampling ----------------------------------------------------------------------------------
+@pytest.mark.parametrize('field, value', [
+    ('temperature', -0.1), ('temperature', float('nan')), ('top_p', 0.0), ('top_p', 1.5),
+    ('top_k', -1), ('top_k', 2.5), ('repetition_penalty', 0.5), ('seed', -3),
+    ('temperature', True)])
+def test_bad_sampling_values_name_their_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**{field: value})
+
+
+def _draw(config, n=30):
+    torch.manual_seed(99)
+    logits = torch.randn(500)
+    sampler = Sampler(config)
+    return [sampler(logits + 0.01 * i) for i in range(n)]
+
+
+def test_greedy_is_the_argmax_and_a_seed_repeats_its_answer():
+    logits = torch.randn(500)
+    assert Sampler()(logits) == int(logits.argmax())
+    hot = SamplingConfig(temperature=1.5, seed=7)
+    assert _draw(hot) == _draw(hot)
+    assert _draw(hot) != _draw(SamplingConfig(temperature=1.5, seed=8))
+    assert _draw(SamplingConfig(temperature=1.5, top_k=1, seed=1)) == _draw(SamplingConfig())
+    assert _draw(SamplingConfig(temperature=1.5, top_p=1e-6, seed=1)) == _draw(SamplingConfig())
+
+
+def test_top_k_keeps_the_draws_among_the_k_likeliest():
+    logits = torch.randn(500)
+    allowed = set(torch.topk(logits, 5).indices.tolist())
+    sampler = Sampler(SamplingConfig(temperature=5.0, top_k=5, seed=3))
+    assert {sampler(logits) for _ in range(200)} <= allowed
+
+
+def test_the_repetition_penalty_moves_greedy_off_a_seen_token():
+    logits = torch.zeros(10)
+    logits[3], logits[4] = 2.0, 1.9
+    sampler = Sampler(SamplingConfig(repetition_penalty=1.5))
+    assert sampler(logits) == 3
+    assert sampler(logits) == 4  # 3 was seen: 2.0 / 1.5 < 1.9
+
+
+def test_the_engine_samples_token_one_too_and_repeats_with_a_seed(make_tiny_engine):
+    engine = make_tiny_engine()
+    ids = engine.encode('Name a colour.')
+
+    def answer(seed):
+        state = engine.prefill(ids, StopCriteria())
+        return engine.decode(state, 12, StopCriteria(),
+                             sampler=Sampler(SamplingConfig(temperature=2.0, seed=seed)))
+
+    first, again, other = answer(5), answer(5), answer(6)
+    assert first.token_ids == again.token_ids and first.token_ids != other.token_ids
+    greedy = engine.decode(engine.prefill(ids, StopCriteria()), 12, StopCriteria())
+    assert greedy.token_ids != first.token_ids
+
+
+# --- conversations -------------------------------------------------------------------------------
+def test_messages_sit_between_the_system_prompt_and_the_prompt(make_tiny_engine):
+    engine = make_tiny_engine()
+    turns = [{'role': 'system', 'content': 'You steer robots.'},
+             {'role': 'user', 'content': 'Go to dock 2.'},
+             {'role': 'assistant', 'content': 'On my way.'},
+             {'role': 'user', 'content': 'Now dock 5.'}]
+    want = engine.tokenizer(engine.tokenizer.apply_chat_template(
+        turns, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    got = engine.encode('Now dock 5.', 'You steer robots.',
+                        (('user', 'Go to dock 2.'), ('assistant', 'On my way.')))
+    assert got == want['input_ids']
+    conversation = (('user', 'Go to dock 2.'), ('assistant', 'On my way.'),
+                    ('user', 'Now dock 5.'))
+    assert engine.encode('', 'You steer robots.', conversation) == got
+
+
+COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
+
+
+@pytest.fixture
+def service(tiny_model, smollm2_tokenizer):
+    engine_cfg = EngineConfig(max_new_tokens=12, prefill_chunk_tokens=64,
+                              decode_weights='float32')
+    config = ServerConfig(engine=engine_cfg)
+    engine = LlmEngine(engine_cfg, config.eviction, model=tiny_model,
+                       tokenizer=smollm2_tokenizer)
+    service = TimeBillService(config, engine, FallbackPredictor(), COEFFS)
+    service.start()
+    yield service
+    service.shutdown()
+
+
+def _ask(service, **fields):
+    done, results = threading.Event(), []
+    fields.setdefault('budget_s', 600.0)
+    service.submit(GoalRequest(**fields), lambda feedback: None,
+                   lambda result: (results.append(result), done.set()))
+    assert done.wait(60)
+    return results[0]
+
+
+def test_seeded_goals_answer_alike_and_bad_values_are_rejected(service):
+    one = _ask(service, prompt='Name a colour.', temperature=1.0, seed=11)
+    two = _ask(service, prompt='Name a colour.', temperature=1.0, seed=11)
+    assert one.status == two.status == status.COMPLETED and one.response == two.response
+    for field, value in (('top_p', 1.5), ('temperature', -1.0), ('top_k', -2),
+                         ('repetition_penalty', 0.0)):
+        bad = _ask(service, prompt='Name a colour.', **{field: value})
+        assert bad.status == status.REJECTED and field in bad.message, bad.message
+        assert bad.finish_reason == status.FINISH_REJECTED
+
+
+@pytest.mark.parametrize('fields, needle', [
+    ({'prompt': '', 'messages': (('user', 'Hi'), ('assistant', 'Hello'))}, 'last of messages'),
+    ({'prompt': 'x', 'messages': (('robot', 'Hi'),)}, 'messages[0].role'),
+    ({'prompt': 'x', 'messages': (('user', 'Hi'), ('system', 'late'))}, 'messages[1]'),
+    ({'prompt': 'x', 'system_prompt': 's', 'messages': (('system', 'twice'),)}, 'messages[0]'),
+    ({'prompt': 'x', 'messages': (('user', '  '),)}, 'messages[0].content'),
+    ({'prompt': 'x', 'messages': ('user',)}, 'messages[0]'),
+])
+def test_bad_conversations_are_rejected_naming_the_message(service, fields, needle):
+    result = _ask(service, **fields)
+    assert result.status == status.REJECTED and needle in result.message, result.message
+
+
+def test_a_conversation_with_an_empty_prompt_runs(service):
+    result = _ask(service, prompt='', messages=(('user', 'Go to dock 2.'),
+                                                ('assistant', 'On my way.'),
+                                                ('user', 'Now dock 5.')))
+    assert result.status == status.COMPLETED, result.message
+    assert result.prompt_tokens > 20
+
+
+def test_ros_goals_map_their_zero_defaults():
+    goal = make_goal('Go.', budget_s=2.0, messages=[('user', 'Hi'), ('assistant', 'Yes')],
+                     stop=['\n'])
+    request = request_from_goal(goal, 'g', 0.0, 0.0)
+    assert request.messages == (('user', 'Hi'), ('assistant', 'Yes'))
+    assert (request.temperature, request.top_p, request.top_k, request.repetition_penalty,
+            request.seed, request.stop) == (0.0, 1.0, 0, 1.0, None, ('\n',))
+    seeded = request_from_goal(make_goal('Go.', budget_s=2.0, temperature=0.7, top_p=0.9,
+                                         seed=42), 'g', 0.0, 0.0)
+    assert (seeded.temperature, seeded.seed) == (pytest.approx(0.7), 42)
+    assert seeded.top_p == pytest.approx(0.9)
