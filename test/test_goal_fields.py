@@ -160,3 +160,51 @@ def test_ros_goals_map_their_zero_defaults():
                                          seed=42), 'g', 0.0, 0.0)
     assert (seeded.temperature, seeded.seed) == (pytest.approx(0.7), 42)
     assert seeded.top_p == pytest.approx(0.9)
+
+
+# --- json_schema ---------------------------------------------------------------------------------
+ENUM_SCHEMA = ('{"type": "object", "additionalProperties": false, "required": ["action", "ok"],'
+               ' "properties": {"action": {"enum": ["move", "pick", "wait"]},'
+               ' "ok": {"type": "boolean"}}}')
+
+
+def test_a_schema_goal_answers_one_valid_document(service):
+    import json
+
+    import jsonschema
+    result = _ask(service, prompt='What next?', json_schema=ENUM_SCHEMA, max_new_tokens=60)
+    assert result.status == status.COMPLETED, result.message
+    assert result.finish_reason == status.FINISH_EOS, result.message
+    jsonschema.validate(json.loads(result.response), json.loads(ENUM_SCHEMA))
+
+
+def test_a_schema_goal_cut_short_says_so(service):
+    result = _ask(service, prompt='What next?', json_schema=ENUM_SCHEMA, max_new_tokens=3)
+    assert result.status == status.COMPLETED and result.finish_reason == status.FINISH_LENGTH
+    assert 'JSON document is incomplete' in result.message
+
+
+@pytest.mark.parametrize('schema, needle', [
+    ('{"type": ', 'not JSON'), ('[1, 2]', 'JSON object'),
+    ('{"type": "object", "properties": {"a": {"type": "no-such-type"}}}', 'cannot be compiled')])
+def test_bad_schemas_are_rejected_before_any_model_work(service, schema, needle):
+    before = service.engine.n_forward_passes
+    result = _ask(service, prompt='What next?', json_schema=schema)
+    assert result.status == status.REJECTED and needle in result.message, result.message
+    assert 'json_schema' in result.message and service.engine.n_forward_passes == before
+
+
+def test_a_schema_with_sampling_stays_valid(service):
+    import json
+
+    import jsonschema
+    for seed in (1, 2, 3):
+        result = _ask(service, prompt='What next?', json_schema=ENUM_SCHEMA, max_new_tokens=60,
+                      temperature=1.2, seed=seed)
+        assert result.finish_reason == status.FINISH_EOS, result.message
+        jsonschema.validate(json.loads(result.response), json.loads(ENUM_SCHEMA))
+
+
+def test_the_mask_costs_a_fraction_of_a_millisecond(make_tiny_engine):
+    from timebill_ros.engine.grammar import measure_mask_step_s
+    assert 0 < measure_mask_step_s(make_tiny_engine()) < 0.05

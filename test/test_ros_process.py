@@ -53,8 +53,10 @@ def server_files(tmp_path_factory, smollm2_tokenizer, slow_model):
 
     def make(stats_period_s):
         params = {'/**': {'ros__parameters': {
+            # No loop guard: the long goal is slow_model's endless cycle, decoding for seconds.
             'engine': {'model_path': str(model_dir), 'max_new_tokens': 8,
-                       'max_model_new_tokens': LONG_TOKENS, 'threads': 1},
+                       'max_model_new_tokens': LONG_TOKENS, 'threads': 1,
+                       'loop_guard': False},
             'predictor': {'kind': 'fallback'},
             'timing': {'max_calibration_s': 30.0, 'warm_up': False,
                        'state_file': str(root / 'online.yaml')},

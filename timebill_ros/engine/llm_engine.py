@@ -158,6 +158,7 @@ class LlmEngine:
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
+        self._schemas = None
         self.prefix_store = None
         if prefix_cache is not None and prefix_cache.enabled:
             self.prefix_store = PrefixStore(
@@ -211,6 +212,15 @@ class LlmEngine:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
         return cls(engine_config, eviction_config, prefix_cache=prefix_cache)
+
+    @property
+    def schemas(self):
+        """The JSON-schema compiler of this engine's tokenizer (engine/grammar.py), made once."""
+        if self._schemas is None:
+            from timebill_ros.engine.grammar import SchemaCompiler
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._schemas = SchemaCompiler(self.tokenizer, vocab)
+        return self._schemas
 
     @property
     def pool_layers(self) -> tuple:

@@ -12,19 +12,21 @@ from timebill_ros.ros.conversions import s_to_duration
 
 def make_goal(prompt, budget_s=0.0, deadline=None, max_new_tokens=0, policy=0,
               system_prompt='', stop=(), messages=(), temperature=0.0, top_p=0.0, top_k=0,
-              repetition_penalty=0.0, seed=0):
+              repetition_penalty=0.0, seed=0, json_schema=''):
     """Return an Instruct.Goal; budget_s in seconds (0 = use ``deadline``, a ROS Time msg).
 
     stop: strings that end the answer (the response stops before the first one).
     messages: an earlier conversation, ``(role, content)`` pairs. temperature (0 = greedy),
     top_p, top_k, repetition_penalty, seed: sampling, as in Instruct.action (0 = default).
+    json_schema: a JSON schema text the answer must be valid against ('' = free text).
     """
     goal = Instruct.Goal(prompt=prompt, system_prompt=system_prompt,
                          max_new_tokens=max_new_tokens, overrun_policy=policy, stop=list(stop),
                          messages=[ChatMessage(role=role, content=content)
                                    for role, content in messages],
                          temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                         repetition_penalty=float(repetition_penalty), seed=int(seed))
+                         repetition_penalty=float(repetition_penalty), seed=int(seed),
+                         json_schema=json_schema)
     goal.time_budget = s_to_duration(budget_s)
     if deadline is not None:
         goal.deadline = deadline

@@ -41,7 +41,7 @@ def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:
         messages=tuple((m.role, m.content) for m in goal.messages),
         temperature=float(goal.temperature), top_p=float(goal.top_p) or 1.0,
         top_k=int(goal.top_k), repetition_penalty=float(goal.repetition_penalty) or 1.0,
-        seed=int(goal.seed) or None)
+        seed=int(goal.seed) or None, json_schema=goal.json_schema)
 
 
 def result_to_msg(result) -> Instruct.Result:

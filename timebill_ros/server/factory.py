@@ -35,13 +35,26 @@ def build_service(config, log=print):
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
-                              batch_step=batch_step, readout=readout)
+                              batch_step=batch_step, readout=readout,
+                              mask_step_s=mask_cost(engine, log))
     # After the service set the pooled layers (a change clears a store).
     for each in [engine] + ([offload[0]] if offload is not None else []):
         pin_prefixes(config, each, log)
     if config.timing.warm_up:
         service.warm_up()
     return service
+
+
+def mask_cost(engine, log=print):
+    """Return the seconds a json_schema mask adds to a step (a probe, ~0.1 s), 0 if none."""
+    from timebill_ros.engine.grammar import measure_mask_step_s
+    try:
+        seconds = measure_mask_step_s(engine)
+    except Exception as exc:  # no xgrammar: schema goals are refused at admission
+        log(f'json_schema: constrained decoding unavailable ({type(exc).__name__}: {exc})')
+        return 0.0
+    log(f'json_schema: the token mask adds {seconds * 1e3:.2f} ms a decoding step')
+    return seconds
 
 
 def with_prefix_points(config, engine, calibration, log=print):

@@ -26,6 +26,8 @@ class GoalRequest:
     be empty: the conversation's last turn must be the user's).
     temperature (0 = greedy), top_p (0, 1], top_k (0 = off), repetition_penalty (>= 1; 1 =
     off), seed (None = unseeded): the answer's sampling (engine/sampling.py).
+    json_schema: a JSON schema (text); not empty: the answer is one JSON document valid
+    against it (engine/grammar.py).
     """
 
     prompt: str
@@ -42,6 +44,7 @@ class GoalRequest:
     top_k: int = 0
     repetition_penalty: float = 1.0
     seed: Optional[int] = None
+    json_schema: str = ''
 
 
 @dataclasses.dataclass(frozen=True)

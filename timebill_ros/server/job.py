@@ -34,6 +34,7 @@ class Job:
     n_cached: prompt tokens the prefix store holds for it (tokens, found at admission and
     looked up again when it starts): what its prefill estimates count as copied.
     sampling: its engine.sampling.SamplingConfig (None: greedy).
+    grammar: its compiled ``json_schema`` (engine/grammar.py), or None.
     """
 
     request: GoalRequest
@@ -59,6 +60,7 @@ class Job:
     schedule_s: float = 0.0
     n_cached: int = 0
     sampling: Optional[object] = None
+    grammar: Optional[object] = None
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = print
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

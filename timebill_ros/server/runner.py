@@ -109,13 +109,15 @@ class JobRunner:
     predictors.prefill_readout.PrefillReadout giving N^ after the prefill (the predictor
     then does not run beside it), or None. recheck(job) -> JobResult or None: admission
     again, for a goal that finds less of its prompt in the prefix store than it was
-    admitted with (a result ends it unrun); None: no re-check.
+    admitted with (a result ends it unrun); None: no re-check. mask_step_s: seconds a
+    json_schema goal's token mask adds to each decoding step (engine/grammar.py).
     """
 
     def __init__(self, engine, predictor, time_model, server_config, clock=time.monotonic,
-                 batch_step=None, readout=None, recheck=None):
+                 batch_step=None, readout=None, recheck=None, mask_step_s=0.0):
         self.engine = engine
         self.recheck = recheck
+        self.mask_step_s = mask_step_s
         self.predictor = predictor
         self.readout = readout
         self.time_model = time_model
@@ -260,8 +262,13 @@ class _GoalRun:
         self.model = runner.time_model
         self.step_scale = step_scale
         self.wait_s = wait_s
-        self.decode_model = (self.model if step_scale == 1.0
-                             else ScaledSteps(self.model, step_scale))
+        # A schema's token mask adds its cost to every step (measured at start-up).
+        self.mask_scale = 1.0
+        if job.grammar is not None and runner.mask_step_s > 0:
+            self.mask_scale = 1.0 + runner.mask_step_s / max(
+                self.model.step_s(job.n_x, EXPECTED), 1e-6)
+        scale = step_scale * self.mask_scale
+        self.decode_model = self.model if scale == 1.0 else ScaledSteps(self.model, scale)
         self.scale_size = scale_size
         self.clock = runner.clock
         self.job = job
@@ -530,11 +537,14 @@ class _GoalRun:
                           interrupt=self.interrupt, sampler=self._sampler())
 
     def _sampler(self):
-        """Return the goal's Sampler, or None to decode greedily (the default)."""
-        sampling = self.job.sampling
-        if sampling is None or (sampling.greedy and sampling.repetition_penalty == 1):
-            return None
-        return Sampler(sampling)
+        """Return the goal's token picker (schema mask, Sampler), None: greedy (default)."""
+        sampling, grammar = self.job.sampling, self.job.grammar
+        inner = None
+        if sampling is not None and not (sampling.greedy and sampling.repetition_penalty == 1):
+            inner = Sampler(sampling)
+        if grammar is not None:
+            return self.engine.schemas.constrain(grammar, inner)
+        return inner
 
     def _decode_criteria(self, state, alpha):
         """Return (stop criteria, feedback callback) of the decoding phase."""
@@ -571,7 +581,9 @@ class _GoalRun:
             criteria.append(stopping.StopStrings(
                 self.job.request.stop,
                 lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True)))
-        if cfg.loop_guard:
+        # Not under a schema: a cut would break the document; its maxItems / maxLength and
+        # max_new_tokens bound it (docs/answers.md).
+        if cfg.loop_guard and self.job.grammar is None:
             criteria.append(stopping.LoopGuard(cfg.loop_guard_max_period,
                                                cfg.loop_guard_min_repeats,
                                                cfg.loop_guard_min_span))
@@ -580,7 +592,8 @@ class _GoalRun:
     def decoded(self, out):
         """Record the decoding phase's outcome ``out`` (engine DecodeResult)."""
         result = self.result
-        steps = self.timer.step_durations_s()
+        # The model learns the step without the mask (its cost is the start-up figure).
+        steps = [step / self.mask_scale for step in self.timer.step_durations_s()]
         if self.step_scale == 1.0:  # the online model learns a goal's step alone
             self.model.observe_decode(self.n_kv_first, len(steps), sum(steps))
         elif steps:  # the batch scale learns how much slower its step was in the batch
@@ -620,6 +633,9 @@ class _GoalRun:
         else:
             how = STOP_WORDS.get(out.stop_reason, 'max_new_tokens reached')
         result.message = f'completed ({how}), {when}'
+        if job.grammar is not None and out.stop_reason != stopping.EOS:
+            # Only EOS follows a whole document: any other ending leaves a valid prefix.
+            result.message += '; json_schema: the JSON document is incomplete'
         if job.infeasible:
             result.message += f'; {job.admission_note}'
 

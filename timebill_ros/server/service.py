@@ -83,11 +83,12 @@ class TimeBillService:
     the offload executor.
     batch_step: the primary engine's batched-step fit (timing.batch.BatchStepCoefficients)
     that goals decoding in a batch budget with (``scheduler.consolidation``), or None.
+    mask_step_s: seconds a json_schema goal's token mask adds to a decoding step.
     """
 
     def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
                  scheduler_policy=None, state_path=None, log=lambda line: None,
-                 offload=None, tau_tokens=None, batch_step=None, readout=None):
+                 offload=None, tau_tokens=None, batch_step=None, readout=None, mask_step_s=0.0):
         batching = config.scheduler
         if batching.batch_size == 0 and (batching.consolidation or batching.continuous):
             raise ValueError('scheduler.batch_size 0 must be resolved before the service is '
@@ -116,7 +117,7 @@ class TimeBillService:
             if offload is not None:
                 offload[0].pool_layers = readout.pool_layers
         self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step, readout,
-                                recheck=self._on_dequeue)
+                                recheck=self._on_dequeue, mask_step_s=mask_step_s)
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,
                                    accept=lambda job: self._accepts(PRIMARY, job),
@@ -129,7 +130,8 @@ class TimeBillService:
                 raise ValueError('an offload executor needs tau_tokens')
             offload_engine, offload_model = offload
             runner = JobRunner(offload_engine, predictor, offload_model, config, clock,
-                               readout=readout, recheck=self._on_dequeue)
+                               readout=readout, recheck=self._on_dequeue,
+                               mask_step_s=mask_step_s)
             self.executors.append(Executor(OFFLOAD, self.queue, runner, self._on_dequeue,
                                            self._after_job, log,
                                            accept=lambda job: self._accepts(OFFLOAD, job)))
@@ -265,6 +267,7 @@ class TimeBillService:
         goals.check_prompt(request, self.config.queue.max_prompt_chars)
         goals.check_stop(request)
         sampling = goals.resolve_sampling(request)
+        grammar = self._compile_schema(request)
         deadline_s = goals.resolve_deadline(request, received_s)
         policy = overrun.policy_by_name(
             goals.resolve_policy(request, self.config.overrun.default_policy))
@@ -277,7 +280,8 @@ class TimeBillService:
         job = Job(request=request, goal_id=goal_id, received_s=received_s,
                   deadline_s=deadline_s, policy=policy, n_max=n_max, input_ids=input_ids,
                   on_feedback=on_feedback, on_done=on_done, clock=self.clock, log=self.log,
-                  n_cached=self.engine.match_prefix(input_ids).n_tokens, sampling=sampling)
+                  n_cached=self.engine.match_prefix(input_ids).n_tokens, sampling=sampling,
+                  grammar=grammar)
         verdict = self.admission.check(job, self.clock())
         if not verdict.admit:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
@@ -398,6 +402,18 @@ class TimeBillService:
             job.admission_note = verdict.message
         stops_early = job.policy.stops_early and self.admission.name != 'none'
         job.expires_s = job.deadline_s - (verdict.min_time_s if stops_early else 0.0)
+
+    def _compile_schema(self, request):
+        """Return the goal's compiled json_schema, None without one; GoalRejected if bad."""
+        text = request.json_schema
+        if not isinstance(text, str):
+            raise GoalRejected(f'json_schema must be a string, got {text!r}')
+        if not text:
+            return None
+        try:
+            return self.engine.schemas.compile(text)
+        except ValueError as exc:
+            raise GoalRejected(str(exc)) from None
 
     def _encode(self, request):
         try:
