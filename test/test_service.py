@@ -334,6 +334,10 @@ def _run_in_order(service, prompts):
         recorders.append(submit(service, GoalRequest(prompt, budget_s=LONG), rec))
     for job in (rec.job for rec in recorders):
         job.prediction.result(timeout=30)  # u_J known before the executor chooses
+        # result() can return before the future's done-callback has recorded u_J on the job.
+        deadline = time.monotonic() + 30
+        while job.predicted_tokens is None and time.monotonic() < deadline:
+            time.sleep(0.001)
     first.release.set()
     results = [rec.wait() for rec in recorders]
     assert first.wait().uncertainty_tokens == 0  # it started without waiting
