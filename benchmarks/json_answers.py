@@ -14,7 +14,6 @@ import datetime
 import json
 import os
 import platform
-import threading
 
 SCHEMA = {
     'type': 'object', 'additionalProperties': False, 'required': ['goal', 'steps'],
@@ -27,14 +26,6 @@ SCHEMA = {
 FAMILIES = ('plan', 'navigate', 'manipulate', 'plan_paraphrase', 'to_json', 'map_qa')
 
 
-def ask(service, request):
-    done, results = threading.Event(), []
-    service.submit(request, lambda feedback: None,
-                   lambda result: (results.append(result), done.set()))
-    done.wait(600)
-    return results[0]
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--prompts', type=int, default=12)
@@ -44,6 +35,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import jsonschema
 
+    from timebill_ros.bench.prefix import ask
     from timebill_ros.params import load_config
     from timebill_ros.server.factory import build_service
     from timebill_ros.server.goals import GoalRequest

@@ -390,19 +390,10 @@ class LlmEngine:
         first, second = (self.encode(text, system_prompt) for text in ('a', 'b'))
         n_head = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
         head = first[:n_head]
-        size = self.prefix_store.block_tokens
-        if n_head < size:
+        if n_head < self.prefix_store.block_tokens:
             return 0
-        pool = HiddenPool(self.model.model.norm.variance_epsilon, self.pool_layers, size)
-        cache = self.forward.new_cache()
-        with torch.inference_mode(), self.forward.hooked(PassHooks(pool=pool)):
-            for begin in range(0, n_head, self.engine_config.prefill_chunk_tokens):
-                end = min(n_head, begin + self.engine_config.prefill_chunk_tokens)
-                self._forward(head[begin:end], begin, cache, step=False)
-
-        self.prefix_store.insert(head, lambda index: (
-            self._block_kv(cache, index * size, (index + 1) * size), pool.block_sum(index)),
-            pin=True)
+        self.prefill(head, StopCriteria(), store=self.prefix_store)
+        self.prefix_store.insert(head, lambda index: None, pin=True)  # pins what it holds
         return self.prefix_store.held_tokens(head)
 
     def evict(self, state: PrefillState, alpha: float,

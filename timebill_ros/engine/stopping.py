@@ -164,7 +164,36 @@ class StepTimer(StopCriterion):
         return [b - a for a, b in zip(self.times_s, self.times_s[1:])]
 
 
-class LoopGuard(StopCriterion):
+class _TailCut(StopCriterion):
+    """A criterion that follows the answer's tokens and may cut its tail when it fires.
+
+    ``tokens``: the ids seen so far; ``keep``: how many the answer keeps once fired (None
+    until then). Subclasses override :meth:`_fires` (the new token is ``tokens[-1]``).
+    """
+
+    reason = None
+
+    def __init__(self):
+        self.tokens = []
+        self.keep = None
+
+    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+        """Add the new token (once per step); return ``reason`` once the criterion fired."""
+        if last_token_id is not None and n_generated > len(self.tokens) and self.keep is None:
+            self.tokens.append(last_token_id)
+            self.keep = self._fires()
+        return None if self.keep is None else self.reason
+
+    def _fires(self) -> Optional[int]:
+        """Return the tokens the answer keeps if it must end now, else None."""
+        raise NotImplementedError
+
+    def answer_tokens(self, tokens):
+        """Return the tokens the answer keeps (all until the criterion fired)."""
+        return len(tokens) if self.keep is None else min(self.keep, len(tokens))
+
+
+class LoopGuard(_TailCut):
     """Stop an answer that repeats a cycle of tokens: ``REPETITION``.
 
     The answer's tail is a loop when its last ``span`` tokens repeat one cycle of a period p
@@ -181,33 +210,26 @@ class LoopGuard(StopCriterion):
                 raise ValueError(f'{name} must be an int >= 1, got {value!r}')
         if min_repeats < 2:
             raise ValueError(f'min_repeats must be >= 2, got {min_repeats!r}')
+        super().__init__()
         self.max_period, self.min_repeats, self.min_span = max_period, min_repeats, min_span
-        self.tokens = []
         self.runs = [0] * (max_period + 1)  # runs[p]: tokens equal to the one p before
-        self.keep = None
 
-    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
-        """Add the new token; return REPETITION when the tail became a loop."""
-        if last_token_id is None or n_generated <= len(self.tokens):
-            return REPETITION if self.keep is not None else None
+    reason = REPETITION
+
+    def _fires(self):
+        """Keep up to the first copy's end when the tail became a loop."""
         tokens = self.tokens
-        tokens.append(last_token_id)
         last = len(tokens) - 1
         for period in range(1, min(self.max_period, last) + 1):
-            run = self.runs[period] + 1 if tokens[last - period] == last_token_id else 0
+            run = self.runs[period] + 1 if tokens[last - period] == tokens[last] else 0
             self.runs[period] = run
             span = run + period  # the tail of this length has period p
             if span >= self.min_span and span >= self.min_repeats * period:
-                self.keep = len(tokens) - span + period
-                return REPETITION
+                return len(tokens) - span + period
         return None
 
-    def answer_tokens(self, tokens):
-        """Return the tokens before the repetition: up to the first copy's end."""
-        return len(tokens) if self.keep is None else min(self.keep, len(tokens))
 
-
-class StopStrings(StopCriterion):
+class StopStrings(_TailCut):
     """Stop when the answer's text contains one of ``stop`` strings: ``STOP_STRING``.
 
     text_of(token ids) -> str decodes the answer (the engine's tokenizer). The answer keeps
@@ -221,27 +243,20 @@ class StopStrings(StopCriterion):
         if not self.stop or any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f'stop must be non-empty strings, got {stop!r}')
         self.text_of = text_of
-        self.tokens = []
-        self.keep = None
+        super().__init__()
 
-    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
-        """Add the new token; return STOP_STRING once a stop string appears in the text."""
-        if last_token_id is None or n_generated <= len(self.tokens):
-            return STOP_STRING if self.keep is not None else None
-        self.tokens.append(last_token_id)
+    reason = STOP_STRING
+
+    def _fires(self):
+        """Keep every token so far once a stop string appears in the text."""
         if self.cut_text(self.text_of(self.tokens)) is not None:
-            self.keep = len(self.tokens)
-            return STOP_STRING
+            return len(self.tokens)
         return None
 
     def cut_text(self, text: str) -> Optional[str]:
         """Return ``text`` before its earliest stop string, or None when it has none."""
         found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         return text[:min(found)] if found else None
-
-    def answer_tokens(self, tokens):
-        """Return the tokens up to the one that completed the stop string."""
-        return len(tokens) if self.keep is None else min(self.keep, len(tokens))
 
 
 class StopCriteria:
