@@ -12,7 +12,6 @@ coverage with and without the schema.
 import argparse
 import datetime
 import json
-import os
 import platform
 
 SCHEMA = {
@@ -36,6 +35,7 @@ def main(argv=None):
     import jsonschema
 
     from timebill_ros.bench.prefix import ask
+    from timebill_ros.bench.rows import write_table
     from timebill_ros.params import load_config
     from timebill_ros.server.factory import build_service
     from timebill_ros.server.goals import GoalRequest
@@ -94,12 +94,7 @@ def main(argv=None):
                      f"{sum(r['tokens'] for r in group) / max(len(group), 1):.0f} |")
     lines += ['', 'Schema answers:', '']
     lines += [f"- {r['prompt_id']}: `{r['response'][:160]}`" for r in rows if r['schema']]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, 'w', encoding='utf-8') as stream:
-        stream.write('\n'.join(lines) + '\n')
-    with open(os.path.splitext(args.out)[0] + '.json', 'w', encoding='utf-8') as stream:
-        json.dump(rows, stream, indent=1)
-    print('\n'.join(lines))
+    write_table(args.out, lines, rows)
     return 0
 
 

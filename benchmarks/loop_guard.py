@@ -23,6 +23,7 @@ def main(argv=None):
     parser.add_argument('--answers', default=None, help='answers JSONL (default: the cache)')
     parser.add_argument('--out', default='benchmarks/results/loop_guard/loop_guard.md')
     args = parser.parse_args(argv)
+    from timebill_ros.bench.rows import write_table
     from timebill_ros.config import EngineConfig, EvictionConfig
     from timebill_ros.engine import LlmEngine
     from timebill_ros.paths import cache_root
@@ -53,12 +54,7 @@ def main(argv=None):
             f"{len(row['ended_fired'])}/{row['ended']} {', '.join(row['ended_fired'][:6])} | "
             f"{len(row['structured_fired'])}/{row['structured']} "
             f"{', '.join(row['structured_fired'])} |")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, 'w', encoding='utf-8') as stream:
-        stream.write('\n'.join(lines) + '\n')
-    with open(os.path.splitext(args.out)[0] + '.json', 'w', encoding='utf-8') as stream:
-        json.dump(rows, stream, indent=1)
-    print('\n'.join(lines))
+    write_table(args.out, lines, rows)
     return 0
 
 

@@ -10,8 +10,6 @@ lengths and endings, and per prompt the sampled lengths over the greedy one.
 
 import argparse
 import datetime
-import json
-import os
 import platform
 import statistics
 
@@ -24,6 +22,7 @@ def main(argv=None):
     parser.add_argument('--out', default='benchmarks/results/sampling_lengths/'
                                          'sampling_lengths.md')
     args = parser.parse_args(argv)
+    from timebill_ros.bench.rows import write_table
     from timebill_ros.config import EngineConfig, EvictionConfig
     from timebill_ros.engine import LlmEngine
     from timebill_ros.engine.sampling import Sampler, SamplingConfig
@@ -84,12 +83,7 @@ def main(argv=None):
               f'{sum(r < 1 / 1.5 for r in ratios)} under 1/1.5x.',
               f'Longest over shortest of the {args.seeds} seeds of a prompt: median '
               f'{statistics.median(spread):.2f}, max {max(spread):.2f}.']
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, 'w', encoding='utf-8') as stream:
-        stream.write('\n'.join(lines) + '\n')
-    with open(os.path.splitext(args.out)[0] + '.json', 'w', encoding='utf-8') as stream:
-        json.dump(rows, stream, indent=1)
-    print('\n'.join(lines))
+    write_table(args.out, lines, rows)
     return 0
 
 

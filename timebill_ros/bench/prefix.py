@@ -208,17 +208,21 @@ def run_prefixbench(args):
                 context = robot_log(n_tokens, tokenizer)
                 for placement in args.placements:
                     say(f'== reuse {reuse}, context ~{n_tokens} tokens as {placement} ==')
-                    first = request(context, QUESTIONS[0], placement, 120.0, args.max_new_tokens)
-                    predicted = expected_prefill_s(service, first)
-                    rows.append(row(ask(service, first), predicted, kind='first', reuse=reuse,
-                                    placement=placement, context_tokens=n_tokens))
-                    for question in QUESTIONS[1:1 + args.questions]:
-                        goal = request(context, question, placement, 120.0, args.max_new_tokens)
+
+                    def measured(kind, question, budget_s):
+                        """Ask ``question``; keep its row; return (result, predicted prefill)."""
+                        goal = request(context, question, placement, budget_s,
+                                       args.max_new_tokens)
                         predicted = expected_prefill_s(service, goal)
                         result = ask(service, goal)
-                        rows.append(row(result, predicted, kind='follow-up', reuse=reuse,
+                        rows.append(row(result, predicted, kind=kind, reuse=reuse,
                                         placement=placement, context_tokens=n_tokens,
                                         question=question))
+                        return result, predicted
+
+                    measured('first', QUESTIONS[0], 120.0)
+                    for question in QUESTIONS[1:1 + args.questions]:
+                        result, predicted = measured('follow-up', question, 120.0)
                         say(f'follow-up: prefill {result.prefill_time_s:.2f} s (predicted '
                             f'{predicted:.2f}), cached {result.cached_tokens}, total '
                             f'{result.total_time_s:.2f} s')
@@ -228,13 +232,7 @@ def run_prefixbench(args):
                         budgets.append(dict(reuse=reuse, placement=placement,
                                             context_tokens=n_tokens, question=question,
                                             smallest_budget_s=smallest))
-                        goal = request(context, question, placement, args.kill_budget_s,
-                                       args.max_new_tokens)
-                        predicted = expected_prefill_s(service, goal)
-                        result = ask(service, goal)
-                        rows.append(row(result, predicted, kind='kill-budget', reuse=reuse,
-                                        placement=placement, context_tokens=n_tokens,
-                                        question=question))
+                        result, _ = measured('kill-budget', question, args.kill_budget_s)
                         say(f'at {args.kill_budget_s} s under Kill: {result.status_name} '
                             f'({result.message[:80]})')
         finally:

@@ -37,3 +37,18 @@ def result_fields(result):
 def pick(fields, names):
     """Return the entries of ``fields`` named in ``names``, in that order."""
     return {name: fields[name] for name in names}
+
+
+def write_table(md_path, lines, rows):
+    """Write ``lines`` (Markdown) to ``md_path`` and ``rows`` beside it as JSON; print them.
+
+    The JSON file has the Markdown file's name with ``.json``; folders are made as needed.
+    """
+    import json
+    import os
+    os.makedirs(os.path.dirname(md_path) or '.', exist_ok=True)
+    with open(md_path, 'w', encoding='utf-8') as stream:
+        stream.write('\n'.join(lines) + '\n')
+    with open(os.path.splitext(md_path)[0] + '.json', 'w', encoding='utf-8') as stream:
+        json.dump(rows, stream, indent=1)
+    print('\n'.join(lines))
