@@ -1,17 +1,14 @@
 """Stop strings, the loop guard and finish_reason: criteria, the engine, the service."""
 
-import threading
 
 import pytest
 
-from timebill_ros.config import EngineConfig, OverrunConfig, ServerConfig
-from timebill_ros.engine import LlmEngine
+from service_helpers import ask, core_service
+from timebill_ros.config import EngineConfig, OverrunConfig
 from timebill_ros.engine.stopping import (REPETITION, STOP_STRING, LoopGuard, StopCriteria,
                                           StopStrings)
-from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
-from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.model import TimingCoefficients
 
 
@@ -102,40 +99,29 @@ COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 def service(slow_model, smollm2_tokenizer):
     engine_cfg = EngineConfig(max_new_tokens=200, prefill_chunk_tokens=64,
                               decode_weights='float32', loop_guard_min_span=24)
-    config = ServerConfig(engine=engine_cfg, overrun=OverrunConfig(default_policy='kill'))
-    engine = LlmEngine(engine_cfg, config.eviction, model=slow_model,
-                       tokenizer=smollm2_tokenizer)
-    service = TimeBillService(config, engine, FallbackPredictor(), COEFFS)
-    service.start()
+    service = core_service(slow_model, smollm2_tokenizer, engine_cfg, COEFFS,
+                           overrun=OverrunConfig(default_policy='kill'))
     yield service
     service.shutdown()
 
 
-def _ask(service, request):
-    done, results = threading.Event(), []
-    service.submit(request, lambda feedback: None,
-                   lambda result: (results.append(result), done.set()))
-    assert done.wait(120)
-    return results[0]
-
-
 def test_a_looping_model_ends_with_repetition_long_before_n_max(service):
     # The slow model's greedy answer settles into a cycle without EOS (conftest).
-    result = _ask(service, GoalRequest('Describe the dock.', budget_s=600.0))
+    result = ask(service, GoalRequest('Describe the dock.', budget_s=600.0))
     assert result.status == status.COMPLETED, result.message
     assert result.finish_reason == status.FINISH_REPETITION
     assert result.response_tokens < 200 and 'repeated' in result.message
 
 
 def test_finish_reasons_of_each_ending(service):
-    long = _ask(service, GoalRequest('Describe the dock.', budget_s=600.0, max_new_tokens=4))
+    long = ask(service, GoalRequest('Describe the dock.', budget_s=600.0, max_new_tokens=4))
     assert long.finish_reason == status.FINISH_LENGTH
-    bad = _ask(service, GoalRequest('Describe the dock.', budget_s=600.0, stop=('',)))
+    bad = ask(service, GoalRequest('Describe the dock.', budget_s=600.0, stop=('',)))
     assert bad.status == status.REJECTED and bad.finish_reason == status.FINISH_REJECTED
     assert 'stop[0]' in bad.message
-    many = _ask(service, GoalRequest('Describe the dock.', budget_s=600.0, stop=('a',) * 17))
+    many = ask(service, GoalRequest('Describe the dock.', budget_s=600.0, stop=('a',) * 17))
     assert many.status == status.REJECTED and 'at most 16' in many.message
-    late = _ask(service, GoalRequest('Describe the dock.', budget_s=1e-4))
+    late = ask(service, GoalRequest('Describe the dock.', budget_s=1e-4))
     assert late.finish_reason in (status.FINISH_REJECTED, status.FINISH_DEADLINE)
 
 

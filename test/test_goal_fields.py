@@ -1,20 +1,17 @@
 """Goal fields a planner relies on: sampling with a seed, and conversations (messages)."""
 
-import threading
 
 import pytest
 import torch
 
-from timebill_ros.config import EngineConfig, ServerConfig
-from timebill_ros.engine import LlmEngine
+from service_helpers import ask, core_service
+from timebill_ros.config import EngineConfig
 from timebill_ros.engine.sampling import Sampler, SamplingConfig
 from timebill_ros.engine.stopping import StopCriteria
-from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.client import make_goal
 from timebill_ros.ros.conversions import request_from_goal
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
-from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.model import TimingCoefficients
 
 
@@ -99,22 +96,14 @@ COEFFS = TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3)
 def service(tiny_model, smollm2_tokenizer):
     engine_cfg = EngineConfig(max_new_tokens=12, prefill_chunk_tokens=64,
                               decode_weights='float32')
-    config = ServerConfig(engine=engine_cfg)
-    engine = LlmEngine(engine_cfg, config.eviction, model=tiny_model,
-                       tokenizer=smollm2_tokenizer)
-    service = TimeBillService(config, engine, FallbackPredictor(), COEFFS)
-    service.start()
+    service = core_service(tiny_model, smollm2_tokenizer, engine_cfg, COEFFS)
     yield service
     service.shutdown()
 
 
 def _ask(service, **fields):
-    done, results = threading.Event(), []
     fields.setdefault('budget_s', 600.0)
-    service.submit(GoalRequest(**fields), lambda feedback: None,
-                   lambda result: (results.append(result), done.set()))
-    assert done.wait(60)
-    return results[0]
+    return ask(service, GoalRequest(**fields))
 
 
 def test_seeded_goals_answer_alike_and_bad_values_are_rejected(service):

@@ -10,15 +10,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from timebill_ros.config import (EngineConfig, PrefixCacheConfig, ServerConfig,
-                                 OverrunConfig)
-from timebill_ros.engine import LlmEngine
+from service_helpers import ask, core_service
+from timebill_ros.config import EngineConfig, OverrunConfig, PrefixCacheConfig
 from timebill_ros.engine.prefix_store import PrefixStore
 from timebill_ros.engine.stopping import StopCriteria
-from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
-from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.model import Calibration, TimingCoefficients, now_iso
 from timebill_ros.timing.online import EXPECTED, LEAST, TimeModel
 from timebill_ros.timing.prefix import fit_copy_token_s, hit_mape_pct, hit_rest_s
@@ -260,22 +257,12 @@ SLOW = TimingCoefficients(a=0.0, b=0.01, c=0.01, p=1e-6, q=1e-3)
 
 def _service(tiny_model, tokenizer, start=True):
     engine_cfg = EngineConfig(max_new_tokens=8, prefill_chunk_tokens=64, decode_weights='float32')
-    config = ServerConfig(engine=engine_cfg, prefix_cache=PREFIX,
-                          overrun=OverrunConfig(default_policy='kill'))
-    engine = LlmEngine(engine_cfg, config.eviction, model=tiny_model, tokenizer=tokenizer,
-                       prefix_cache=PREFIX)
-    service = TimeBillService(config, engine, FallbackPredictor(), SLOW)
-    if start:
-        service.start()
-    return service
+    return core_service(tiny_model, tokenizer, engine_cfg, SLOW, start, prefix_cache=PREFIX,
+                        overrun=OverrunConfig(default_policy='kill'))
 
 
 def _ask(service, question, budget_s):
-    done, results = threading.Event(), []
-    service.submit(GoalRequest(question, system_prompt=CONTEXT, budget_s=budget_s),
-                   lambda feedback: None, lambda result: (results.append(result), done.set()))
-    assert done.wait(60)
-    return results[0]
+    return ask(service, GoalRequest(question, system_prompt=CONTEXT, budget_s=budget_s))
 
 
 def test_follow_ups_are_admitted_on_the_cached_cost(tiny_model, smollm2_tokenizer):

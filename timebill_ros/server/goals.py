@@ -199,8 +199,10 @@ def check_stop(request: GoalRequest) -> tuple:
 ROLES = ('system', 'user', 'assistant')
 
 
-def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> None:
+def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> tuple:
     """Reject non-string fields, prompts over ``max_chars``, empty or whitespace-only prompts.
+
+    Returns the goal's checked ``messages`` (:func:`check_messages`).
 
     max_chars: cap on the characters of prompt, system_prompt and messages together (None: no
     cap); checked first, so an oversized goal costs nothing before it is refused. With
@@ -220,6 +222,7 @@ def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> None:
         if request.prompt or messages[-1][0] != 'user':
             raise GoalRejected('prompt is empty: the last of messages must then be a user turn '
                                f'with text, got role {messages[-1][0]!r}')
+    return messages
 
 
 def check_messages(request: GoalRequest) -> tuple:

@@ -264,7 +264,7 @@ class TimeBillService:
     def _admit(self, request, goal_id, received_s, on_feedback, on_done):
         if self._closed:
             raise GoalRejected('server is shutting down')
-        goals.check_prompt(request, self.config.queue.max_prompt_chars)
+        messages = goals.check_prompt(request, self.config.queue.max_prompt_chars)
         goals.check_stop(request)
         sampling = goals.resolve_sampling(request)
         grammar = self._compile_schema(request)
@@ -274,7 +274,7 @@ class TimeBillService:
         n_max = goals.resolve_max_new_tokens(request, self.config.engine.max_new_tokens,
                                              self.config.engine.max_model_new_tokens)
         _rejecting(self.queue.check_room)  # before the tokenizer's work, again at the push
-        input_ids = self._encode(request)
+        input_ids = self._encode(request, messages)
         # The answer cannot outgrow the context: N_x + N_max <= context tokens.
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))
         job = Job(request=request, goal_id=goal_id, received_s=received_s,
@@ -415,10 +415,9 @@ class TimeBillService:
         except ValueError as exc:
             raise GoalRejected(str(exc)) from None
 
-    def _encode(self, request):
+    def _encode(self, request, messages=()):
         try:
-            input_ids = self.engine.encode(request.prompt, request.system_prompt,
-                                           goals.check_messages(request))
+            input_ids = self.engine.encode(request.prompt, request.system_prompt, messages)
         except Exception as exc:
             raise GoalRejected(f'prompt could not be tokenized: {exc}') from exc
         limit = self.engine.context_tokens

@@ -1,0 +1,32 @@
+"""Helpers shared by the tests that run the core service (no ROS) on a small real model."""
+
+import threading
+
+from timebill_ros.config import ServerConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.server.service import TimeBillService
+
+
+def core_service(model, tokenizer, engine_config, coefficients, start=True, **groups):
+    """Return a TimeBillService on ``model`` with the fallback predictor (started).
+
+    groups: other ServerConfig groups (``overrun=OverrunConfig(...)``, ``prefix_cache=...``);
+    the engine has a prefix store only when ``prefix_cache`` is given.
+    """
+    config = ServerConfig(engine=engine_config, **groups)
+    engine = LlmEngine(engine_config, config.eviction, model=model, tokenizer=tokenizer,
+                       prefix_cache=groups.get('prefix_cache'))
+    service = TimeBillService(config, engine, FallbackPredictor(), coefficients)
+    if start:
+        service.start()
+    return service
+
+
+def ask(service, request, timeout_s=120):
+    """Submit ``request`` (a GoalRequest) and return its JobResult."""
+    done, results = threading.Event(), []
+    service.submit(request, lambda feedback: None,
+                   lambda result: (results.append(result), done.set()))
+    assert done.wait(timeout_s), 'no result'
+    return results[0]
