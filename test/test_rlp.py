@@ -9,7 +9,9 @@ import pytest
 import torch
 from rlp_helpers import planted
 
-from timebill_ros.config import PredictorConfig
+from timebill_ros.config import (EngineConfig, EvictionConfig, PredictorConfig,
+                                 PrefixCacheConfig)
+from timebill_ros.engine import LlmEngine, stopping
 from timebill_ros.predictors import FallbackPredictor, make_predictor
 from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor, PredictorTiming
 from timebill_ros.training import collect as collect_mod
@@ -100,12 +102,39 @@ def test_batched_lengths_match_one_at_a_time_on_tiny_model(make_tiny_engine):
     encoded = {it.prompt_id: engine.encode(it.prompt) for it in items}
 
     def lengths(max_batch):
-        return {item.prompt_id: (n, capped) for item, n, capped in
+        return {item.prompt_id: (n, capped) for item, n, capped, _ in
                 collect_mod.decode_lengths(engine, items, encoded, 7, max_batch)}
 
     alone = lengths(1)
     assert len(alone) == 5 and lengths(3) == alone
     assert all(1 <= n <= 7 and capped == (n == 7) for n, capped in alone.values())
+
+
+def test_guarded_collection_counts_the_steps_until_the_loop_guard_fired(
+        slow_model, smollm2_tokenizer, tmp_path):
+    """A looping answer ends where the server's guard ends it, not at N_model."""
+    engine = LlmEngine(EngineConfig(decode_weights='float32'), EvictionConfig(),
+                       model=slow_model, tokenizer=smollm2_tokenizer,
+                       prefix_cache=PrefixCacheConfig(enabled=False))
+    items, out, guard = build_corpus()[:3], tmp_path / 'guarded.jsonl', (32, 3, 24)
+    assert collect_mod.collect(engine, items, out, n_model=300, max_batch=2,
+                               loop_guard=guard, log=lambda s: None) == 3
+    records = collect_mod.load_records(out).values()
+    # the slow model's greedy answers settle into a cycle without EOS (conftest)
+    assert {r['finish'] for r in records} == {'repetition'}
+    assert all(24 <= r['n_tokens'] < 300 and not r['capped'] for r in records)
+    assert all(r['loop_guard'] == list(guard) for r in records)
+    # the steps the server runs: decoding one answer alone stops at the same step
+    one = items[0]
+    state = engine.prefill(engine.encode(one.prompt), stopping.StopCriteria())
+    alone = stopping.LoopGuard(*guard)
+    engine.decode(state, 300, stopping.StopCriteria([alone]))
+    assert len(alone.tokens) == collect_mod.load_records(out)[one.prompt_id]['n_tokens']
+    with pytest.raises(ValueError, match='loop_guard'):
+        collect_mod.collect(engine, items, out, n_model=300, log=lambda s: None)
+    free = tmp_path / 'free.jsonl'
+    collect_mod.collect(engine, items[:1], free, n_model=300, log=lambda s: None)
+    assert collect_mod.load_records(free)[one.prompt_id]['capped']
 
 
 def test_load_examples_joins_corpus_and_lengths(tmp_path):

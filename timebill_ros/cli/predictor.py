@@ -1,5 +1,6 @@
 """``timebill predictor collect|train|export|eval``: the response-length predictors."""
 
+import argparse
 import pathlib
 import sys
 
@@ -34,12 +35,16 @@ def cmd_collect(args, ros_args):
     """Run the target LLM over the corpus and append response lengths (resumable)."""
     from timebill_ros.training.collect import collect
     from timebill_ros.training.corpus import build_corpus
-    _, engine = _engine(args)
+    config, engine = _engine(args)
     items = build_corpus()
     if args.split:
         items = [it for it in items if it.split == args.split]
+    cfg = config.engine
+    guard_on = cfg.loop_guard if args.loop_guard is None else args.loop_guard
+    loop_guard = ((cfg.loop_guard_max_period, cfg.loop_guard_min_repeats,
+                   cfg.loop_guard_min_span) if guard_on else None)
     n = collect(engine, items, pathlib.Path(args.out), n_model=args.n_model,
-                max_batch=args.batch, limit=args.limit or None)
+                max_batch=args.batch, limit=args.limit or None, loop_guard=loop_guard)
     print(f'collected {n} prompts into {args.out}')
     return 0
 
@@ -332,6 +337,9 @@ def add_parser(sub):
     col.add_argument('--batch', type=int, default=MAX_BATCH, help='prompts per batch')
     col.add_argument('--split', choices=('train', 'val', 'test'), help='only this split')
     col.add_argument('--limit', type=int, default=0, help='at most this many prompts now')
+    col.add_argument('--loop-guard', action=argparse.BooleanOptionalAction, default=None,
+                     help="end looping answers as the server does (default: the params' "
+                     'engine.loop_guard and its settings)')
     col.set_defaults(func=cmd_collect)
     ver = psub.add_parser('verify', help=cmd_verify.__doc__)
     _common(ver)

@@ -11,6 +11,10 @@ The output is JSONL, one line per prompt, appended as each answer ends, so a sto
 resumes where it stopped. Response length ``n_tokens`` counts generated tokens *including*
 the end-of-turn token, i.e. the decoding steps the server runs; ``capped`` marks answers that
 hit N_model (their true length is >= N_model).
+
+With a loop guard (the server's ``engine.loop_guard``), an answer that repeats a cycle ends
+where the guard fires, as on the server: ``n_tokens`` is then the decoding steps run up to that
+point (the server's time), ``finish`` says ``repetition``, and the answer is not capped.
 """
 
 import hashlib
@@ -56,87 +60,124 @@ def response_length(tokens: List[int], eos_ids, n_model: int) -> tuple:
     return n_model, True
 
 
-def result_length(result, n_model: int) -> tuple:
-    """Return (n_tokens, capped) of a DecodeResult stopped by EOS or N_model only.
+FINISH_EOS, FINISH_REPETITION, FINISH_LENGTH = 'eos', 'repetition', 'length'
 
-    An EOS answer counts its tokens plus the EOS (the decoding steps the server runs); any
-    other stop means the answer reached N_model.
+
+def result_length(result, n_model: int, guard=None) -> tuple:
+    """Return (n_tokens, capped) of a DecodeResult stopped by EOS, the loop guard or N_model.
+
+    An EOS answer counts its tokens plus the EOS (the decoding steps the server runs); a
+    guarded answer counts the steps run until ``guard`` (its LoopGuard) fired, the tail it
+    cut included; any other stop means the answer reached N_model.
     """
     from timebill_ros.engine import stopping
     if result.stop_reason == stopping.EOS:
         return len(result.token_ids) + 1, False
+    if result.stop_reason == stopping.REPETITION and guard is not None:
+        return len(guard.tokens), False
     return n_model, True
 
 
-def _join(engine, batch, item, encoded, n_model, item_of_row):
-    """Prefill ``item`` and add it to ``batch``; ``item_of_row`` maps its row id to it."""
+def finish_of(result) -> str:
+    """Return how a collected answer ended: ``eos``, ``repetition`` or ``length``."""
+    from timebill_ros.engine import stopping
+    return {stopping.EOS: FINISH_EOS,
+            stopping.REPETITION: FINISH_REPETITION}.get(result.stop_reason, FINISH_LENGTH)
+
+
+def _join(engine, batch, item, encoded, n_model, rows, loop_guard):
+    """Prefill ``item`` and add it to ``batch``; ``rows`` maps its row id to (item, guard)."""
     from timebill_ros.engine import stopping
     state = engine.prefill(encoded[item.prompt_id], stopping.StopCriteria())
-    row_id = batch.join(state, n_model, stopping.StopCriteria(
-        [stopping.EosStop(engine.eos_token_ids)]))
-    item_of_row[row_id] = item
+    criteria = [stopping.EosStop(engine.eos_token_ids)]
+    guard = stopping.LoopGuard(*loop_guard) if loop_guard else None
+    if guard is not None:
+        criteria.append(guard)
+    row_id = batch.join(state, n_model, stopping.StopCriteria(criteria))
+    rows[row_id] = (item, guard)
 
 
 def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]],
-                   n_model: int, max_batch: int):
-    """Yield ``(item, n_tokens, capped)`` as each item's greedy answer ends.
+                   n_model: int, max_batch: int, loop_guard: Optional[tuple] = None):
+    """Yield ``(item, n_tokens, capped, finish)`` as each item's greedy answer ends.
 
     The server's own path: :meth:`LlmEngine.prefill` (no eviction) and the engine's batched
     decoding (:meth:`LlmEngine.new_batch`), up to ``max_batch`` answers a step. An answer
-    leaves the batch at its EOS or at ``n_model`` tokens and the next prompt joins, so no
-    answer waits for a longer one (continuous batching; no padding). ``n_tokens`` counts the
-    EOS (the decoding steps the server runs).
+    leaves the batch at its EOS, when ``loop_guard`` ((max_period, min_repeats, min_span) of
+    a :class:`LoopGuard`, or None) fires, or at ``n_model`` tokens, and the next prompt joins,
+    so no answer waits for a longer one (continuous batching; no padding). ``n_tokens``
+    counts the decoding steps the server runs (the EOS included).
     """
-    batch, pending, item_of_row = engine.new_batch(), list(items), {}
+    batch, pending, rows = engine.new_batch(), list(items), {}
     while pending or len(batch):
         while pending and len(batch) < max_batch:
-            _join(engine, batch, pending.pop(0), encoded, n_model, item_of_row)
+            _join(engine, batch, pending.pop(0), encoded, n_model, rows, loop_guard)
         for row_id, result in batch.step():
-            yield (item_of_row.pop(row_id), *result_length(result, n_model))
+            item, guard = rows.pop(row_id)
+            yield (item, *result_length(result, n_model, guard), finish_of(result))
+
+
+def _check_done(out_path, done, items, n_model, loop_guard):
+    """Refuse to append to a file collected from other prompts or with other settings."""
+    by_id = {it.prompt_id: it for it in items}
+    guard = list(loop_guard) if loop_guard else None
+    for prompt_id, record in done.items():
+        item = by_id.get(prompt_id)
+        if item is None:
+            continue
+        if record.get('prompt_sha') != prompt_sha(item.prompt):
+            raise ValueError(f'{out_path}: prompt {prompt_id} changed since it was collected')
+        if record.get('n_model') != n_model:
+            raise ValueError(f'{out_path}: {prompt_id} was collected with n_model='
+                             f'{record.get("n_model")}, not {n_model}')
+        if record.get('loop_guard') != guard:
+            raise ValueError(f'{out_path}: {prompt_id} was collected with loop_guard='
+                             f'{record.get("loop_guard")}, not {guard}')
 
 
 def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
             max_batch: int = MAX_BATCH, limit: Optional[int] = None,
-            log: Callable[[str], None] = print, clock=time.monotonic) -> int:
+            log: Callable[[str], None] = print, clock=time.monotonic,
+            loop_guard: Optional[tuple] = None) -> int:
     """Append the response length of every item not yet in ``out_path``; return how many.
 
-    ``limit`` caps the prompts done in this call (for a quick run). A record whose prompt text
-    changed since it was written is an error: delete the file to recollect. Each record is
+    ``limit`` caps the prompts done in this call (for a quick run). ``loop_guard``:
+    (max_period, min_repeats, min_span) of the server's loop guard, or None to decode to EOS
+    or N_model. A record whose prompt text or settings changed since it was written is an
+    error: delete the file to recollect. Each record is
     written (and flushed) as its answer ends, so a stopped run resumes where it stopped;
     progress lines every ``max_batch`` answers give the rate and an ETA.
     """
     out_path = pathlib.Path(out_path)
     done = load_records(out_path)
-    by_id = {it.prompt_id: it for it in items}
-    for prompt_id, record in done.items():
-        item = by_id.get(prompt_id)
-        if item is not None and record.get('prompt_sha') != prompt_sha(item.prompt):
-            raise ValueError(f'{out_path}: prompt {prompt_id} changed since it was collected')
-        if item is not None and record.get('n_model') != n_model:
-            raise ValueError(f'{out_path}: {prompt_id} was collected with n_model='
-                             f'{record.get("n_model")}, not {n_model}')
+    _check_done(out_path, done, items, n_model, loop_guard)
     pending = [it for it in items if it.prompt_id not in done][:limit]
     if not pending:
         log(f'all {len(items)} prompts already in {out_path}')
         return 0
     encoded = {it.prompt_id: engine.encode(it.prompt) for it in pending}
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    start, n_done, n_capped, n_answer_tokens = clock(), 0, 0, 0
+    start, n_done, n_capped, n_loops, n_answer_tokens = clock(), 0, 0, 0, 0
     with out_path.open('a') as out:
-        for item, n_tokens, capped in decode_lengths(engine, pending, encoded, n_model,
-                                                     max_batch):
-            out.write(json.dumps({
+        for item, n_tokens, capped, finish in decode_lengths(
+                engine, pending, encoded, n_model, max_batch, loop_guard):
+            record = {
                 'prompt_id': item.prompt_id, 'category': item.category,
                 'split': item.split, 'n_prompt_tokens': len(encoded[item.prompt_id]),
                 'n_tokens': n_tokens, 'capped': capped, 'n_model': n_model,
-                'prompt_sha': prompt_sha(item.prompt)}) + '\n')
+                'prompt_sha': prompt_sha(item.prompt)}
+            if loop_guard:
+                record.update(finish=finish, loop_guard=list(loop_guard))
+            out.write(json.dumps(record) + '\n')
             out.flush()
             n_done, n_capped = n_done + 1, n_capped + capped
+            n_loops += finish == FINISH_REPETITION
             n_answer_tokens += n_tokens
             if n_done % max_batch == 0 or n_done == len(pending):
                 elapsed = clock() - start
                 eta = elapsed / n_done * (len(pending) - n_done)
-                log(f'{n_done}/{len(pending)} prompts ({n_capped} reached N_model), '
+                log(f'{n_done}/{len(pending)} prompts ({n_capped} reached N_model, '
+                    f'{n_loops} ended by the loop guard), '
                     f'{n_answer_tokens / max(elapsed, 1e-9):.0f} answer tokens/s, '
                     f'{elapsed:.0f} s, ETA {eta:.0f} s')
                 sys.stdout.flush()
@@ -147,9 +188,10 @@ def verify(engine, items: List[CorpusItem], out_path, n_prompts: int,
            log: Callable[[str], None] = print) -> List[tuple]:
     """Re-measure ``n_prompts`` collected lengths through the server's own unbatched path.
 
-    Uses :meth:`LlmEngine.prefill` + :meth:`LlmEngine.decode` (no eviction) with EOS and
-    N_model as the only stops. Returns [(prompt_id, batched n_tokens, unbatched n_tokens)]
-    for ``n_prompts`` collected items spread evenly over the corpus order.
+    Uses :meth:`LlmEngine.prefill` + :meth:`LlmEngine.decode` (no eviction) with EOS,
+    N_model and the record's loop guard (if it was collected with one) as the only stops.
+    Returns [(prompt_id, batched n_tokens, unbatched n_tokens)] for ``n_prompts`` collected
+    items spread evenly over the corpus order.
     """
     from timebill_ros.engine import stopping
     records = load_records(out_path)
@@ -160,9 +202,12 @@ def verify(engine, items: List[CorpusItem], out_path, n_prompts: int,
         record = records[item.prompt_id]
         n_model = record['n_model']
         state = engine.prefill(engine.encode(item.prompt), stopping.StopCriteria([]))
-        result = engine.decode(state, n_model, stopping.StopCriteria(
-            [stopping.EosStop(engine.eos_token_ids)]))
-        single, _ = result_length(result, n_model)
+        criteria = [stopping.EosStop(engine.eos_token_ids)]
+        guard = (stopping.LoopGuard(*record['loop_guard']) if record.get('loop_guard')
+                 else None)
+        criteria += [guard] if guard is not None else []
+        result = engine.decode(state, n_model, stopping.StopCriteria(criteria))
+        single, _ = result_length(result, n_model, guard)
         out.append((item.prompt_id, record['n_tokens'], single))
         log(f'{item.prompt_id}: batched {record["n_tokens"]}, unbatched {single}')
     return out
