@@ -154,7 +154,7 @@ def main(argv=None):
         print(text)
         return 0
     from timebill_ros.bench.server_process import stop_server
-    from timebill_ros.ros.session import client_session
+    from timebill_ros.ros.client import client_session
     folder = pathlib.Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     pathlib.Path('log').mkdir(exist_ok=True)

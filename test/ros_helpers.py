@@ -11,7 +11,7 @@ from rclpy.executors import MultiThreadedExecutor
 
 from timebill_ros.action import Instruct
 from timebill_ros.engine import LlmEngine
-from timebill_ros.ros.node import spin_through_faults, TimeBillNode
+from timebill_ros.ros.node import bring_up, spin_through_faults, TimeBillNode
 from timebill_ros.timing.model import TimingCoefficients
 
 # Time-model coefficients that make every goal feasible on the tiny models, seconds.
@@ -25,15 +25,18 @@ CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.S
 
 @contextlib.contextmanager
 def node_and_client(factory, namespace, overrides, client_name, extra_threads=2,
-                    through_faults=False):
+                    through_faults=False, activate=True):
     """Yield (server node, client node), both spinning on one MultiThreadedExecutor.
 
     factory(config, log) builds the TimeBillService; overrides: rclpy Parameters.
+    activate: configure and activate the server first (else it stays unconfigured).
     through_faults: spin with ``spin_through_faults`` (the server process's loop) instead of
     ``executor.spin``. On exit the service shuts down, then the executor, nodes and rclpy.
     """
     rclpy.init()
     server = TimeBillNode(factory, namespace=namespace, parameter_overrides=overrides)
+    if activate:
+        assert bring_up(server), 'the node did not come up'
     client = rclpy.create_node(client_name)
     executor = MultiThreadedExecutor(num_threads=server.executor_threads + extra_threads)
     executor.add_node(server)

@@ -163,6 +163,7 @@ def test_infeasible_kill_goal_is_rejected_at_once_and_the_model_never_runs(make_
     result = goal.wait()
     least = service.time_model.least_e2e_s(n_x)
     assert goal.job is None and result.status == status.REJECTED and result.infeasible
+    assert result.error_code == status.ERROR_INFEASIBLE
     assert result.message == (f'infeasible: needs at least {least:.2f} s, budget '
                               f'{result.budget_s:.2f} s')
     assert result.min_time_s == pytest.approx(least) and result.prompt_tokens == n_x

@@ -90,6 +90,14 @@ def test_interface_constants_match_the_core():
     assert Instruct.Feedback.PHASE_DECODE == status.PHASE_DECODE
 
 
+def test_every_error_code_is_in_the_action_with_the_core_value():
+    codes = {name: getattr(Instruct.Result, name) for name in dir(Instruct.Result)
+             if name.isupper() and isinstance(getattr(Instruct.Result, name), int)
+             and getattr(Instruct.Result, name) not in status.STATUS_NAMES}
+    assert codes == status.ERROR_CODES
+    assert len(set(codes.values())) == len(codes)  # one code per cause
+
+
 def test_goal_succeeds_with_feedback_events_stats_and_diagnostics(ros_graph):
     feedback = []
     goal_status, result = _run(ros_graph, _goal(), feedback)

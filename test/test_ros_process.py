@@ -27,7 +27,7 @@ import yaml
 from timebill_ros.action import Instruct
 from timebill_ros.msg import ServerStats
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.ros.session import client_session
+from timebill_ros.ros.client import client_session
 from timebill_ros.server.service import TimeBillService
 
 # Keys an operator's rqt_runtime_monitor / aggregator rules rely on (ros/node.py).

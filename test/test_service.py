@@ -127,28 +127,39 @@ def test_good_goal_completes_with_all_fields(make_service):
     assert sum(f.tokens_generated > 0 for f in rec.feedback) >= 1
 
 
+E = status  # the error codes: one per cause
 BAD = [
-    (GoalRequest('   ', budget_s=5.0), 'empty'),
-    (GoalRequest('x', budget_s=float('nan')), 'finite'),
-    (GoalRequest('x', budget_s=float('inf')), 'finite'),
-    (GoalRequest('x', budget_s=0.0), '> 0'),
-    (GoalRequest('x'), 'both are zero'),
-    (GoalRequest('x', budget_s=-2.0), '> 0'),
-    (GoalRequest('x', deadline_s=1.0), 'already past'),
-    (GoalRequest('x', budget_s=5.0, max_new_tokens=10**6), 'model capacity'),
-    (GoalRequest('x', budget_s=5.0, overrun_policy=9), 'unknown overrun_policy'),
-    (GoalRequest('word ' * 5000, budget_s=5.0), 'model context'),
-    (GoalRequest('x' * 65000, system_prompt='y' * 1000, budget_s=5.0), 'prompt too large'),
+    (GoalRequest('   ', budget_s=5.0), 'empty', E.ERROR_INVALID_PROMPT),
+    (GoalRequest('x', budget_s=float('nan')), 'finite', E.ERROR_INVALID_TIMING),
+    (GoalRequest('x', budget_s=float('inf')), 'finite', E.ERROR_INVALID_TIMING),
+    (GoalRequest('x', budget_s=0.0), '> 0', E.ERROR_INVALID_TIMING),
+    (GoalRequest('x'), 'both are zero', E.ERROR_INVALID_TIMING),
+    (GoalRequest('x', budget_s=-2.0), '> 0', E.ERROR_INVALID_TIMING),
+    (GoalRequest('x', deadline_s=1.0), 'already past', E.ERROR_INVALID_TIMING),
+    (GoalRequest('x', budget_s=5.0, max_new_tokens=10**6), 'model capacity',
+     E.ERROR_INVALID_OPTION),
+    (GoalRequest('x', budget_s=5.0, overrun_policy=9), 'unknown overrun_policy',
+     E.ERROR_INVALID_OPTION),
+    (GoalRequest('x', budget_s=5.0, top_p=1.5), 'top_p', E.ERROR_INVALID_OPTION),
+    (GoalRequest('x', budget_s=5.0, stop=('',)), 'stop[0]', E.ERROR_INVALID_OPTION),
+    (GoalRequest('x', budget_s=5.0, messages=(('robot', 'hi'),)), 'messages[0].role',
+     E.ERROR_INVALID_PROMPT),
+    (GoalRequest('x', budget_s=5.0, json_schema='{not json'), 'json_schema',
+     E.ERROR_INVALID_SCHEMA),
+    (GoalRequest('word ' * 5000, budget_s=5.0), 'model context', E.ERROR_CONTEXT_OVERFLOW),
+    (GoalRequest('x' * 65000, system_prompt='y' * 1000, budget_s=5.0), 'prompt too large',
+     E.ERROR_PROMPT_TOO_LARGE),
 ]
 
 
-@pytest.mark.parametrize('request_, cause', BAD, ids=[c for _, c in BAD])
-def test_bad_input_is_rejected_without_running_the_model(make_service, request_, cause):
+@pytest.mark.parametrize('request_, cause, code', BAD, ids=[c for _, c, _ in BAD])
+def test_bad_input_is_rejected_without_running_the_model(make_service, request_, cause, code):
     service = make_service()
     rec = submit(service, request_)
     result = rec.wait()
     assert rec.job is None
     assert result.status == status.REJECTED and cause in result.message
+    assert result.error_code == code
     assert service.engine.prefills == 0
     good = submit(service, GoalRequest('Say hi.', budget_s=LONG)).wait()
     assert good.status == status.COMPLETED
@@ -159,6 +170,7 @@ def test_kill_stops_at_the_deadline(make_service):
     result = submit(service, GoalRequest('Tell a long story.', budget_s=0.3,
                                          max_new_tokens=4000)).wait()
     assert result.status == status.KILLED, result.message
+    assert result.error_code == status.ERROR_DEADLINE
     assert result.response == '' and not result.deadline_met
     # Stopped at the deadline, or just before it when the next step could not finish in
     # time (exact bounds: test_deadlines.py, on a deterministic clock).
@@ -179,7 +191,9 @@ def test_skip_next_finishes_late_and_skips_goals_due_meanwhile(make_service):
     first.release.set()
     late = first.wait()
     assert skipped.status == status.SKIPPED and 'overran' in skipped.message
+    assert skipped.error_code == status.ERROR_SKIPPED_OVERRUN
     assert late.status == status.COMPLETED and not late.deadline_met
+    assert late.error_code == status.ERROR_NONE
     assert late.response_tokens > 0
 
 
@@ -193,6 +207,7 @@ def test_queued_kill_goal_is_rejected_once_it_can_no_longer_fit(make_service):
     expired = rec.wait()
     first.release.set()
     assert expired.status == status.REJECTED and expired.infeasible
+    assert expired.error_code == status.ERROR_INFEASIBLE
     assert 'queued' in expired.message and 'needs at least' in expired.message
     assert expired.total_time_s < 0.2 and expired.min_time_s > 0
     assert first.wait().status == status.COMPLETED
@@ -206,6 +221,7 @@ def test_queued_skip_next_goal_expires_killed_when_nothing_overruns(make_service
     expired = submit(service, GoalRequest('Quick?', budget_s=0.2, overrun_policy=2)).wait()
     first.release.set()
     assert expired.status == status.KILLED and 'while queued' in expired.message
+    assert expired.error_code == status.ERROR_DEADLINE
     assert first.wait().status == status.COMPLETED
 
 
@@ -218,6 +234,7 @@ def test_cancel_while_running(make_service, phase, where):
     # The cancel is sent from the first feedback of the phase, before the engine checks.
     result = rec.wait()
     assert result.status == status.CANCELED and where in result.message
+    assert result.error_code == status.ERROR_NONE
 
 
 def test_cancel_before_start(make_service):
@@ -243,7 +260,7 @@ def test_flood_beyond_queue_bound_is_rejected(make_service):
     rejected = [r for r in flood if r.done.is_set()]
     assert len(rejected) == 4
     assert all(r.results[0].status == status.REJECTED and 'queue full' in r.results[0].message
-               for r in rejected)
+               and r.results[0].error_code == status.ERROR_QUEUE_FULL for r in rejected)
     first.release.set()
     assert all(r.wait().status == status.COMPLETED for r in flood if r.job is not None)
 
@@ -263,6 +280,7 @@ def test_faults_end_one_goal_and_the_next_succeeds(make_service):
     service.engine.fail_next = True
     failed = submit(service, GoalRequest('Hi.', budget_s=LONG)).wait()
     assert failed.status == status.FAILED and 'simulated model fault' in failed.message
+    assert failed.error_code == status.ERROR_INTERNAL
     again = submit(service, GoalRequest('Hi again.', budget_s=LONG)).wait()
     assert again.status == status.COMPLETED
 
@@ -277,15 +295,38 @@ def test_shutdown_ends_goals_in_flight_exactly_once(make_service):
     closer.start()
     for rec in queued:
         assert rec.wait().status == status.FAILED
+        assert rec.results[0].error_code == status.ERROR_SHUTDOWN
     running.release.set()
     closer.join(30)
     assert not closer.is_alive()
     assert running.wait().status == status.FAILED
     assert 'shut down' in running.results[0].message
+    assert running.results[0].error_code == status.ERROR_SHUTDOWN
     for rec in queued + [running]:
         assert len(rec.results) == 1
     late = submit(service, GoalRequest('After.', budget_s=LONG)).wait()
     assert late.status == status.REJECTED and 'shutting down' in late.message
+    assert late.error_code == status.ERROR_SHUTDOWN
+
+
+def test_a_paused_service_refuses_new_goals_and_finishes_the_others(make_service):
+    """What the node's deactivate does: INACTIVE for new goals; queued and running go on."""
+    service = make_service()
+    running = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), running)
+    assert running.blocked.wait(30)
+    queued = submit(service, GoalRequest('Queued before the pause.', budget_s=LONG))
+    service.pause()
+    assert not service.accepting
+    refused = submit(service, GoalRequest('While paused.', budget_s=LONG)).wait()
+    assert refused.status == status.REJECTED and refused.error_code == status.ERROR_INACTIVE
+    assert 'inactive' in refused.message
+    running.release.set()
+    assert running.wait().status == status.COMPLETED
+    assert queued.wait().status == status.COMPLETED
+    service.resume()
+    assert submit(service, GoalRequest('Again.', budget_s=LONG)).wait().status == \
+        status.COMPLETED
 
 
 def test_fifo_follows_receipt_time_not_queue_arrival(make_service):

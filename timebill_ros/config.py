@@ -543,6 +543,9 @@ class RosConfig:
         the decoding thread may hold Python's GIL before a goal, cancel or timer callback gets
         it (Python's default 0.005; 0.001 cut the cancel p99 while decoding from 50.5 to
         35.3 ms, ``benchmarks/responsiveness.py``). Set by ``timebill serve`` only.
+    autostart: bring the node to active as soon as it starts (configure, then activate), as a
+        lifecycle manager would; false: it waits unconfigured for ``~/change_state``. Read
+        by ``timebill serve`` (and so ``llm.launch.py``).
     """
 
     action_name: str = '~/instruct'
@@ -551,6 +554,7 @@ class RosConfig:
     result_timeout_s: int = 60
     request_queue_depth: int = 1000
     gil_switch_interval_s: float = 0.001
+    autostart: bool = True
 
     def __post_init__(self):
         check_positive('ros.gil_switch_interval_s', self.gil_switch_interval_s)

@@ -85,7 +85,7 @@ def served(params_file, log_path, wait_s=600.0, node_name='timebill'):
     not come up within wait_s seconds. On exit the server gets SIGINT (clean shutdown) and
     its exit code is printed.
     """
-    from timebill_ros.ros.session import client_session
+    from timebill_ros.ros.client import client_session
     proc = start_server(params_file, log_path, node_name)
     try:
         with client_session(f'/{node_name}/instruct', f'{node_name}_client') as client:

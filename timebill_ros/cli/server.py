@@ -18,23 +18,27 @@ def cmd_serve(args, ros_args):
 
 def cmd_send(args, ros_args):
     """Send one goal and print feedback and the result."""
-    from timebill_ros.ros.client import make_goal
-    from timebill_ros.ros.session import client_session
-    from timebill_ros.server.status import POLICY_DEFAULT
+    from timebill_ros.ros.client import TimebillClient
+    from timebill_ros.server.status import ERROR_NAMES, POLICY_DEFAULT
     policy = POLICY_CODES.get(args.policy, POLICY_DEFAULT)
-    goal = make_goal(args.prompt, budget_s=args.budget, max_new_tokens=args.max_new_tokens,
-                     policy=policy, system_prompt=args.system)
-    with client_session(args.action) as client:
-        if not client.wait_for_server(args.wait):
-            print(f'no action server at {args.action}', file=sys.stderr)
-            return 2
-        result, _ = client.run(goal, on_feedback=lambda fb: print(fb.text, end='', flush=True))
+    try:
+        llm = TimebillClient(args.action, wait_s=args.wait)
+    except TimeoutError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    with llm:
+        result = llm.ask(args.prompt, args.budget, max_new_tokens=args.max_new_tokens,
+                         policy=policy, system_prompt=args.system,
+                         on_feedback=lambda fb: print(fb.text, end='', flush=True))
     print()
-    for field in ('status', 'message', 'response', 'prompt_tokens', 'response_tokens',
-                  'predicted_tokens', 'pessimistic_tokens', 'eviction_ratio', 'deadline_met',
-                  'truncated', 'infeasible', 'predictor'):
-        print(f'{field}: {getattr(result, field)}')
-    return 0
+    for field in ('status', 'error_code', 'message', 'finish_reason', 'response',
+                  'prompt_tokens', 'response_tokens', 'predicted_tokens', 'pessimistic_tokens',
+                  'eviction_ratio', 'deadline_met', 'truncated', 'infeasible', 'predictor'):
+        value = getattr(result, field)
+        if field == 'error_code':
+            value = f'{value} ({ERROR_NAMES.get(value, "?")})'
+        print(f'{field}: {value}')
+    return 0 if result.status == result.COMPLETED else 1
 
 
 def add_parser(sub):

@@ -47,7 +47,8 @@ def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:
 def result_to_msg(result) -> Instruct.Result:
     """Return the action result for a core JobResult."""
     return Instruct.Result(
-        status=result.status, message=result.message, response=result.response,
+        status=result.status, error_code=int(result.error_code), message=result.message,
+        response=result.response,
         prompt_tokens=result.prompt_tokens, response_tokens=result.response_tokens,
         predicted_tokens=result.predicted_tokens, pessimistic_tokens=result.pessimistic_tokens,
         eviction_ratio=float(result.eviction_ratio),
@@ -78,7 +79,8 @@ def event_msg(result, stamp: Time) -> GoalEvent:
     policy = {'kill': Instruct.Goal.POLICY_KILL, 'skip_next': Instruct.Goal.POLICY_SKIP_NEXT,
               'partial': Instruct.Goal.POLICY_PARTIAL}
     return GoalEvent(
-        stamp=stamp, goal_id=result.goal_id, status=result.status, message=result.message,
+        stamp=stamp, goal_id=result.goal_id, status=result.status,
+        error_code=int(result.error_code), message=result.message,
         overrun_policy=policy.get(result.overrun_policy, 0), budget_s=float(result.budget_s),
         total_time_s=float(result.total_time_s),
         predicted_wcet_s=float(result.predicted_wcet_s),

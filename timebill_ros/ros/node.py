@@ -1,4 +1,17 @@
-"""The ``timebill`` node: an Instruct action server over the core TimeBillService.
+"""The ``timebill`` node: a managed (lifecycle) Instruct action server over TimeBillService.
+
+Lifecycle (``rclpy.lifecycle``; ``~/get_state``, ``~/change_state``):
+
+- unconfigured, before the first configure: no action server yet (a client's
+  ``wait_for_server`` waits, as for a node that has not started); /diagnostics says so.
+- configure: reads the parameters, loads the model, calibrates, loads the predictors and
+  warms up (the service factory); the first one opens the action server, which then stays
+  open for the node's life. inactive: every new goal ends REJECTED with ``INACTIVE``.
+- activate: goals are served. deactivate: new goals end REJECTED with ``INACTIVE``; queued
+  and running goals go on to their own terminal state (each has a deadline).
+- cleanup: every queued or running goal ends FAILED with ``SHUTDOWN`` and the model is freed;
+  unconfigured (new goals: REJECTED, ``INACTIVE``). shutdown (from any state): the same,
+  then finalized.
 
 Long work runs on the service's executor threads. Each goal's execute callback only waits for
 its result on a threading.Event, so the MultiThreadedExecutor gets ``queue.max_depth + 4``
@@ -15,7 +28,7 @@ import traceback
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Header
 
@@ -23,7 +36,7 @@ from timebill_ros.server import status
 from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.ros import conversions
-from timebill_ros.ros.parameters import declare_and_read
+from timebill_ros.ros.parameters import declare_and_read, read_config
 from timebill_ros.server.goals import JobResult
 from timebill_ros.server.stats import diagnostic_level, firm_ok
 
@@ -33,42 +46,40 @@ WAIT_SLICE_S = 1.0  # how often a waiting execute callback checks the server's t
 CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
 EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job is kept, s
 DESTROY_WAIT_S = 5.0  # longest wait in destroy_node() for execute callbacks to return, s
+SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
 
-class TimeBillNode(Node):
+class TimeBillNode(LifecycleNode):
     """Serves Instruct goals with the service built by ``service_factory(config, logger)``.
 
-    ``freeze_heap``: once the service is built and before any ROS entity exists, run one full
-    collection and ``gc.freeze()`` (see :func:`_freeze_heap`); the server process sets it,
-    in-process tests leave it off.
+    Starts unconfigured: :func:`bring_up` (or ``~/change_state``) configures and activates
+    it. ``freeze_heap``: once the service is built, run one full collection and
+    ``gc.freeze()`` (see :func:`_freeze_heap`); the server process sets it, in-process tests
+    leave it off.
     """
 
     def __init__(self, service_factory, node_name='timebill', freeze_heap=False, **kwargs):
         super().__init__(node_name, **kwargs)
         self.config = declare_and_read(self)
-        self.service = service_factory(self.config, self.get_logger().info)
-        if freeze_heap:
-            _freeze_heap()
-        self.service.start()
+        self._service_factory = service_factory
+        self._freeze_heap = freeze_heap
+        self.service = None  # the TimeBillService while configured
+        self.lifecycle_state = 'unconfigured'
         self._jobs = {}  # goal id bytes -> Job, while its execute callback waits
         self._early_cancels = {}  # goal id bytes -> monotonic s: canceled before submitted
         self._jobs_lock = threading.Lock()
         self._destroyed = False
         self._executing = 0  # execute callbacks that have not returned yet
         self._executing_cond = threading.Condition()
-        group = ReentrantCallbackGroup()
+        self._group = ReentrantCallbackGroup()
         self._events_pub = self.create_publisher(GoalEvent, self.config.ros.events_topic, 10)
         self._stats_pub = self.create_publisher(ServerStats, self.config.ros.stats_topic, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
-        self._action = ActionServer(
-            self, Instruct, self.config.ros.action_name, execute_callback=self._execute,
-            goal_callback=self._on_goal, cancel_callback=self._on_cancel, callback_group=group,
-            handle_accepted_callback=self._on_accepted,
-            result_timeout=self.config.ros.result_timeout_s,
-            **_service_qos(self.config.ros.request_queue_depth))
+        self._action = None  # the Instruct action server while configured
         self._hardware_id = f'{platform.node() or "localhost"}/{self.config.engine.device}'
-        self.create_timer(self.config.stats.period_s, self._publish_stats, callback_group=group)
-        self.get_logger().info(f'serving {self._action_name()}')
+        self.create_timer(self.config.stats.period_s, self._publish_stats,
+                          callback_group=self._group)
+        self.get_logger().info('unconfigured')
 
     @property
     def executor_threads(self):
@@ -78,9 +89,84 @@ class TimeBillNode(Node):
     def _action_name(self):
         return self.resolve_topic_name(self.config.ros.action_name)
 
+    # --- lifecycle -------------------------------------------------------------------------
+    def on_configure(self, state):
+        """Read the parameters and build the service (model, calibration, predictors)."""
+        self.lifecycle_state = 'configuring'
+        try:
+            self.config = read_config(self)
+            service = self._service_factory(self.config, self.get_logger().info)
+            service.pause()  # inactive until activated
+            if self._freeze_heap:
+                _freeze_heap()
+            service.start()
+        except Exception:
+            self._log_fault('configure')
+            self.lifecycle_state = 'unconfigured'
+            return FAILURE
+        self.service = service
+        if self._action is None:
+            self._open_action()
+        self.lifecycle_state = 'inactive'
+        self.get_logger().info(f'configured (inactive): {self._action_name()} refuses goals '
+                               'until activated')
+        return SUCCESS
+
+    def _open_action(self):
+        self._action = ActionServer(
+            self, Instruct, self.config.ros.action_name, execute_callback=self._execute,
+            goal_callback=self._on_goal, cancel_callback=self._on_cancel,
+            callback_group=self._group, handle_accepted_callback=self._on_accepted,
+            result_timeout=self.config.ros.result_timeout_s,
+            **_service_qos(self.config.ros.request_queue_depth))
+
+    def on_activate(self, state):
+        """Serve goals."""
+        self.service.resume()
+        self.lifecycle_state = 'active'
+        self.get_logger().info(f'active: serving {self._action_name()}')
+        return super().on_activate(state)
+
+    def on_deactivate(self, state):
+        """Refuse new goals (INACTIVE); queued and running goals go on to their end."""
+        self.service.pause()
+        self.lifecycle_state = 'inactive'
+        self.get_logger().info('inactive: new goals are refused; queued and running goals '
+                               'go on to their own end')
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state):
+        """End every goal (FAILED, SHUTDOWN) and free the model."""
+        self._release_service()
+        self.get_logger().info('cleaned up (unconfigured): the model is freed')
+        return SUCCESS
+
+    def on_shutdown(self, state):
+        """End every goal (FAILED, SHUTDOWN) and free the model; the node is finalized."""
+        self._release_service()
+        self.lifecycle_state = 'finalized'
+        return SUCCESS
+
+    def on_error(self, state):
+        """Free what a failed transition left; back to unconfigured."""
+        self._release_service()
+        return SUCCESS
+
+    def _release_service(self):
+        """End every goal (FAILED, SHUTDOWN) and free the model; the action server stays."""
+        service, self.service = self.service, None
+        self.lifecycle_state = 'unconfigured'
+        if service is None:
+            return
+        service.shutdown()
+        del service
+        gc.unfreeze()  # the model's objects were frozen by configure: let them go
+        gc.collect()
+
     def shutdown(self):
         """End all goals (FAILED) and stop the service's threads; calling it again is a no-op."""
-        self.service.shutdown()
+        if self.service is not None:
+            self.service.shutdown()
 
     def destroy_node(self):
         """End every goal in flight (FAILED), then destroy the action server and the node.
@@ -94,7 +180,8 @@ class TimeBillNode(Node):
         self.shutdown()
         with self._executing_cond:
             self._executing_cond.wait_for(lambda: self._executing == 0, DESTROY_WAIT_S)
-        self._action.destroy()
+        if self._action is not None:
+            self._action.destroy()
         super().destroy_node()
 
     # --- action callbacks --------------------------------------------------------------------
@@ -116,7 +203,9 @@ class TimeBillNode(Node):
         except Exception:
             if not goal_handle.is_cancel_requested:
                 raise
-            self._action.notify_execute(goal_handle, None)  # ends it CANCELED
+            action = self._action
+            if action is not None:
+                action.notify_execute(goal_handle, None)  # ends it CANCELED
 
     def _on_cancel(self, goal_handle):
         """Cancel the goal's job; remember the cancel when the job is not submitted yet.
@@ -134,8 +223,9 @@ class TimeBillNode(Node):
                     self._early_cancels = {k: t for k, t in self._early_cancels.items()
                                            if now_s - t < EARLY_CANCEL_KEEP_S}
                     self._early_cancels[key] = now_s
-            if job is not None:
-                self.service.cancel(job)
+            service = self.service
+            if job is not None and service is not None:
+                service.cancel(job)
         except Exception:  # the request is still answered; the goal ends on its own
             self._log_fault('cancel callback')
         return CancelResponse.ACCEPT
@@ -156,7 +246,8 @@ class TimeBillNode(Node):
     def _execute_goal(self, goal_handle):
         key = bytes(goal_handle.goal_id.uuid)
         ros_now_s = self.get_clock().now().nanoseconds / 1e9
-        mono_now_s = self.service.clock()
+        service = self.service
+        mono_now_s = service.clock() if service is not None else time.monotonic()
         request = conversions.request_from_goal(
             goal_handle.request, key.hex(), ros_now_s, mono_now_s)
         received_s = mono_now_s - max(0.0, ros_now_s - _accepted_at_s(goal_handle, ros_now_s))
@@ -176,29 +267,37 @@ class TimeBillNode(Node):
             finally:
                 finished.set()
 
-        job = self.service.submit(request, on_feedback, on_done, received_s=received_s)
+        if service is None:  # unconfigured (after a cleanup)
+            on_done(JobResult(
+                status=status.REJECTED, error_code=status.ERROR_INACTIVE, goal_id=key.hex(),
+                message=f'server is {self.lifecycle_state} (lifecycle state); configure and '
+                        'activate it', finish_reason=status.FINISH_REJECTED,
+                budget_s=request.budget_s or 0.0, stop_phase='admission'))
+            return self._terminate(goal_handle, outcome['result'])
+        job = service.submit(request, on_feedback, on_done, received_s=received_s)
         with self._jobs_lock:
             if job is not None:
                 self._jobs[key] = job
             canceled_early = self._early_cancels.pop(key, None) is not None
         if job is not None and (canceled_early or goal_handle.is_cancel_requested):
-            self.service.cancel(job)
-        self._wait_finished(finished, outcome, goal_handle, job)
+            service.cancel(job)
+        self._wait_finished(service, finished, outcome, goal_handle, job)
         with self._jobs_lock:
             self._jobs.pop(key, None)
         return self._terminate(goal_handle, outcome['result'])
 
-    def _wait_finished(self, finished, outcome, goal_handle, job):
+    def _wait_finished(self, service, finished, outcome, goal_handle, job):
         """Wait for the goal's result; a FAILED one if the server's threads died meanwhile.
 
         Every WAIT_SLICE_S it also applies a cancel rclpy holds that the job missed.
         """
         while not finished.wait(WAIT_SLICE_S):
             if job is not None and goal_handle.is_cancel_requested:
-                self.service.cancel(job)
-            if not self.service.healthy:
+                service.cancel(job)
+            if not service.healthy:
                 outcome.setdefault('result', JobResult(
                     status=status.FAILED, stop_phase='server',
+                    error_code=status.ERROR_INTERNAL, finish_reason=status.FINISH_ERROR,
                     message='internal error: a server thread died; see the node log'))
                 return
 
@@ -231,9 +330,14 @@ class TimeBillNode(Node):
             self._log_fault('stats publishing')
 
     def _publish_stats_once(self):
-        snap = self.service.stats.snapshot()
-        serving = self.service.status()
+        service, state = self.service, self.lifecycle_state
         stamp = self.get_clock().now().to_msg()
+        if service is None:  # no goals are served: /diagnostics says so, no stats
+            self._publish_diagnostics(stamp, LEVELS[1], f'{state}: not serving goals',
+                                      {'lifecycle_state': state})
+            return
+        snap = service.stats.snapshot()
+        serving = service.status()
         self._stats_pub.publish(ServerStats(
             stamp=stamp, queue_depth=serving.queue_depth, busy=serving.busy,
             window_size=snap.window_size, completion_rate=float(snap.completion_rate),
@@ -259,12 +363,18 @@ class TimeBillNode(Node):
             prefix_store_mb=serving.prefix.bytes / MIB,
             prefix_store_max_mb=serving.prefix.max_bytes / MIB))
         level, message = diagnostic_level(snap, self.config.stats)
+        if state != 'active':
+            level, message = max(level, 1), f'{state}: new goals are refused; {message}'
+        values = {'lifecycle_state': state}
+        values.update(diagnostic_values(snap, serving, self.config.stats))
+        self._publish_diagnostics(stamp, LEVELS[level], message, values)
+
+    def _publish_diagnostics(self, stamp, level, message, values):
         self._diag_pub.publish(DiagnosticArray(header=Header(stamp=stamp), status=[
-            DiagnosticStatus(level=LEVELS[level], name=f'{self.get_name()}: deadlines',
+            DiagnosticStatus(level=level, name=f'{self.get_name()}: deadlines',
                              message=message, hardware_id=self._hardware_id,
                              values=[KeyValue(key=k, value=str(v))
-                                     for k, v in diagnostic_values(snap, serving,
-                                                                   self.config.stats).items()])]))
+                                     for k, v in values.items()])]))
 
 
 def diagnostic_values(snap, serving, stats_config):
@@ -344,6 +454,18 @@ def _freeze_heap():
     gc.freeze()
 
 
+def bring_up(node):
+    """Configure, then activate ``node`` (what a lifecycle manager does); return True if active.
+
+    The node's services answer meanwhile when its executor already spins (``~/get_state``
+    says ``configuring`` while the model loads).
+    """
+    if node.trigger_configure() != SUCCESS:
+        node.get_logger().error('configure failed: the node stays unconfigured')
+        return False
+    return node.trigger_activate() == SUCCESS
+
+
 def spin_through_faults(executor, logger):
     """Run ``executor.spin()``; when a callback's exception ends it, log and spin on.
 
@@ -390,6 +512,8 @@ def spin(node_factory, args=None, stop_event=None):
                                name='timebill-spin', daemon=True)
     spinner.start()
     try:
+        if node.config.ros.autostart:
+            bring_up(node)
         while not stop_event.wait(0.2):
             pass
     finally:

@@ -123,6 +123,10 @@ class Executor:
 
     def _ended_before_start(self, job):
         """End ``job`` if it was canceled or is refused on leaving the queue; return True."""
+        if job.cancel_event.is_set() and job.cancel_reason == 'shutdown':
+            job.finish(JobResult(status=status.FAILED, message='server shut down before start',
+                                 stop_phase='queue', error_code=status.ERROR_SHUTDOWN))
+            return True
         if job.cancel_event.is_set():
             job.finish(JobResult(status=status.CANCELED, message='canceled before start',
                                  stop_phase='queue'))

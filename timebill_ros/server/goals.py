@@ -75,6 +75,8 @@ class JobResult:
     decoding: the goals taken with it).
     cached_tokens: prompt tokens its prefill copied from the prefix store (0: none).
     finish_reason: why the answer ended, one of ``status.FINISH_REASONS``.
+    error_code: why it did not complete, one of ``status.ERROR_*`` (0: it completed or was
+    canceled).
     """
 
     status: int
@@ -108,6 +110,7 @@ class JobResult:
     batch_size: int = 0
     cached_tokens: int = 0
     finish_reason: str = ''
+    error_code: int = 0
 
     @property
     def status_name(self) -> str:
@@ -116,16 +119,38 @@ class JobResult:
 
 
 class GoalRejected(ValueError):
-    """A goal failed validation; the message names the bad field and value."""
+    """A goal was refused before any model work; the message names the bad field and value.
+
+    error_code: the result's ``error_code`` (``status.ERROR_*``), by default the subclass's.
+    """
+
+    error_code = status.ERROR_INVALID_OPTION
+
+    def __init__(self, message, error_code=None):
+        super().__init__(message)
+        if error_code is not None:
+            self.error_code = error_code
+
+
+class InvalidTiming(GoalRejected):
+    """time_budget / deadline are missing, both set, not positive or already past."""
+
+    error_code = status.ERROR_INVALID_TIMING
+
+
+class InvalidPrompt(GoalRejected):
+    """prompt, system_prompt or messages are empty, of the wrong type or role."""
+
+    error_code = status.ERROR_INVALID_PROMPT
 
 
 def _seconds_or_none(name, value):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise GoalRejected(f'{name} must be a number of seconds, got {value!r}')
+        raise InvalidTiming(f'{name} must be a number of seconds, got {value!r}')
     if math.isnan(value) or math.isinf(value):
-        raise GoalRejected(f'{name} must be finite, got {value!r}')
+        raise InvalidTiming(f'{name} must be finite, got {value!r}')
     return float(value)
 
 
@@ -138,15 +163,15 @@ def resolve_deadline(request: GoalRequest, received_s: float) -> float:
     budget_s = _seconds_or_none('time_budget', request.budget_s)
     deadline_s = _seconds_or_none('deadline', request.deadline_s)
     if budget_s is None and deadline_s is None:
-        raise GoalRejected('no time limit: set time_budget or deadline (both are zero)')
+        raise InvalidTiming('no time limit: set time_budget or deadline (both are zero)')
     if budget_s is not None and deadline_s is not None:
-        raise GoalRejected('set only one of time_budget and deadline, both are non-zero')
+        raise InvalidTiming('set only one of time_budget and deadline, both are non-zero')
     if budget_s is not None:
         if budget_s <= 0:
-            raise GoalRejected(f'time_budget must be > 0 s, got {budget_s!r}')
+            raise InvalidTiming(f'time_budget must be > 0 s, got {budget_s!r}')
         return received_s + budget_s
     if deadline_s <= received_s:
-        raise GoalRejected(
+        raise InvalidTiming(
             f'deadline already past by {received_s - deadline_s:.3f} s at goal receipt')
     return deadline_s
 
@@ -209,19 +234,20 @@ def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> tuple
     ``messages`` the prompt may be empty; the conversation must then end with a user turn.
     """
     if not isinstance(request.prompt, str) or not isinstance(request.system_prompt, str):
-        raise GoalRejected('prompt and system_prompt must be strings')
+        raise InvalidPrompt('prompt and system_prompt must be strings')
     messages = check_messages(request)
     n_chars = (len(request.prompt) + len(request.system_prompt)
                + sum(len(content) for _, content in messages))
     if max_chars is not None and n_chars > max_chars:
         raise GoalRejected(f'prompt too large: {n_chars} characters (prompt + system_prompt + '
-                           f'messages), queue.max_prompt_chars={max_chars}')
+                           f'messages), queue.max_prompt_chars={max_chars}',
+                           error_code=status.ERROR_PROMPT_TOO_LARGE)
     if not request.prompt.strip():
         if not messages:
-            raise GoalRejected('prompt is empty or whitespace')
+            raise InvalidPrompt('prompt is empty or whitespace')
         if request.prompt or messages[-1][0] != 'user':
-            raise GoalRejected('prompt is empty: the last of messages must then be a user turn '
-                               f'with text, got role {messages[-1][0]!r}')
+            raise InvalidPrompt('prompt is empty: the last of messages must then be a user turn '
+                                f'with text, got role {messages[-1][0]!r}')
     return messages
 
 
@@ -233,20 +259,20 @@ def check_messages(request: GoalRequest) -> tuple:
     """
     messages = request.messages
     if isinstance(messages, str) or not isinstance(messages, (list, tuple)):
-        raise GoalRejected(f'messages must be a list of (role, content), got {messages!r}')
+        raise InvalidPrompt(f'messages must be a list of (role, content), got {messages!r}')
     for index, message in enumerate(messages):
         if (not isinstance(message, (list, tuple)) or len(message) != 2
                 or not all(isinstance(part, str) for part in message)):
-            raise GoalRejected(f'messages[{index}] must be (role, content) strings, got '
-                               f'{message!r}')
+            raise InvalidPrompt(f'messages[{index}] must be (role, content) strings, got '
+                                f'{message!r}')
         role, content = message
         if role not in ROLES:
-            raise GoalRejected(f'messages[{index}].role must be one of {ROLES}, got {role!r}')
+            raise InvalidPrompt(f'messages[{index}].role must be one of {ROLES}, got {role!r}')
         if role == 'system' and (index > 0 or request.system_prompt):
-            raise GoalRejected(f'messages[{index}]: a system turn may only come first, and '
-                               'not with system_prompt')
+            raise InvalidPrompt(f'messages[{index}]: a system turn may only come first, and '
+                                'not with system_prompt')
         if not content.strip():
-            raise GoalRejected(f'messages[{index}].content is empty or whitespace')
+            raise InvalidPrompt(f'messages[{index}].content is empty or whitespace')
     return tuple(tuple(message) for message in messages)
 
 

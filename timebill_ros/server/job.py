@@ -115,9 +115,20 @@ class Job:
                 result.finish_reason = (status.FINISH_SHUTDOWN if self.cancel_reason == 'shutdown'
                                         and result.status == status.FAILED
                                         else status.FINISH_OF_STATUS.get(result.status, ''))
+            if not result.error_code:
+                result.error_code = _error_code_of(result, self.cancel_reason)
             self._result = result
         try:
             self.on_done(result)
         except Exception:  # a fault in delivery must not reach the thread that finished it
             self.log(f'goal {self.goal_id}: on_done failed: {traceback.format_exc()}')
         return True
+
+
+def _error_code_of(result, cancel_reason):
+    """Return the error code a result implies when its maker recorded none (status.ERROR_*)."""
+    if result.status == status.FAILED and cancel_reason == 'shutdown':
+        return status.ERROR_SHUTDOWN
+    if result.status == status.REJECTED:
+        return status.ERROR_INFEASIBLE if result.infeasible else status.ERROR_INVALID_OPTION
+    return status.ERROR_OF_STATUS.get(result.status, status.ERROR_NONE)

@@ -357,6 +357,7 @@ class _GoalRun:
             if refused is not None:
                 result = self.result
                 result.status, result.infeasible = refused.status, refused.infeasible
+                result.error_code = refused.error_code
                 result.min_time_s, result.stop_phase = refused.min_time_s, 'prefill'
                 result.message = (f'{refused.message} (its cached prompt head went from '
                                   f'{admitted_with} to {match.n_tokens} tokens)')

@@ -29,8 +29,10 @@ def _rejecting(queue_call, *args):
     """Call a JobQueue method; a full or closed queue becomes GoalRejected (its message)."""
     try:
         return queue_call(*args)
-    except (QueueFull, RuntimeError) as exc:
-        raise GoalRejected(str(exc)) from exc
+    except QueueFull as exc:
+        raise GoalRejected(str(exc), error_code=status.ERROR_QUEUE_FULL) from exc
+    except RuntimeError as exc:  # closed: the service shuts down
+        raise GoalRejected(str(exc), error_code=status.ERROR_SHUTDOWN) from exc
 
 
 PRIMARY = 'primary'
@@ -39,6 +41,8 @@ OFFLOAD = 'offload'
 
 class GoalInfeasible(GoalRejected):
     """Admission found that a goal cannot fit its budget; min_time_s: its least time, s."""
+
+    error_code = status.ERROR_INFEASIBLE
 
     def __init__(self, message, min_time_s, n_x):
         super().__init__(message)
@@ -139,6 +143,7 @@ class TimeBillService:
         self._last_save_s = clock()
         self._save_lock = threading.Lock()
         self._closed = False
+        self._accepting = True  # False while paused (the node's lifecycle: inactive)
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name='timebill-reaper',
                                         daemon=True)
@@ -157,13 +162,31 @@ class TimeBillService:
         self.log(f'time model warm-up: prefill runs at {prefill.speed_factor:.2f}x and '
                  f'decoding at {decode.speed_factor:.2f}x the calibrated times')
 
+    def pause(self):
+        """Refuse new goals (REJECTED, ERROR_INACTIVE); queued and running goals go on.
+
+        Each of those has a deadline, so they end on their own (any terminal state), in at
+        most the longest of their budgets; :meth:`shutdown` ends them at once instead.
+        """
+        self._accepting = False
+
+    def resume(self):
+        """Admit goals again after :meth:`pause`."""
+        self._accepting = True
+
+    @property
+    def accepting(self):
+        """Return True while new goals are admitted (not paused, not shut down)."""
+        return self._accepting and not self._closed
+
     def shutdown(self, timeout_s=30.0):
         """End every queued or running goal with FAILED, stop all threads, save the state."""
         self._closed = True
         for job in self.queue.close():
             job.cancel('shutdown')
             job.finish(JobResult(status=status.FAILED, stop_phase='queue',
-                                 message='server shutting down; goal was still queued'))
+                                 message='server shutting down; goal was still queued',
+                                 error_code=status.ERROR_SHUTDOWN))
         for executor in self.executors:
             for job in executor.running:
                 job.cancel('shutdown')
@@ -245,7 +268,7 @@ class TimeBillService:
             job = self._admit(request, goal_id, received_s, on_feedback, done)
         except GoalRejected as exc:
             done(JobResult(status=status.REJECTED, message=str(exc), goal_id=goal_id,
-                           finish_reason=status.FINISH_REJECTED,
+                           finish_reason=status.FINISH_REJECTED, error_code=exc.error_code,
                            total_time_s=self.clock() - received_s,
                            budget_s=request.budget_s or 0.0, stop_phase='admission',
                            infeasible=isinstance(exc, GoalInfeasible),
@@ -263,7 +286,10 @@ class TimeBillService:
 
     def _admit(self, request, goal_id, received_s, on_feedback, on_done):
         if self._closed:
-            raise GoalRejected('server is shutting down')
+            raise GoalRejected('server is shutting down', error_code=status.ERROR_SHUTDOWN)
+        if not self._accepting:
+            raise GoalRejected('server is inactive (lifecycle state); goals are refused until '
+                               'it is activated', error_code=status.ERROR_INACTIVE)
         messages = goals.check_prompt(request, self.config.queue.max_prompt_chars)
         goals.check_stop(request)
         sampling = goals.resolve_sampling(request)
@@ -407,23 +433,26 @@ class TimeBillService:
         """Return the goal's compiled json_schema, None without one; GoalRejected if bad."""
         text = request.json_schema
         if not isinstance(text, str):
-            raise GoalRejected(f'json_schema must be a string, got {text!r}')
+            raise GoalRejected(f'json_schema must be a string, got {text!r}',
+                               error_code=status.ERROR_INVALID_SCHEMA)
         if not text:
             return None
         try:
             return self.engine.schemas.compile(text)
         except ValueError as exc:
-            raise GoalRejected(str(exc)) from None
+            raise GoalRejected(str(exc), error_code=status.ERROR_INVALID_SCHEMA) from None
 
     def _encode(self, request, messages=()):
         try:
             input_ids = self.engine.encode(request.prompt, request.system_prompt, messages)
         except Exception as exc:
-            raise GoalRejected(f'prompt could not be tokenized: {exc}') from exc
+            raise GoalRejected(f'prompt could not be tokenized: {exc}',
+                               error_code=status.ERROR_INVALID_PROMPT) from exc
         limit = self.engine.context_tokens
         if len(input_ids) >= limit:
             raise GoalRejected(
-                f'prompt is {len(input_ids)} tokens; the model context is {limit} tokens')
+                f'prompt is {len(input_ids)} tokens; the model context is {limit} tokens',
+                error_code=status.ERROR_CONTEXT_OVERFLOW)
         return input_ids
 
     # --- leaving the queue ---------------------------------------------------------------
@@ -438,7 +467,8 @@ class TimeBillService:
     @staticmethod
     def _infeasible_result(verdict):
         return JobResult(status=status.REJECTED, message=verdict.message, infeasible=True,
-                         min_time_s=verdict.min_time_s, stop_phase='queue')
+                         min_time_s=verdict.min_time_s, stop_phase='queue',
+                         error_code=status.ERROR_INFEASIBLE)
 
     def _after_job(self, job):
         if self.clock() - self._last_save_s >= self.config.timing.persist_period_s:

@@ -49,6 +49,37 @@ FINISH_REASONS = (FINISH_EOS, FINISH_LENGTH, FINISH_STOP, FINISH_REPETITION, FIN
 FINISH_OF_STATUS = {KILLED: FINISH_DEADLINE, SKIPPED: FINISH_SKIPPED,
                     REJECTED: FINISH_REJECTED, CANCELED: FINISH_CANCELED, FAILED: FINISH_ERROR}
 
+# Error codes (result and GoalEvent ``error_code``), one per cause; 0 when the goal completed
+# or its client canceled it. The message beside it names the field or the figures.
+ERROR_NONE = 0
+ERROR_INVALID_TIMING = 101      # time_budget / deadline: none, both, not > 0, already past
+ERROR_INVALID_PROMPT = 102      # prompt, system_prompt or messages: empty, wrong type or role
+ERROR_INVALID_OPTION = 103      # overrun_policy, max_new_tokens, stop or a sampling field
+ERROR_INVALID_SCHEMA = 104      # json_schema: not JSON, or a schema the grammar cannot take
+ERROR_PROMPT_TOO_LARGE = 110    # more characters than queue.max_prompt_chars
+ERROR_CONTEXT_OVERFLOW = 111    # the templated prompt has no room left in the model context
+ERROR_QUEUE_FULL = 120          # queue.max_depth goals already wait
+ERROR_INFEASIBLE = 130          # cannot fit its budget (min_time says why): at admission or
+#                                 when it left the queue
+ERROR_DEADLINE = 131            # KILLED: its deadline stopped it (or passed while it waited)
+ERROR_SKIPPED_OVERRUN = 132     # SKIPPED: came due while another goal overran (skip-next)
+ERROR_INACTIVE = 140            # the node is not active (lifecycle): configure and activate it
+ERROR_SHUTDOWN = 150            # the server shut down (or cleaned up) before the goal ended
+ERROR_INTERNAL = 160            # a model, predictor or server fault; the message says which
+ERROR_CODES = {
+    'NONE': ERROR_NONE, 'INVALID_TIMING': ERROR_INVALID_TIMING,
+    'INVALID_PROMPT': ERROR_INVALID_PROMPT, 'INVALID_OPTION': ERROR_INVALID_OPTION,
+    'INVALID_SCHEMA': ERROR_INVALID_SCHEMA, 'PROMPT_TOO_LARGE': ERROR_PROMPT_TOO_LARGE,
+    'CONTEXT_OVERFLOW': ERROR_CONTEXT_OVERFLOW, 'QUEUE_FULL': ERROR_QUEUE_FULL,
+    'INFEASIBLE': ERROR_INFEASIBLE, 'DEADLINE': ERROR_DEADLINE,
+    'SKIPPED_OVERRUN': ERROR_SKIPPED_OVERRUN,
+    'INACTIVE': ERROR_INACTIVE, 'SHUTDOWN': ERROR_SHUTDOWN, 'INTERNAL': ERROR_INTERNAL,
+}
+ERROR_NAMES = {code: name for name, code in ERROR_CODES.items()}
+# The error code a status implies when nothing more precise was recorded.
+ERROR_OF_STATUS = {KILLED: ERROR_DEADLINE, SKIPPED: ERROR_SKIPPED_OVERRUN,
+                   FAILED: ERROR_INTERNAL}
+
 # How each status ends the action: 'succeed', 'abort' or 'canceled'.
 ACTION_OUTCOME = {
     COMPLETED: 'succeed', KILLED: 'abort', SKIPPED: 'abort',
