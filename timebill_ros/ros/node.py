@@ -45,6 +45,7 @@ MIB = float(2 ** 20)
 WAIT_SLICE_S = 1.0  # how often a waiting execute callback checks the server's threads, s
 CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
 EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job is kept, s
+EVENTS_KEPT = 100  # GoalEvents the ~/events publisher keeps for late subscribers
 DESTROY_WAIT_S = 5.0  # longest wait in destroy_node() for execute callbacks to return, s
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
@@ -72,7 +73,12 @@ class TimeBillNode(LifecycleNode):
         self._executing = 0  # execute callbacks that have not returned yet
         self._executing_cond = threading.Condition()
         self._group = ReentrantCallbackGroup()
-        self._events_pub = self.create_publisher(GoalEvent, self.config.ros.events_topic, 10)
+        # Latched: a monitor that starts late gets the last EVENTS_KEPT goals.
+        self._events_pub = self.create_publisher(GoalEvent, self.config.ros.events_topic,
+                                                 QoSProfile(
+                                                     depth=EVENTS_KEPT,
+                                                     durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                                                     reliability=ReliabilityPolicy.RELIABLE))
         self._stats_pub = self.create_publisher(ServerStats, self.config.ros.stats_topic, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self._action = None  # the Instruct action server while configured

@@ -1,0 +1,70 @@
+"""timebill monitor / record / plot against the real node over real rclpy (tiny model)."""
+
+import argparse
+
+import pytest
+from rclpy.parameter import Parameter
+from ros_helpers import COEFFS, node_and_client
+
+from timebill_ros.cli import monitor, plot
+from timebill_ros.engine import LlmEngine
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.ros.client import TimebillClient
+from timebill_ros.server import status
+from timebill_ros.server.service import TimeBillService
+
+
+@pytest.fixture(scope='module')
+def served(tiny_model, smollm2_tokenizer):
+    """Yield the node in /robot4 after five goals: 3 completed, 1 infeasible, 1 bad input."""
+    def factory(config, log):
+        engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
+                           tokenizer=smollm2_tokenizer)
+        return TimeBillService(config, engine, FallbackPredictor(), COEFFS)
+
+    overrides = [Parameter('engine.max_new_tokens', value=8),
+                 Parameter('stats.period_s', value=0.2)]
+    with node_and_client(factory, 'robot4', overrides, 'monitor_test') as (server, _, _):
+        with TimebillClient('/robot4/timebill/instruct', 'monitor_planner', wait_s=20) as llm:
+            results = [llm.ask(f'Plan step {i}.', budget_s=60.0) for i in range(3)]
+            results.append(llm.ask('Plan.', budget_s=1e-4))  # cannot fit: refused at once
+            results.append(llm.ask('   ', budget_s=5.0))  # bad input
+            yield server, results
+
+
+def test_the_goals_ended_as_planned(served):
+    _, results = served
+    assert [r.status for r in results] == [status.COMPLETED] * 3 + [status.REJECTED] * 2
+    assert [r.error_code for r in results[3:]] == [status.ERROR_INFEASIBLE,
+                                                   status.ERROR_INVALID_PROMPT]
+
+
+def test_monitor_once_shows_the_goals_and_rates_in_80_columns(served):
+    # Started after the goals ended: the latched ~/events replay them.
+    state = monitor.collect_snapshot('/robot4/timebill', wait_s=5.0)
+    text = monitor.snapshot_text(state, width=80)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    assert sum('COMPLETED' in line for line in lines) == 3, text
+    assert sum('REJECTED' in line for line in lines) == 2, text
+    assert 'miss rate' in text and '(m,k)-firm' in text and 'WCET cover' in text
+    assert 'active' in text and 'primary' in text
+    assert 'INFEASIBLE 1' in text and 'INVALID_PROMPT 1' in text
+    assert str(status.ERROR_INFEASIBLE) in text  # the err column
+
+
+def test_record_then_plot_writes_the_pngs(served, tmp_path):
+    out = tmp_path / 'events.jsonl'
+    monitor.cmd_record(argparse.Namespace(node='/robot4/timebill', out=str(out),
+                                          duration=1.5), [])
+    events, stats = plot.load_recording(out)
+    assert len(events) == 5 and len(stats) >= 2
+    assert {e['error_code'] for e in events} == {0, status.ERROR_INFEASIBLE,
+                                                 status.ERROR_INVALID_PROMPT}
+    paths = plot.plot_recording(out, tmp_path / 'plots')
+    assert [p.name for p in paths] == ['wcet.png', 'timeline.png', 'counts.png']
+    assert all(p.stat().st_size > 5000 for p in paths)
+    with pytest.raises(ValueError, match='no goal events'):
+        empty = tmp_path / 'empty.jsonl'
+        empty.write_text('')
+        plot.plot_recording(empty, tmp_path / 'none')
