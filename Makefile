@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
-LINT_PATHS := $(wildcard timebill_ros test launch benchmarks) setup.py scripts/timebill
+LINT_PATHS := $(wildcard timebill_ros test launch benchmarks examples) setup.py scripts/timebill
 
 .PHONY: venv build test lint run bench bench-deps predictor fuzz clean
 

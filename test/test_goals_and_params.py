@@ -95,6 +95,16 @@ def test_node_section_matching(tmp_path):
     assert params.load_yaml(path) == {'engine.threads': 1, 'queue.max_depth': 3}
 
 
+@pytest.mark.parametrize('preset', ['config/llm.yaml', 'config/jetson_orin.yaml'])
+def test_every_preset_loads_with_known_parameters(preset):
+    """A preset names only real parameters, with values their dataclasses accept."""
+    names = params.load_yaml(preset)
+    assert names and set(names) <= set(params.defaults())
+    config = params.load_config(preset)
+    if 'jetson' in preset:
+        assert config.engine.device == 'cuda' and config.offload.enabled
+
+
 def test_every_parameter_is_shipped_and_documented():
     """config/llm.yaml sets every parameter; the generated reference has a table row for each."""
     import pathlib

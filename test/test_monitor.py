@@ -1,6 +1,10 @@
 """timebill monitor / record / plot against the real node over real rclpy (tiny model)."""
 
 import argparse
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 from rclpy.parameter import Parameter
@@ -68,3 +72,18 @@ def test_record_then_plot_writes_the_pngs(served, tmp_path):
         empty = tmp_path / 'empty.jsonl'
         empty.write_text('')
         plot.plot_recording(empty, tmp_path / 'none')
+
+
+def test_the_example_client_runs_against_the_node(served):
+    """examples/ask.py, as a user runs it: its own process, its own rclpy context."""
+    example = pathlib.Path(__file__).resolve().parents[1] / 'examples' / 'ask.py'
+    done = subprocess.run([sys.executable, str(example), '--action', '/robot4/timebill/instruct'],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith('question: COMPLETED error_code=0'), done.stdout
+    assert any(line.startswith('json step: COMPLETED') for line in lines), done.stdout
+    assert any(line.startswith('impossible: REJECTED error_code=130') for line in lines)
+    # the tiny model may finish its 8 tokens before the cancel lands: either ends with code 0
+    assert any(line.startswith(('canceled: CANCELED error_code=0',
+                                'canceled: COMPLETED error_code=0')) for line in lines)
