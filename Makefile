@@ -32,10 +32,12 @@ lint: venv
 # (data/rlp/lengths_1024.jsonl) when the cache has none (~5 min and ~15 min on 2 cores: the
 # readout's features are one prefill of every corpus prompt, cached).
 predictor: build
-	$(ENV) && timebill predictor train --export --if-missing
-	$(ENV) && timebill predictor readout --export --if-missing
+	$(ENV) && timebill predictor build
 
-run: predictor
+# The demo starts at once: missing predictors are built beside it in a niced background
+# process (goals get the fallback N^ = N_max until then; a running server switches to them).
+run: build
+	$(ENV) && timebill predictor build --background
 	$(ENV) && timebill demo
 
 bench: build

@@ -25,16 +25,18 @@ CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.S
 
 @contextlib.contextmanager
 def node_and_client(factory, namespace, overrides, client_name, extra_threads=2,
-                    through_faults=False, activate=True):
+                    through_faults=False, activate=True, **node_kwargs):
     """Yield (server node, client node), both spinning on one MultiThreadedExecutor.
 
     factory(config, log) builds the TimeBillService; overrides: rclpy Parameters.
     activate: configure and activate the server first (else it stays unconfigured).
+    node_kwargs: more TimeBillNode arguments (``upgrade_check``).
     through_faults: spin with ``spin_through_faults`` (the server process's loop) instead of
     ``executor.spin``. On exit the service shuts down, then the executor, nodes and rclpy.
     """
     rclpy.init()
-    server = TimeBillNode(factory, namespace=namespace, parameter_overrides=overrides)
+    server = TimeBillNode(factory, namespace=namespace, parameter_overrides=overrides,
+                          **node_kwargs)
     if activate:
         assert bring_up(server), 'the node did not come up'
     client = rclpy.create_node(client_name)

@@ -113,3 +113,51 @@ def test_every_parameter_is_shipped_and_documented():
     for name in params.defaults():
         assert name in shipped, f'{name} missing from config/llm.yaml'
         assert f'| `{name}` |' in reference, f'{name} has no row in docs/parameters.md'
+
+
+def test_predictor_upgrade_names_the_files_that_appeared(tmp_path):
+    """The node's reload check: files the running service lacks that exist now, once each."""
+    import os
+    import types
+
+    from timebill_ros.config import PredictorConfig, ServerConfig
+    from timebill_ros.predictors import FallbackPredictor
+    from timebill_ros.server.factory import predictor_upgrade
+    rlp, readout = tmp_path / 'rlp.onnx', tmp_path / 'readout.onnx'
+    config = ServerConfig(predictor=PredictorConfig(model_file=str(rlp),
+                                                    readout_file=str(readout)))
+    service = types.SimpleNamespace(config=config, engine=types.SimpleNamespace(model_key='m'),
+                                    predictor=FallbackPredictor(), readout=None)
+    assert predictor_upgrade(service) is None  # nothing built yet
+    rlp.write_bytes(b'x')
+    what, key = predictor_upgrade(service)
+    assert what == 'the RLP'
+    readout.write_bytes(b'y')
+    assert predictor_upgrade(service)[0] == 'the RLP and the prefill readout'
+    os.utime(rlp, (1, 1))
+    assert predictor_upgrade(service)[1] != key  # rebuilt files are tried again
+    service.predictor, service.readout = object(), object()  # both in use: nothing to gain
+    assert predictor_upgrade(service) is None
+    service.config = ServerConfig(predictor=PredictorConfig(kind='fallback'))
+    assert predictor_upgrade(service) is None
+
+
+def test_predictor_build_reports_built_files_and_sees_a_running_build(tmp_path, capsys):
+    """timebill predictor build: nothing to do when both files exist; a live lock is seen."""
+    import argparse
+    import os
+
+    from timebill_ros.cli import predictor as cli_predictor
+    rlp, readout = tmp_path / 'rlp.onnx', tmp_path / 'readout.onnx'
+    rlp.write_bytes(b'x')
+    readout.write_bytes(b'y')
+    args = argparse.Namespace(params=None, set=[f'predictor.model_file={rlp}',
+                                                f'predictor.readout_file={readout}'],
+                              background=True, nice=10)
+    assert cli_predictor.cmd_build(args, []) == 0
+    assert 'predictors built' in capsys.readouterr().out
+    lock = tmp_path / 'build.lock'
+    lock.write_text(str(os.getpid()))  # a live process: a build is running
+    assert cli_predictor._build_running(lock)
+    lock.write_text('999999999')
+    assert not cli_predictor._build_running(lock)

@@ -228,6 +228,11 @@ class PredictorConfig:
         broken readout file: the server logs why and predicts with the RLP as before.
     readout_file: the readout ONNX file; empty = the cache entry ``timebill predictor readout
         --export`` writes (``<cache>/rlp/<model>__readout.onnx``).
+    reload_check_s: while the node serves without the RLP or the readout (their files did
+        not exist when it was configured: ``make run`` builds them in the background), look
+        for them every this many seconds; once they load, the node builds a service with them
+        beside the running one and switches to it when no goal is queued or running, and logs
+        so. 0 = never.
     """
 
     kind: str = 'rlp'
@@ -239,9 +244,15 @@ class PredictorConfig:
     timeout_s: float = 1.0
     prefill_readout: bool = True
     readout_file: str = ''
+    reload_check_s: float = 10.0
 
     def __post_init__(self):
         check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
+        if (isinstance(self.reload_check_s, bool)
+                or not isinstance(self.reload_check_s, (int, float))
+                or not 0 <= self.reload_check_s < float('inf')):
+            raise ValueError(f'predictor.reload_check_s must be a number of seconds >= 0, '
+                             f'got {self.reload_check_s!r}')
         if not isinstance(self.prefill_readout, bool):
             raise TypeError(f'predictor.prefill_readout must be a bool, got '
                             f'{self.prefill_readout!r}')

@@ -62,6 +62,71 @@ def cmd_verify(args, ros_args):
     return 0
 
 
+def predictor_files(config):
+    """Return {name: path} of the RLP and the readout files the server would load."""
+    from timebill_ros.engine import model_source
+    from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
+    key = model_source.model_key(config.engine)
+    cache = config.engine.model_cache_dir or None
+    return {'RLP': pathlib.Path(config.predictor.model_file or default_onnx_path(key, cache)),
+            'readout': pathlib.Path(config.predictor.readout_file
+                                    or default_readout_path(key, cache))}
+
+
+def cmd_build(args, ros_args):
+    """Build the missing RLP and readout; --background: in a niced process, return at once."""
+    import os
+    import subprocess
+    config = _config(args)
+    files = predictor_files(config)
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if not missing:
+        print(f'predictors built: {", ".join(str(p) for p in files.values())}')
+        return 0
+    common = ['--params', args.params] if args.params else []
+    for item in args.set:
+        common += ['--set', item]
+    steps = [['train', '--export', '--if-missing'], ['readout', '--export', '--if-missing']]
+    commands = [[sys.executable, '-m', 'timebill_ros.cli', 'predictor', *step, *common]
+                for step in steps]
+    if not args.background:
+        for command in commands:
+            subprocess.run(command, check=True)
+        return 0
+    log_path = files['RLP'].parent / 'build.log'
+    lock_path = files['RLP'].parent / 'build.lock'
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if _build_running(lock_path):
+        print(f'predictors are being built already (log: {log_path})')
+        return 0
+    script = ' && '.join(' '.join(_quote(part) for part in command) for command in commands)
+    with open(log_path, 'a', encoding='utf-8') as log:
+        proc = subprocess.Popen(['nice', '-n', str(args.nice), 'sh', '-c', script],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=dict(os.environ))
+    lock_path.write_text(str(proc.pid))
+    print(f'building the {" and the ".join(missing)} in the background (pid {proc.pid}, '
+          f'log: {log_path}); until then goals get the fallback N^ = N_max, and a running '
+          'server switches to them when they are ready (predictor.reload_check_s)')
+    return 0
+
+
+def _build_running(lock_path):
+    """Return True while the process named in ``lock_path`` is alive."""
+    import os
+    try:
+        pid = int(lock_path.read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _quote(text):
+    import shlex
+    return shlex.quote(str(text))
+
+
 def _rlp_settings(args, n_model):
     return {'bucket_tokens': args.bucket or None, 'n_model': n_model, 'n_layers': args.layers,
             'n_trainable_layers': args.trainable_layers,
@@ -341,6 +406,12 @@ def add_parser(sub):
                      help="end looping answers as the server does (default: the params' "
                      'engine.loop_guard and its settings)')
     col.set_defaults(func=cmd_collect)
+    build = psub.add_parser('build', help=cmd_build.__doc__)
+    _common(build, lengths=False)
+    build.add_argument('--background', action='store_true',
+                       help='in a niced process of its own; return at once')
+    build.add_argument('--nice', type=int, default=10, help='--background: nice level')
+    build.set_defaults(func=cmd_build)
     ver = psub.add_parser('verify', help=cmd_verify.__doc__)
     _common(ver)
     ver.add_argument('--n', type=int, default=16, help='prompts to re-measure')

@@ -13,6 +13,12 @@ Lifecycle (``rclpy.lifecycle``; ``~/get_state``, ``~/change_state``):
   unconfigured (new goals: REJECTED, ``INACTIVE``). shutdown (from any state): the same,
   then finalized.
 
+Predictors built after the start (``make run`` builds the RLP and the readout in the
+background): while active, every ``predictor.reload_check_s`` the node asks
+``upgrade_check(service)`` whether files it lacks exist now; if so it builds a second service
+with them beside the running one and swaps it in when no goal is queued or running (goals are
+served meanwhile), then logs the switch.
+
 Long work runs on the service's executor threads. Each goal's execute callback only waits for
 its result on a threading.Event, so the MultiThreadedExecutor gets ``queue.max_depth + 4``
 threads: goal, cancel and timer callbacks always find a free one.
@@ -33,6 +39,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from std_msgs.msg import Header
 
 from timebill_ros.server import status
+from timebill_ros.server.factory import predictor_upgrade
 from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.ros import conversions
@@ -47,6 +54,7 @@ CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
 EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job is kept, s
 EVENTS_KEPT = 100  # GoalEvents the ~/events publisher keeps for late subscribers
 DESTROY_WAIT_S = 5.0  # longest wait in destroy_node() for execute callbacks to return, s
+SWAP_POLL_S = 0.05  # how often a built replacement service checks that the old one is idle, s
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
 
@@ -59,11 +67,16 @@ class TimeBillNode(LifecycleNode):
     leave it off.
     """
 
-    def __init__(self, service_factory, node_name='timebill', freeze_heap=False, **kwargs):
+    def __init__(self, service_factory, node_name='timebill', freeze_heap=False,
+                 upgrade_check=predictor_upgrade, **kwargs):
         super().__init__(node_name, **kwargs)
         self.config = declare_and_read(self)
         self._service_factory = service_factory
         self._freeze_heap = freeze_heap
+        self._upgrade_check = upgrade_check
+        self._upgrades_tried = set()  # keys of upgrade_check already built (once each)
+        self._rebuilding = False
+        self._swap_lock = threading.Lock()  # submit vs. swapping or releasing the service
         self.service = None  # the TimeBillService while configured
         self.lifecycle_state = 'unconfigured'
         self._jobs = {}  # goal id bytes -> Job, while its execute callback waits
@@ -85,6 +98,9 @@ class TimeBillNode(LifecycleNode):
         self._hardware_id = f'{platform.node() or "localhost"}/{self.config.engine.device}'
         self.create_timer(self.config.stats.period_s, self._publish_stats,
                           callback_group=self._group)
+        if self.config.predictor.reload_check_s > 0:
+            self.create_timer(self.config.predictor.reload_check_s, self._check_upgrade,
+                              callback_group=self._group)
         self.get_logger().info('unconfigured')
 
     @property
@@ -160,7 +176,8 @@ class TimeBillNode(LifecycleNode):
 
     def _release_service(self):
         """End every goal (FAILED, SHUTDOWN) and free the model; the action server stays."""
-        service, self.service = self.service, None
+        with self._swap_lock:
+            service, self.service = self.service, None
         self.lifecycle_state = 'unconfigured'
         if service is None:
             return
@@ -173,6 +190,60 @@ class TimeBillNode(LifecycleNode):
         """End all goals (FAILED) and stop the service's threads; calling it again is a no-op."""
         if self.service is not None:
             self.service.shutdown()
+
+    # --- predictors built after the start ----------------------------------------------------
+    def _check_upgrade(self):
+        """Timer: start building a service with predictors that appeared, once per file set."""
+        try:
+            service = self.service
+            if service is None or self.lifecycle_state != 'active' or self._rebuilding:
+                return
+            found = self._upgrade_check(service)
+            if found is None or found[1] in self._upgrades_tried:
+                return
+            what, key = found
+            self._upgrades_tried.add(key)
+            self._rebuilding = True
+            self.get_logger().info(f'{what} is ready: building a service with it beside the '
+                                   'running one')
+            threading.Thread(target=self._rebuild, args=(what,), name='timebill-rebuild',
+                             daemon=True).start()
+        except Exception:
+            self._log_fault('predictor check')
+
+    def _rebuild(self, what):
+        """Build the replacement service and swap it in once the running one is idle."""
+        try:
+            config = read_config(self)
+            new = self._service_factory(config, self.get_logger().info)
+            new.start()
+        except Exception:
+            self._log_fault(f'building a service with {what}')
+            self._rebuilding = False
+            return
+        old = self._swap_when_idle(new)
+        self._rebuilding = False
+        if old is None:
+            new.shutdown()
+            self.get_logger().info(f'{what}: not switched (the node left the active state)')
+            return
+        old.shutdown()
+        self.get_logger().info(f'switched to a service with {what}: length predictor '
+                               f'{new.predictor.name}, readout '
+                               f'{"on" if new.readout is not None else "off"}')
+
+    def _swap_when_idle(self, new):
+        """Swap ``new`` in when no goal is queued or running; return the old service or None."""
+        while True:
+            with self._swap_lock:
+                old = self.service
+                if old is None or self.lifecycle_state != 'active':
+                    return None
+                if old.idle:
+                    self.config = new.config
+                    self.service = new
+                    return old
+            time.sleep(SWAP_POLL_S)
 
     def destroy_node(self):
         """End every goal in flight (FAILED), then destroy the action server and the node.
@@ -252,8 +323,8 @@ class TimeBillNode(LifecycleNode):
     def _execute_goal(self, goal_handle):
         key = bytes(goal_handle.goal_id.uuid)
         ros_now_s = self.get_clock().now().nanoseconds / 1e9
-        service = self.service
-        mono_now_s = service.clock() if service is not None else time.monotonic()
+        clock_of = self.service
+        mono_now_s = clock_of.clock() if clock_of is not None else time.monotonic()
         request = conversions.request_from_goal(
             goal_handle.request, key.hex(), ros_now_s, mono_now_s)
         received_s = mono_now_s - max(0.0, ros_now_s - _accepted_at_s(goal_handle, ros_now_s))
@@ -273,6 +344,10 @@ class TimeBillNode(LifecycleNode):
             finally:
                 finished.set()
 
+        with self._swap_lock:  # a replacement service is never swapped in mid-submit
+            service = self.service
+            if service is not None:
+                job = service.submit(request, on_feedback, on_done, received_s=received_s)
         if service is None:  # unconfigured (after a cleanup)
             on_done(JobResult(
                 status=status.REJECTED, error_code=status.ERROR_INACTIVE, goal_id=key.hex(),
@@ -280,7 +355,6 @@ class TimeBillNode(LifecycleNode):
                         'activate it', finish_reason=status.FINISH_REJECTED,
                 budget_s=request.budget_s or 0.0, stop_phase='admission'))
             return self._terminate(goal_handle, outcome['result'])
-        job = service.submit(request, on_feedback, on_done, received_s=received_s)
         with self._jobs_lock:
             if job is not None:
                 self._jobs[key] = job

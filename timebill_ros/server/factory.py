@@ -1,5 +1,7 @@
 """Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
 
+import pathlib
+
 from timebill_ros.predictors import make_predictor, make_readout
 from timebill_ros.server.service import TimeBillService
 
@@ -236,3 +238,32 @@ def build_predictor(config, engine, coefficients, log=print):
     """Return the length predictor of ``config`` for ``engine``, compressing against Eq. 4a."""
     return make_predictor(config.predictor, engine.model_key, coefficients.prefill_s,
                           config.engine.model_cache_dir or None, log=log)
+
+
+def predictor_upgrade(service):
+    """Return what a rebuilt service would gain now, keyed by file state, or None.
+
+    ``(text, key)``: ``text`` names the predictors whose files exist now but are not in use
+    (``the RLP``, ``the prefill readout``); ``key`` holds their paths and modification times,
+    so one set of files is tried once. None when the service runs every predictor its
+    ``predictor`` group asks for, or their files are still missing.
+    """
+    from timebill_ros.predictors import FallbackPredictor
+    from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
+    config = service.config.predictor
+    if config.kind != 'rlp':
+        return None
+    model_key = service.engine.model_key
+    cache_dir = service.config.engine.model_cache_dir or None
+    wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor),
+               config.model_file or default_onnx_path(model_key, cache_dir)),
+              ('the prefill readout', config.prefill_readout and service.readout is None,
+               config.readout_file or default_readout_path(model_key, cache_dir))]
+    found = []
+    for text, missing, path in wanted:
+        path = pathlib.Path(path)
+        if missing and path.is_file():
+            found.append((text, str(path), path.stat().st_mtime))
+    if not found:
+        return None
+    return ' and '.join(text for text, _, _ in found), tuple(found)

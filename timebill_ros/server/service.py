@@ -144,6 +144,8 @@ class TimeBillService:
         self._save_lock = threading.Lock()
         self._closed = False
         self._accepting = True  # False while paused (the node's lifecycle: inactive)
+        self._live = set()  # goal ids admitted and not ended yet
+        self._live_lock = threading.Lock()
         self._reaper_stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name='timebill-reaper',
                                         daemon=True)
@@ -223,6 +225,12 @@ class TimeBillService:
         return self._reaper.is_alive() and all(e.alive for e in self.executors)
 
     @property
+    def idle(self):
+        """Return True when no admitted goal is queued, running or about to run."""
+        with self._live_lock:
+            return not self._live
+
+    @property
     def busy(self):
         """Return True while some executor runs a goal."""
         return any(executor.current is not None for executor in self.executors)
@@ -258,6 +266,8 @@ class TimeBillService:
         goal_id = request.goal_id or uuid.uuid4().hex
 
         def done(result):
+            with self._live_lock:
+                self._live.discard(goal_id)
             try:
                 self.stats.record(result)
             except Exception:  # stats are a side line: the result still goes out
@@ -314,7 +324,14 @@ class TimeBillService:
         self._apply(job, verdict)
         job.estimated_time_s = self.estimated_time_s(job)
         must_wait = self.busy or self.queue_depth > 0
-        _rejecting(self.queue.push, job)
+        with self._live_lock:
+            self._live.add(goal_id)
+        try:
+            _rejecting(self.queue.push, job)
+        except GoalRejected:
+            with self._live_lock:
+                self._live.discard(goal_id)
+            raise
         if must_wait:
             self._predict_uncertainty(job)
         on_feedback(goals.Feedback(phase=status.PHASE_QUEUED,

@@ -1,0 +1,66 @@
+"""Predictors that appear after the start: the node builds a service with them and switches.
+
+Real node over real rclpy, tiny model; upgrade_check is injected (the default looks for the
+RLP / readout files, server/factory.py predictor_upgrade, tested in test_goals_and_params).
+"""
+
+import threading
+
+from rclpy.parameter import Parameter
+from ros_helpers import COEFFS, GatedEngine, node_and_client, wait_for
+
+from timebill_ros.action import Instruct
+from timebill_ros.predictors import FallbackPredictor
+from timebill_ros.ros.client import TimebillClient
+from timebill_ros.server.service import TimeBillService
+
+R = Instruct.Result
+
+
+class BuiltLater(FallbackPredictor):
+    """A predictor the second service gets (stands in for an RLP built in the background)."""
+
+    name = 'built-later'
+
+
+def test_the_node_switches_to_predictors_built_after_it_started(tiny_model, smollm2_tokenizer):
+    built, ready = [], threading.Event()
+
+    def factory(config, log):
+        engine = GatedEngine(config.engine, config.eviction, model=tiny_model,
+                             tokenizer=smollm2_tokenizer)
+        predictor = BuiltLater() if built else FallbackPredictor()
+        if not built:
+            predictor.name = 'fallback (rlp unavailable: not built yet)'
+        service = TimeBillService(config, engine, predictor, COEFFS)
+        built.append(service)
+        return service
+
+    def upgrade_check(service):
+        return ('the test RLP', ('rlp.onnx', 1.0)) if ready.is_set() else None
+
+    overrides = [Parameter('engine.max_new_tokens', value=8),
+                 Parameter('predictor.reload_check_s', value=0.1)]
+    with node_and_client(factory, 'robot5', overrides, 'reload_client',
+                         upgrade_check=upgrade_check) as (server, _, _):
+        with TimebillClient('/robot5/timebill/instruct', 'reload_planner', wait_s=20) as llm:
+            first = llm.ask('Plan a route to the dock.', budget_s=60.0)
+            assert first.status == R.COMPLETED and first.predictor.startswith('fallback')
+            old = server.service
+            old.engine.gate.clear()  # hold a goal: the switch must wait for it
+            held = llm.send('Describe the dock.', budget_s=60.0)
+            assert old.engine.waiting.wait(30)
+            ready.set()
+            wait_for(lambda: len(built) == 2 and built[1].healthy, 30, 'no second service')
+            served_meanwhile = llm.send('Is the gripper open?', budget_s=60.0)
+            assert server.service is old  # not switched while a goal runs
+            old.engine.gate.set()
+            assert held.result(60).status == R.COMPLETED
+            assert held.result().predictor.startswith('fallback')
+            assert served_meanwhile.result(60).status == R.COMPLETED
+            wait_for(lambda: server.service is built[1], 30, 'never switched')
+            after = llm.ask('Plan a route to the dock.', budget_s=60.0)
+            assert after.status == R.COMPLETED and after.predictor == 'built-later'
+            assert not old.healthy  # the old service was shut down after the switch
+            threading.Event().wait(0.5)  # more timer ticks: the same files are not rebuilt
+            assert len(built) == 2
