@@ -29,7 +29,7 @@ lint: venv
 	$(ENV) && flake8 $(LINT_PATHS)
 
 # The RLP and the prefill readout are built from the committed lengths
-# (data/rlp/lengths_1024.jsonl) when the cache has none (~5 min and ~15 min on 2 cores: the
+# (data/rlp/lengths_1024_guard.jsonl) when the cache has none (~5 min and ~15 min on 2 cores: the
 # readout's features are one prefill of every corpus prompt, cached).
 predictor: build
 	$(ENV) && timebill predictor build

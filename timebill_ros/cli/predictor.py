@@ -4,7 +4,7 @@ import argparse
 import pathlib
 import sys
 
-DEFAULT_LENGTHS = 'data/rlp/lengths_1024.jsonl'
+DEFAULT_LENGTHS = 'data/rlp/lengths_1024_guard.jsonl'  # collected with the loop guard on
 ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
 ONNX_ATOL = 1e-3  # fp32 export vs torch: bucket probabilities (or the scaled length)
 INT8_AGREEMENT = 0.9  # int8-embedding export: share of check prompts with torch's N^
