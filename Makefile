@@ -34,10 +34,10 @@ lint: venv
 predictor: build
 	$(ENV) && timebill predictor build
 
-# The demo starts at once: missing predictors are built beside it in a niced background
-# process (goals get the fallback N^ = N_max until then; a running server switches to them).
+# The demo does not wait for the predictors: its goals get the fallback N^ = N_max when they
+# are missing, and afterwards it starts building them in a niced background process (a server
+# started later loads them; a running one switches to them).
 run: build
-	$(ENV) && timebill predictor build --background
 	$(ENV) && timebill demo
 
 bench: build

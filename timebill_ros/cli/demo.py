@@ -4,6 +4,7 @@ The server runs as its own process (``timebill serve``), the planner here talks 
 ROS 2 like any other client.
 """
 
+import argparse
 import pathlib
 import sys
 
@@ -77,8 +78,13 @@ def _run_goals(client, goals, together):
     return failures + sum(_report(client, *item) for item in pending)
 
 
-def run_demo(params_file=None, wait_s=600.0):
-    """Run the demo; return 0 when every goal got a result, 1 otherwise."""
+def run_demo(params_file=None, wait_s=600.0, build_predictors=True):
+    """Run the demo; return 0 when every goal got a result, 1 otherwise.
+
+    build_predictors: afterwards, start building a missing RLP / readout in the background
+    (after the demo, so that neither the server's first calibration nor the demo's goals share
+    the CPU with the training).
+    """
     log_dir = pathlib.Path('log')
     log_dir.mkdir(exist_ok=True)
     log_path = log_dir / 'demo_server.log'
@@ -94,12 +100,18 @@ def run_demo(params_file=None, wait_s=600.0):
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if build_predictors:
+        from timebill_ros.cli.predictor import start_background_build
+        from timebill_ros.params import load_config
+        common = ['--params', params_file] if params_file else []
+        print(start_background_build(load_config(params_file), common))
     return 1 if failures else 0
 
 
 def cmd_demo(args, ros_args):
     """Start the server on the embedded model and run the planner-like demo client."""
-    return run_demo(params_file=args.params, wait_s=args.wait)
+    return run_demo(params_file=args.params, wait_s=args.wait,
+                    build_predictors=args.build_predictors)
 
 
 def add_parser(sub):
@@ -107,4 +119,6 @@ def add_parser(sub):
     demo = sub.add_parser('demo', help=cmd_demo.__doc__)
     demo.add_argument('--params', help='params YAML for the server')
     demo.add_argument('--wait', type=float, default=600.0, help='seconds to wait for start-up')
+    demo.add_argument('--build-predictors', action=argparse.BooleanOptionalAction, default=True,
+                      help='afterwards, build a missing RLP / readout in the background')
     demo.set_defaults(func=cmd_demo)

@@ -75,40 +75,57 @@ def predictor_files(config):
 
 def cmd_build(args, ros_args):
     """Build the missing RLP and readout; --background: in a niced process, return at once."""
-    import os
     import subprocess
     config = _config(args)
-    files = predictor_files(config)
-    missing = [name for name, path in files.items() if not path.is_file()]
-    if not missing:
-        print(f'predictors built: {", ".join(str(p) for p in files.values())}')
-        return 0
     common = ['--params', args.params] if args.params else []
     for item in args.set:
         common += ['--set', item]
-    steps = [['train', '--export', '--if-missing'], ['readout', '--export', '--if-missing']]
-    commands = [[sys.executable, '-m', 'timebill_ros.cli', 'predictor', *step, *common]
-                for step in steps]
-    if not args.background:
-        for command in commands:
-            subprocess.run(command, check=True)
+    if args.background:
+        print(start_background_build(config, common, args.nice))
         return 0
+    files = predictor_files(config)
+    if all(path.is_file() for path in files.values()):
+        print(f'predictors built: {", ".join(str(p) for p in files.values())}')
+        return 0
+    for command in _build_commands(common):
+        subprocess.run(command, check=True)
+    return 0
+
+
+def _build_commands(common):
+    steps = [['train', '--export', '--if-missing'], ['readout', '--export', '--if-missing']]
+    return [[sys.executable, '-m', 'timebill_ros.cli', 'predictor', *step, *common]
+            for step in steps]
+
+
+def start_background_build(config, common=(), nice=10):
+    """Start building the missing RLP / readout in a niced process of its own; return a line.
+
+    ``common``: the ``--params`` / ``--set`` arguments the build commands get. Nothing starts
+    when both files exist or a build is running (a lock file beside them); the process outlives
+    the caller, its log is ``build.log`` beside the files.
+    """
+    import os
+    import subprocess
+    files = predictor_files(config)
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if not missing:
+        return f'predictors built: {", ".join(str(p) for p in files.values())}'
     log_path = files['RLP'].parent / 'build.log'
     lock_path = files['RLP'].parent / 'build.lock'
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if _build_running(lock_path):
-        print(f'predictors are being built already (log: {log_path})')
-        return 0
-    script = ' && '.join(' '.join(_quote(part) for part in command) for command in commands)
+        return f'predictors are being built already (log: {log_path})'
+    script = ' && '.join(' '.join(_quote(part) for part in command)
+                         for command in _build_commands(list(common)))
     with open(log_path, 'a', encoding='utf-8') as log:
-        proc = subprocess.Popen(['nice', '-n', str(args.nice), 'sh', '-c', script],
+        proc = subprocess.Popen(['nice', '-n', str(nice), 'sh', '-c', script],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=dict(os.environ))
     lock_path.write_text(str(proc.pid))
-    print(f'building the {" and the ".join(missing)} in the background (pid {proc.pid}, '
-          f'log: {log_path}); until then goals get the fallback N^ = N_max, and a running '
-          'server switches to them when they are ready (predictor.reload_check_s)')
-    return 0
+    return (f'building the {" and the ".join(missing)} in the background (pid {proc.pid}, '
+            f'log: {log_path}; ~20 min on 2 cores); a server started later loads them, a '
+            'running one switches to them when they are ready (predictor.reload_check_s)')
 
 
 def _build_running(lock_path):
