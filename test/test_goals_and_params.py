@@ -143,7 +143,7 @@ def test_predictor_upgrade_names_the_files_that_appeared(tmp_path):
 
 
 def test_predictor_build_reports_built_files_and_sees_a_running_build(tmp_path, capsys):
-    """timebill predictor build: nothing to do when both files exist; a live lock is seen."""
+    """`timebill predictor build`: nothing to do when both files exist; a live lock is seen."""
     import argparse
     import os
 

@@ -59,17 +59,29 @@ def plot_wcet(events, path):
     return len(ran)
 
 
+def _due(event):
+    """Return True for a goal that counts for deadlines (not bad input, not canceled).
+
+    The same rule as ~/stats: infeasible refusals count as misses.
+    """
+    from timebill_ros.server import status
+    if event['status'] == status.CANCELED:
+        return False
+    return event['status'] != status.REJECTED or event['infeasible']
+
+
 def plot_timeline(events, stats, path):
-    """Plot goals met / missed over time, the running miss count and the queue depth."""
+    """Plot due goals met / missed over time, the running miss count and the queue depth."""
     import matplotlib.pyplot as plt
     start = min([e['stamp'] for e in events] + [s['stamp'] for s in stats] or [0.0])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 4.5), sharex=True)
-    times = [e['stamp'] - start for e in events]
-    met = [e['deadline_met'] for e in events]
-    top.scatter([t for t, m in zip(times, met) if m], [1] * sum(met), s=10,
+    due = [e for e in events if _due(e)]
+    times = [e['stamp'] - start for e in due]
+    met = [e['deadline_met'] for e in due]
+    top.scatter([t for t, m in zip(times, met) if m], [1] * sum(met), s=14,
                 color='tab:green', label='met its deadline')
-    top.scatter([t for t, m in zip(times, met) if not m], [0] * (len(met) - sum(met)), s=14,
-                color='tab:red', marker='x', label='missed')
+    top.scatter([t for t, m in zip(times, met) if not m], [0] * (len(met) - sum(met)), s=18,
+                color='tab:red', marker='x', label='missed (incl. refused as infeasible)')
     misses, running = [], 0
     for m in met:
         running += not m
@@ -78,9 +90,10 @@ def plot_timeline(events, stats, path):
     twin.step(times, misses, where='post', color='tab:red', linewidth=0.8)
     twin.set_ylabel('misses so far')
     top.set_yticks([0, 1], ['missed', 'met'])
-    top.set_ylim(-0.5, 1.5)
-    top.legend(loc='upper left', fontsize=8)
-    top.set_title(f'{len(events)} goals, {running} missed their deadline')
+    top.set_ylim(-0.6, 2.2)
+    top.legend(loc='upper left', fontsize=7, ncol=2)
+    top.set_title(f'{len(due)} due goals, {running} missed their deadline '
+                  f'({len(events) - len(due)} bad input or canceled not shown)')
     bottom.step([s['stamp'] - start for s in stats], [s['queue_depth'] for s in stats],
                 where='post', color='tab:blue')
     bottom.set_ylabel('queue depth')

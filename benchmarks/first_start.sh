@@ -1,0 +1,15 @@
+#!/bin/bash
+# Time a first `make run` as a new user gets it: a fresh clone of this repository and an empty
+# timebill cache; every output line is stamped with the seconds since the command started.
+#   bash benchmarks/first_start.sh [OUT_LOG]   (default /tmp/make_run_first_start.log)
+# The demo leaves a predictor build running in the background: its pid is in
+# /tmp/fresh_cache/rlp/build.lock.
+set -u
+out="${1:-/tmp/make_run_first_start.log}"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+rm -rf /tmp/fresh /tmp/fresh_cache && git clone -q "$repo" /tmp/fresh && cd /tmp/fresh || exit 1
+export TIMEBILL_CACHE=/tmp/fresh_cache
+start=$(date +%s.%N)
+make run 2>&1 | while IFS= read -r line; do
+  printf '%7.1f %s\n' "$(echo "$(date +%s.%N) - $start" | bc)" "$line"; done > "$out"
+echo "exit ${PIPESTATUS[0]}" >> "$out"
