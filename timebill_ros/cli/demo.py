@@ -53,12 +53,10 @@ def _row(label, budget_s, result):
             f'{"yes" if f["deadline_met"] else "no":>4s}  {f["message"]}')
 
 
-def _report(client, label, budget_s, handle):
+def _report(label, budget_s, pending):
     """Wait for one goal's result and print its row; return 1 when none came, else 0."""
     try:
-        if handle is None or not handle.accepted:
-            raise RuntimeError('goal was not accepted')
-        result, _ = client.result(handle, timeout_s=300.0)
+        result = pending.result(timeout_s=300.0)
     except (RuntimeError, TimeoutError) as exc:
         print(f'{label:34s} no result: {exc}')
         return 1
@@ -66,16 +64,18 @@ def _report(client, label, budget_s, handle):
     return 0
 
 
-def _run_goals(client, goals, together):
-    """Send goals one after the other (or all at once); return how many got no result."""
-    from timebill_ros.ros.client import make_goal
+def _run_goals(llm, goals, together):
+    """Send goals one after the other (or all at once); return how many got no result.
+
+    llm: a TimebillClient (the planner's client, as in examples/ask.py).
+    """
     failures, pending = 0, []
     for label, prompt, budget_s, n_max, policy in goals:
-        goal = make_goal(prompt, budget_s=budget_s, max_new_tokens=n_max, policy=policy)
-        pending.append((label, budget_s, client.send(goal)))
+        pending.append((label, budget_s, llm.send(prompt, budget_s, max_new_tokens=n_max,
+                                                  policy=policy)))
         if not together:
-            failures += _report(client, *pending.pop())
-    return failures + sum(_report(client, *item) for item in pending)
+            failures += _report(*pending.pop())
+    return failures + sum(_report(*item) for item in pending)
 
 
 def run_demo(params_file=None, wait_s=600.0, build_predictors=True):
@@ -91,12 +91,14 @@ def run_demo(params_file=None, wait_s=600.0, build_predictors=True):
     print(f'starting the timebill server (log: {log_path}); first start converts the '
           'embedded model and calibrates the time model, which takes a minute or two')
     try:
-        with served(params_file, log_path, wait_s) as client:
+        with served(params_file, log_path, wait_s) as node:
+            from timebill_ros.ros.client import TimebillClient
+            llm = TimebillClient.attached(node)
             print(f'{"goal":34s} {"budget":>7s} {"N_x":>5s} {"N^":>4s} {"N^ from":8s} '
                   f'{"t_pred":>6s} {"WCET^":>8s} {"alpha*":>6s} '
                   f'{"status":10s} {"total":>7s} {"met":>4s}  message')
-            failures = _run_goals(client, demo_goals(), together=False)
-            failures += _run_goals(client, burst_goals(), together=True)
+            failures = _run_goals(llm, demo_goals(), together=False)
+            failures += _run_goals(llm, burst_goals(), together=True)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1

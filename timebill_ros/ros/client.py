@@ -199,6 +199,13 @@ class TimebillClient:
             self.close()
             raise TimeoutError(f'no action server at {action_name} within {wait_s} s')
 
+    @classmethod
+    def attached(cls, node):
+        """Return a client over an InstructClient that something else spins and closes."""
+        client = cls.__new__(cls)
+        client._session, client.node = None, node
+        return client
+
     def send(self, prompt, budget_s, on_feedback=None, **fields) -> PendingGoal:
         """Send a goal with a time budget (seconds); return its PendingGoal at once."""
         feedback = []
