@@ -264,3 +264,21 @@ def test_default_calibration_path_cache_resolution(tmp_path, monkeypatch):
         tmp_path / 'home' / '.cache' / 'timebill_ros' / 'calibration' / f'{key}.yaml')
     with pytest.raises(ValueError, match='key'):
         tm.default_calibration_path('../escape')
+
+
+def test_the_mask_cost_is_probed_once_and_kept_in_the_calibration(monkeypatch):
+    """The json_schema mask's step cost: probed when the calibration lacks it, then stored."""
+    from timebill_ros.config import ServerConfig
+    from timebill_ros.server import factory
+    probes = []
+    monkeypatch.setattr(factory, 'mask_cost', lambda engine, log: probes.append(1) or 2.5e-4)
+    config, logs = ServerConfig(), []
+    first = factory.with_mask_cost(config, None, _calibration(), logs.append)
+    assert first.mask_step_s == 2.5e-4 and probes == [1]
+    stored = Calibration.load(tm.default_calibration_path(first.key))
+    assert stored.mask_step_s == 2.5e-4
+    again = factory.with_mask_cost(config, None, stored, logs.append)
+    assert again.mask_step_s == 2.5e-4 and probes == [1]  # not probed again
+    assert _calibration().mask_step_s is None  # files written before keep loading
+    with pytest.raises(ValueError, match='mask_step_s'):
+        _calibration(mask_step_s=-1.0)

@@ -24,6 +24,7 @@ def build_service(config, log=print):
     config = resolved_engine(config, engine, log)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
     calibration = with_prefix_points(config, engine, calibration, log)
+    calibration = with_mask_cost(config, engine, calibration, log)
     log(format_report(calibration))
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     readout = make_readout(config.predictor, engine.model_key,
@@ -38,13 +39,36 @@ def build_service(config, log=print):
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
                               batch_step=batch_step, readout=readout,
-                              mask_step_s=mask_cost(engine, log))
+                              mask_step_s=calibration.mask_step_s or 0.0)
     # After the service set the pooled layers (a change clears a store).
     for each in [engine] + ([offload[0]] if offload is not None else []):
         pin_prefixes(config, each, log)
     if config.timing.warm_up:
         service.warm_up()
     return service
+
+
+def with_mask_cost(config, engine, calibration, log=print):
+    """Return ``calibration`` with the json_schema mask's seconds a step, probed if missing.
+
+    A probe's figure is saved with the cached calibration (not into an explicit
+    ``timing.calibration_file``); without xgrammar it is 0 and nothing is saved.
+    """
+    import dataclasses
+    if calibration.mask_step_s is not None:
+        log(f'json_schema: the token mask adds {calibration.mask_step_s * 1e3:.2f} ms a '
+            'decoding step (calibration)')
+        return calibration
+    seconds = mask_cost(engine, log)
+    if seconds <= 0:
+        return calibration
+    calibration = dataclasses.replace(calibration, mask_step_s=seconds)
+    if not config.timing.calibration_file:
+        from timebill_ros.timing.model import default_calibration_path
+        path = default_calibration_path(calibration.key)
+        calibration.save(path)
+        log(f'json_schema mask cost saved with the calibration ({path})')
+    return calibration
 
 
 def mask_cost(engine, log=print):

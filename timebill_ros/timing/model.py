@@ -289,6 +289,8 @@ class Calibration:
     prefix_points: optional ``((P cached tokens, N_x prompt tokens, t_s seconds), ...)`` of
     prefills that took their head from the prefix store (timing/prefix.py; empty when not
     probed); :attr:`copy_token_s` fits them.
+    mask_step_s: seconds a json_schema token mask adds to a decoding step (engine/grammar.py's
+    probe), or None when not probed.
     """
 
     coefficients: TimingCoefficients
@@ -306,6 +308,7 @@ class Calibration:
     decode_points: Tuple[Tuple[int, float], ...]
     batch_points: Tuple[Tuple[int, int, float], ...] = ()
     prefix_points: Tuple[Tuple[int, int, float], ...] = ()
+    mask_step_s: Optional[float] = None
 
     def __post_init__(self):
         """Check every field, naming the bad one, and normalise types."""
@@ -328,6 +331,8 @@ class Calibration:
                                            '[B, S, seconds]'),
             'prefix_points': _check_triples('prefix_points', self.prefix_points,
                                             '[P, N_x, seconds]'),
+            'mask_step_s': (None if self.mask_step_s is None
+                            else check_nonneg_real('mask_step_s', self.mask_step_s)),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
