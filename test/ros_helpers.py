@@ -60,6 +60,27 @@ def node_and_client(factory, namespace, overrides, client_name, extra_threads=2,
         rclpy.try_shutdown()
 
 
+def tiny_factory(model, tokenizer, engine_cls=LlmEngine, predictors=None):
+    """Return a service factory(config, log) on ``model`` with the fallback predictor.
+
+    engine_cls: LlmEngine or GatedEngine. predictors: a list of LengthPredictors, one taken
+    for each service built (then the fallback); built services are appended to
+    ``factory.built``.
+    """
+    from timebill_ros.predictors import FallbackPredictor
+    from timebill_ros.server.service import TimeBillService
+
+    def factory(config, log):
+        engine = engine_cls(config.engine, config.eviction, model=model, tokenizer=tokenizer)
+        predictor = predictors.pop(0) if predictors else FallbackPredictor()
+        service = TimeBillService(config, engine, predictor, COEFFS)
+        factory.built.append(service)
+        return service
+
+    factory.built = []
+    return factory
+
+
 def wait_future(future, timeout=60.0, poll_s=0.005):
     """Return the future's result once done; TimeoutError after ``timeout`` seconds."""
     end = time.monotonic() + timeout

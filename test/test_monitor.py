@@ -8,24 +8,17 @@ import sys
 
 import pytest
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, node_and_client
+from ros_helpers import node_and_client, tiny_factory
 
 from timebill_ros.cli import monitor, plot
-from timebill_ros.engine import LlmEngine
-from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.client import TimebillClient
 from timebill_ros.server import status
-from timebill_ros.server.service import TimeBillService
 
 
 @pytest.fixture(scope='module')
 def served(tiny_model, smollm2_tokenizer):
     """Yield the node in /robot4 after five goals: 3 completed, 1 infeasible, 1 bad input."""
-    def factory(config, log):
-        engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
-                           tokenizer=smollm2_tokenizer)
-        return TimeBillService(config, engine, FallbackPredictor(), COEFFS)
-
+    factory = tiny_factory(tiny_model, smollm2_tokenizer)
     overrides = [Parameter('engine.max_new_tokens', value=8),
                  Parameter('stats.period_s', value=0.2)]
     with node_and_client(factory, 'robot4', overrides, 'monitor_test') as (server, _, _):

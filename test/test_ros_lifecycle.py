@@ -10,13 +10,11 @@ from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 import pytest
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, GatedEngine, node_and_client, wait_for, wait_future
+from ros_helpers import GatedEngine, node_and_client, wait_for, wait_future, tiny_factory
 
 from timebill_ros.action import Instruct
-from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.client import TimebillClient
 from timebill_ros.server import status
-from timebill_ros.server.service import TimeBillService
 
 R = Instruct.Result
 
@@ -24,14 +22,7 @@ R = Instruct.Result
 @pytest.fixture(scope='module')
 def graph(tiny_model, smollm2_tokenizer):
     """Yield an unconfigured timebill node in /robot3, a client node and a TimebillClient."""
-    engines = []
-
-    def factory(config, log):
-        engine = GatedEngine(config.engine, config.eviction, model=tiny_model,
-                             tokenizer=smollm2_tokenizer)
-        engines.append(engine)
-        return TimeBillService(config, engine, FallbackPredictor(), COEFFS)
-
+    factory = tiny_factory(tiny_model, smollm2_tokenizer, GatedEngine)
     overrides = [Parameter('engine.max_new_tokens', value=8),
                  Parameter('engine.feedback_every_tokens', value=1),
                  Parameter('stats.period_s', value=0.2)]
@@ -44,8 +35,8 @@ def graph(tiny_model, smollm2_tokenizer):
                                        ('change_state', ChangeState))}
         assert all(s.wait_for_service(timeout_sec=20) for s in services.values())
         with TimebillClient('/robot3/timebill/instruct', 'planner', wait_s=0) as llm:
-            yield {'server': server, 'services': services, 'engines': engines, 'llm': llm,
-                   'diag': diag}
+            yield {'server': server, 'services': services, 'llm': llm,
+                   'diag': diag, 'built': factory.built}
 
 
 def _state(graph):
@@ -86,7 +77,7 @@ def test_configure_then_activate_serves_and_deactivate_refuses(graph):
     assert served.status == R.COMPLETED and served.error_code == R.NONE, served.message
     wait_for(lambda: 'active' in _lifecycle_states_seen(graph), 10, 'diagnostics')
     # deactivate with a goal running: it goes on to its end, new goals are refused
-    engine = graph['engines'][-1]
+    engine = graph['built'][-1].engine
     engine.gate.clear()
     running = graph['llm'].send('Describe the dock.', budget_s=60.0)
     assert engine.waiting.wait(30)
@@ -102,7 +93,7 @@ def test_configure_then_activate_serves_and_deactivate_refuses(graph):
 
 
 def test_cleanup_ends_running_goals_with_shutdown_and_configure_reloads(graph):
-    server, engine = graph['server'], graph['engines'][-1]
+    server, engine = graph['server'], graph['built'][-1].engine
     assert _state(graph) == 'active'
     engine.gate.clear()
     running = graph['llm'].send('Describe the dock.', budget_s=60.0)
@@ -120,7 +111,7 @@ def test_cleanup_ends_running_goals_with_shutdown_and_configure_reloads(graph):
     assert _change(graph, Transition.TRANSITION_CONFIGURE)
     assert _change(graph, Transition.TRANSITION_ACTIVATE)
     assert graph['llm'].node.wait_for_server(20)
-    assert len(graph['engines']) == 2  # configure built a new service and engine
+    assert len(graph['built']) == 2  # configure built a new service and engine
     assert _ask(graph).status == R.COMPLETED
 
 
@@ -132,7 +123,7 @@ def test_a_transition_the_state_does_not_allow_is_refused(graph):
 
 
 def test_the_client_sends_with_feedback_and_cancels(graph):
-    engine = graph['engines'][-1]
+    engine = graph['built'][-1].engine
     heard = []
     engine.gate.clear()
     pending = graph['llm'].send('Describe the dock.', budget_s=60.0, on_feedback=heard.append)

@@ -12,24 +12,17 @@ from diagnostic_msgs.msg import DiagnosticArray
 import pytest
 from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, goal_msg, node_and_client, wait_future
+from ros_helpers import goal_msg, node_and_client, wait_future, tiny_factory
 
 from timebill_ros.server import status
 from timebill_ros.action import Instruct
-from timebill_ros.engine import LlmEngine
 from timebill_ros.msg import GoalEvent, ServerStats
-from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.server.service import TimeBillService
 
 
 @pytest.fixture(scope='module')
 def ros_graph(tiny_model, smollm2_tokenizer):
     """Start a timebill node in namespace /robot1 and a client node with subscriptions."""
-    def factory(config, log):
-        engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
-                           tokenizer=smollm2_tokenizer)
-        return TimeBillService(config, engine, FallbackPredictor(), COEFFS)
-
+    factory = tiny_factory(tiny_model, smollm2_tokenizer)
     overrides = [Parameter('engine.max_new_tokens', value=12),
                  Parameter('engine.feedback_every_tokens', value=1),
                  Parameter('stats.period_s', value=0.2)]

@@ -7,12 +7,11 @@ RLP / readout files, server/factory.py predictor_upgrade, tested in test_goals_a
 import threading
 
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, GatedEngine, node_and_client, wait_for
+from ros_helpers import GatedEngine, node_and_client, wait_for, tiny_factory
 
 from timebill_ros.action import Instruct
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.client import TimebillClient
-from timebill_ros.server.service import TimeBillService
 
 R = Instruct.Result
 
@@ -24,17 +23,11 @@ class BuiltLater(FallbackPredictor):
 
 
 def test_the_node_switches_to_predictors_built_after_it_started(tiny_model, smollm2_tokenizer):
-    built, ready = [], threading.Event()
-
-    def factory(config, log):
-        engine = GatedEngine(config.engine, config.eviction, model=tiny_model,
-                             tokenizer=smollm2_tokenizer)
-        predictor = BuiltLater() if built else FallbackPredictor()
-        if not built:
-            predictor.name = 'fallback (rlp unavailable: not built yet)'
-        service = TimeBillService(config, engine, predictor, COEFFS)
-        built.append(service)
-        return service
+    ready = threading.Event()
+    first = FallbackPredictor()
+    first.name = 'fallback (rlp unavailable: not built yet)'
+    factory = tiny_factory(tiny_model, smollm2_tokenizer, GatedEngine, [first, BuiltLater()])
+    built = factory.built
 
     def upgrade_check(service):
         return ('the test RLP', ('rlp.onnx', 1.0)) if ready.is_set() else None

@@ -53,9 +53,7 @@ def plot_wcet(events, path):
     ax.set_ylabel('run time: total - queue (s)')
     ax.set_title(f'{len(ran)} goals that ran, {sum(over)} over their t^_WCET')
     ax.legend(loc='upper left', fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
     return len(ran)
 
 
@@ -98,9 +96,7 @@ def plot_timeline(events, stats, path):
                 where='post', color='tab:blue')
     bottom.set_ylabel('queue depth')
     bottom.set_xlabel('time since the first message (s)')
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_counts(events, path):
@@ -118,6 +114,12 @@ def plot_counts(events, path):
     right.barh(names, [codes[code] for code in sorted(codes)], color='tab:orange')
     right.set_xlabel('goals')
     right.set_title('error codes')
+    _save(fig, path)
+
+
+def _save(fig, path):
+    """Write a figure as a PNG and free it."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
