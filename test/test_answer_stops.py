@@ -129,3 +129,31 @@ def test_finish_reasons_are_documented_in_the_action():
     text = open('action/Instruct.action', encoding='utf-8').read()
     for reason in status.FINISH_REASONS:
         assert reason in text.split('string finish_reason', 1)[1][:400], reason
+
+
+NOTE_SCHEMA = ('{"type": "object", "additionalProperties": false, "required": ["note"],'
+               ' "properties": {"note": {"type": "string"}}}')
+
+
+def test_a_schema_answer_that_loops_is_closed_into_a_valid_document(service):
+    """Under a schema the guard does not cut: it closes the string and the object instead."""
+    import json
+
+    import jsonschema
+    # The slow model's greedy answer settles into a cycle (conftest): inside the string here.
+    result = ask(service, GoalRequest('Describe the dock.', budget_s=600.0,
+                                      json_schema=NOTE_SCHEMA))
+    assert result.status == status.COMPLETED, result.message
+    assert result.finish_reason == status.FINISH_EOS, result.message
+    assert result.response_tokens < 200  # long before max_new_tokens
+    jsonschema.validate(json.loads(result.response), json.loads(NOTE_SCHEMA))
+
+
+def test_a_schema_answer_closes_before_max_new_tokens(service):
+    """Closing starts a reserve before max_new_tokens: the document ends whole, not cut."""
+    import json
+    result = ask(service, GoalRequest('Describe the dock.', budget_s=600.0, max_new_tokens=40,
+                                      json_schema=NOTE_SCHEMA))
+    assert result.finish_reason == status.FINISH_EOS, result.message
+    assert result.response_tokens <= 40
+    assert set(json.loads(result.response)) == {'note'}

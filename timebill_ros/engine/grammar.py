@@ -28,6 +28,8 @@ class SchemaCompiler:
         self.vocab_size = vocab_size
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self._compiler = xgrammar.GrammarCompiler(info)
+        self._tokenizer = tokenizer
+        self._closer_bonus = None  # (vocab,) float tensor, built on first use
         self._cache = collections.OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -57,34 +59,102 @@ class SchemaCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
-    def constrain(self, compiled, sampler=None) -> 'SchemaSampler':
-        """Return a per-goal :class:`SchemaSampler` over ``compiled`` (``sampler``: inner)."""
-        return SchemaSampler(self._xgr, compiled, self.vocab_size, sampler)
+    def constrain(self, compiled, sampler=None, close_after=None,
+                  loop_guard=None) -> 'SchemaSampler':
+        """Return a per-goal :class:`SchemaSampler` over ``compiled`` (``sampler``: inner).
+
+        close_after: picks after which it closes the document as fast as it can (None:
+        never); loop_guard: a stopping.LoopGuard whose firing starts the closing too.
+        """
+        return SchemaSampler(self._xgr, compiled, self.vocab_size, sampler, close_after,
+                             loop_guard, self.closer_bonus() if (close_after is not None
+                                                                 or loop_guard) else None)
+
+    def closer_bonus(self):
+        """Return the (vocab,) bonus of tokens that close JSON (:func:`closing_score`).
+
+        Added to the allowed logits while a document closes, so the schema's mask picks the
+        token that ends a string, an object or an array before one that goes on.
+        """
+        import torch
+        with self._lock:
+            if self._closer_bonus is None:
+                bonus = torch.zeros(self.vocab_size)
+                pieces = self._tokenizer.convert_ids_to_tokens(
+                    list(range(min(self.vocab_size, len(self._tokenizer)))))
+                for token_id, piece in enumerate(pieces):
+                    bonus[token_id] = CLOSE_BONUS * max(0.0, closing_score(piece or ''))
+                self._closer_bonus = bonus
+            return self._closer_bonus
 
 
 class SchemaSampler:
-    """Picks a goal's tokens under its schema's mask, then with ``sampler`` (None: greedy)."""
+    """Picks a goal's tokens under its schema's mask, then with ``sampler`` (None: greedy).
 
-    def __init__(self, xgrammar, compiled, vocab_size: int, sampler: Optional[object] = None):
+    Closing: after ``close_after`` picks, or once ``loop_guard`` fires (the answer repeats a
+    cycle, inside a string say), the allowed tokens that close a string, an object or an array
+    get ``closer_bonus`` added, so the document ends within a few tokens instead of running
+    to max_new_tokens cut (``closing`` says since when).
+    """
+
+    def __init__(self, xgrammar, compiled, vocab_size: int, sampler: Optional[object] = None,
+                 close_after: Optional[int] = None, loop_guard=None, closer_bonus=None):
         self._xgr = xgrammar
         self.matcher = xgrammar.GrammarMatcher(compiled)
         self.bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self.sampler = sampler
+        self.close_after, self.loop_guard = close_after, loop_guard
+        self.closer_bonus = closer_bonus
+        self.n_picked = 0
+        self.closing = None  # the pick at which closing began, None while not closing
 
     def __call__(self, logits):
         """Return the next token id from ``logits`` (vocab,) among those the schema allows."""
         self.matcher.fill_next_token_bitmask(self.bitmask)
         masked = logits.detach().float().cpu().clone().unsqueeze(0)
         self._xgr.apply_token_bitmask_inplace(masked, self.bitmask)
+        if self.closing is not None:
+            masked[0] += self.closer_bonus  # disallowed tokens stay at -inf
         token = int(masked[0].argmax()) if self.sampler is None else self.sampler(masked[0])
         self.matcher.accept_token(token)
+        self.n_picked += 1
+        if self.closing is None and self._must_close(token):
+            self.closing = self.n_picked
         return token
+
+    def _must_close(self, token) -> bool:
+        if self.close_after is not None and self.n_picked >= self.close_after:
+            return True
+        return (self.loop_guard is not None
+                and self.loop_guard.should_stop(self.n_picked, token) is not None)
 
     @property
     def complete(self) -> bool:
         """True once the answer is a whole document (only the end token may follow)."""
         return self.matcher.is_terminated()
 
+
+# Logit bonus a unit of closing_score gives while a document closes: above any model logit.
+CLOSE_BONUS = 1.0e4
+# Characters that end something in JSON (a string: '"' first, since '}' is string content
+# too) and those that open or continue something.
+CLOSING_CHARS = {'"': 2.0, '}': 1.5, ']': 1.5}
+OPENING_CHARS = {',': -2.0, ':': -2.0, '{': -2.0, '[': -2.0}
+
+
+def closing_score(piece: str) -> float:
+    """Return how much a token's text closes JSON: '"' 2, '}' ']' 1.5, ',' ':' '{' '[' -2.
+
+    Inside a string the closing quote wins over a '}' of content; after a value, '}' or ']'
+    wins over ',"' (a new key or item). Only tokens the schema allows are ever picked.
+    """
+    weights = {**CLOSING_CHARS, **OPENING_CHARS}
+    return sum(weights.get(char, 0.0) for char in piece)
+
+
+# A schema answer starts closing this many tokens before max_new_tokens (a quarter of a
+# smaller N_max): enough to end a string and the objects and arrays around it.
+CLOSE_RESERVE_TOKENS = 32
 
 # The start-up probe of the mask's cost: a planner-like schema and a document valid for it.
 PROBE_SCHEMA = json.dumps({

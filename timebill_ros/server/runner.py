@@ -17,6 +17,7 @@ from typing import Optional
 
 from timebill_ros.engine import stopping
 from timebill_ros.engine import GenerationStopped
+from timebill_ros.engine.grammar import CLOSE_RESERVE_TOKENS
 from timebill_ros.engine.sampling import Sampler
 from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, JobResult
@@ -544,7 +545,13 @@ class _GoalRun:
         if sampling is not None and not (sampling.greedy and sampling.repetition_penalty == 1):
             inner = Sampler(sampling)
         if grammar is not None:
-            return self.engine.schemas.constrain(grammar, inner)
+            cfg = self.runner.config.engine
+            n_max = self.job.n_max
+            guard = (stopping.LoopGuard(cfg.loop_guard_max_period, cfg.loop_guard_min_repeats,
+                                        cfg.loop_guard_min_span) if cfg.loop_guard else None)
+            return self.engine.schemas.constrain(
+                grammar, inner, close_after=n_max - min(CLOSE_RESERVE_TOKENS, n_max // 4),
+                loop_guard=guard)
         return inner
 
     def _decode_criteria(self, state, alpha):
