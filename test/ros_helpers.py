@@ -30,11 +30,13 @@ def node_and_client(factory, namespace, overrides, client_name, extra_threads=2,
 
     factory(config, log) builds the TimeBillService; overrides: rclpy Parameters.
     activate: configure and activate the server first (else it stays unconfigured).
-    node_kwargs: more TimeBillNode arguments (``upgrade_check``).
+    node_kwargs: more TimeBillNode arguments; ``upgrade_check`` defaults to "nothing new", so
+    predictor files in this machine's cache never make a test node rebuild its service.
     through_faults: spin with ``spin_through_faults`` (the server process's loop) instead of
     ``executor.spin``. On exit the service shuts down, then the executor, nodes and rclpy.
     """
     rclpy.init()
+    node_kwargs.setdefault('upgrade_check', lambda service: None)
     server = TimeBillNode(factory, namespace=namespace, parameter_overrides=overrides,
                           **node_kwargs)
     if activate:

@@ -57,3 +57,30 @@ def test_the_node_switches_to_predictors_built_after_it_started(tiny_model, smol
             assert not old.healthy  # the old service was shut down after the switch
             threading.Event().wait(0.5)  # more timer ticks: the same files are not rebuilt
             assert len(built) == 2
+
+
+def test_a_service_built_while_the_node_shuts_down_is_never_swapped_in(
+        tiny_model, smollm2_tokenizer):
+    """shutdown() during a rebuild: the replacement shuts down too, no server thread is left."""
+    building, release = threading.Event(), threading.Event()
+    inner = tiny_factory(tiny_model, smollm2_tokenizer)
+
+    def factory(config, log):
+        if inner.built:  # the replacement: held until the node shut down
+            building.set()
+            release.wait(30)
+        return inner(config, log)
+
+    overrides = [Parameter('engine.max_new_tokens', value=8),
+                 Parameter('predictor.reload_check_s', value=0.1)]
+    with node_and_client(factory, 'robot6', overrides, 'reload_client_2',
+                         upgrade_check=lambda service: ('the test RLP', ('x', 1.0))) as (
+            server, _, _):
+        assert building.wait(30), 'no rebuild started'
+        old = server.service
+        server.shutdown()
+        release.set()
+        wait_for(lambda: len(inner.built) == 2 and not server._rebuilding, 30,
+                 'the rebuild never ended')
+        assert not inner.built[1].healthy  # started, then shut down: never swapped in
+        assert server.service is old and not old.healthy

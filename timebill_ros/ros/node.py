@@ -76,6 +76,7 @@ class TimeBillNode(LifecycleNode):
         self._upgrade_check = upgrade_check
         self._upgrades_tried = set()  # keys of upgrade_check already built (once each)
         self._rebuilding = False
+        self._closing = False  # shutdown() was called: no replacement service is swapped in
         self._swap_lock = threading.Lock()  # submit vs. swapping or releasing the service
         self.service = None  # the TimeBillService while configured
         self.lifecycle_state = 'unconfigured'
@@ -187,16 +188,23 @@ class TimeBillNode(LifecycleNode):
         gc.collect()
 
     def shutdown(self):
-        """End all goals (FAILED) and stop the service's threads; calling it again is a no-op."""
-        if self.service is not None:
-            self.service.shutdown()
+        """End all goals (FAILED) and stop the service's threads; calling it again is a no-op.
+
+        A replacement service being built meanwhile is never swapped in (it shuts down).
+        """
+        with self._swap_lock:
+            self._closing = True
+            service = self.service
+        if service is not None:
+            service.shutdown()
 
     # --- predictors built after the start ----------------------------------------------------
     def _check_upgrade(self):
         """Timer: start building a service with predictors that appeared, once per file set."""
         try:
             service = self.service
-            if service is None or self.lifecycle_state != 'active' or self._rebuilding:
+            if (service is None or self.lifecycle_state != 'active' or self._rebuilding
+                    or self._closing):
                 return
             found = self._upgrade_check(service)
             if found is None or found[1] in self._upgrades_tried:
@@ -222,11 +230,12 @@ class TimeBillNode(LifecycleNode):
             self._rebuilding = False
             return
         old = self._swap_when_idle(new)
-        self._rebuilding = False
         if old is None:
             new.shutdown()
+            self._rebuilding = False
             self.get_logger().info(f'{what}: not switched (the node left the active state)')
             return
+        self._rebuilding = False
         old.shutdown()
         self.get_logger().info(f'switched to a service with {what}: length predictor '
                                f'{new.predictor.name}, readout '
@@ -237,7 +246,7 @@ class TimeBillNode(LifecycleNode):
         while True:
             with self._swap_lock:
                 old = self.service
-                if old is None or self.lifecycle_state != 'active':
+                if old is None or self.lifecycle_state != 'active' or self._closing:
                     return None
                 if old.idle:
                     self.config = new.config
