@@ -12,7 +12,8 @@ from gguf.quants import dequantize, quantize
 from timebill_ros.engine import kernels, kquants
 from timebill_ros.engine.model_source import embedded_gguf_path
 
-TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
+TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+         GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0]
 # fp32 sums of up to 1536 products in another order than float64's: relative to the largest
 # output, well below the 1e-4 that a wrong block (a swapped nibble, a lost minimum) gives.
 REL_TOL = 1e-5
@@ -70,6 +71,20 @@ def test_gemm_multiplies_the_dequantized_weights(gemm, qtype, rows, portable):
     y = _gemm(gemm, x, blocks, int(qtype), portable)
     assert y.shape == (rows, 200) and y.dtype == torch.float32
     assert _rel_error(y, x, weights) < REL_TOL
+
+
+@pytest.mark.parametrize('qtype', TYPES, ids=lambda t: t.name)
+def test_unpack_rows_is_bit_exact_to_gguf(gemm, qtype):
+    """Any rows of a packed matrix (an embedding lookup, or all for a prefill) are gguf's."""
+    blocks, weights = _blocks(qtype, 37, 64, seed=int(qtype) + 7)
+    packed = gemm.pack(blocks, int(qtype), 64)
+    rows = torch.tensor([36, 0, 17, 17, 5], dtype=torch.long)
+    out = gemm.unpack_rows(packed, int(qtype), 64, 37, rows)
+    assert torch.equal(out, torch.from_numpy(weights.astype(np.float32))[rows])
+    everything = gemm.unpack_rows(packed, int(qtype), 64, 37, torch.arange(37))
+    assert torch.equal(everything, torch.from_numpy(weights.astype(np.float32)))
+    with pytest.raises(RuntimeError, match='row 37 is not in'):
+        gemm.unpack_rows(packed, int(qtype), 64, 37, torch.tensor([37]))
 
 
 @pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])

@@ -1,7 +1,9 @@
 """Hand-written CPU kernels, compiled on the machine that runs them (gguf_gemm.cpp).
 
-They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks, and by its K-quants
-(Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below). ``pack(blocks,
+They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks, and by
+its K-quants (Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below).
+``unpack_rows`` dequantizes chosen rows of a packed matrix (embedding lookups, a prefill's
+per-matrix weights). ``pack(blocks,
 type, K)`` lays a matrix's blocks out once, at load, in the kernels' own order (8 output rows
 interleaved, 16 where the build has AVX-512: ``group_rows()``; the same bytes);
 ``gemm(x, packed, type, N, portable)`` and ``layer_step`` take that.
@@ -24,8 +26,8 @@ from timebill_ros import paths
 SOURCE = pathlib.Path(__file__).with_name('gguf_gemm.cpp')
 # GGML type ids of the block formats the kernels read as the file holds them
 # (gguf.GGMLQuantizationType).
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-QTYPES = {'Q4_0': Q4_0, 'Q4_1': Q4_1, 'Q8_0': Q8_0}
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
+QTYPES = {'Q4_0': Q4_0, 'Q4_1': Q4_1, 'Q5_0': Q5_0, 'Q5_1': Q5_1, 'Q8_0': Q8_0}
 # Internal formats the K-quants are repacked into at load (engine/kquants.py): 100 + the GGML
 # id of the source (GGML's own ids stay below 100, so the two never collide). A block holds 32
 # weights, w = scale * code + min, scale and min fp32 (gguf's own d * sc and -(dmin * m)):

@@ -184,15 +184,22 @@ constexpr int64_t MAX_ROWS = 8;   // activation rows per call
 //   Q6_K_R (114): scale of weights 0-15, scale of weights 16-31, 32 int8 codes -32..31: 40 bytes
 // w = scale * code + min (Q6_K_R: scale * code). scale and min are gguf's own fp32 d * sc and
 // -(dmin * m); scale * code is exact in fp32, so the one rounding left is gguf's.
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K_R = 112, Q5_K_R = 113, Q6_K_R = 114 };
+// Q5_0 / Q5_1 are read as the file holds them too: fp16 d (Q5_1: and fp16 m), the 32 fifth bits
+// as a little-endian uint32 (read here as two 16-bit fields: weights 0-15, then 16-31), 16
+// bytes of low nibbles in Q4_1's order; w = d * (q - 16) (Q5_0) or d * q + m (Q5_1).
+enum QType : int64_t {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K_R = 112, Q5_K_R = 113, Q6_K_R = 114
+};
 constexpr const char* TYPES_HELP =
-    " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8; the K-quants Q4_K / Q5_K / Q6_K are read repacked, "
-    "as 112 / 113 / 114: engine/kquants.py)";
+    " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8; the K-quants Q4_K / Q5_K / Q6_K are "
+    "read repacked, as 112 / 113 / 114: engine/kquants.py)";
 
 int64_t block_bytes(int64_t qtype) {
   switch (qtype) {
     case Q4_0: return 2 + QK / 2;
     case Q4_1: return 4 + QK / 2;
+    case Q5_0: return 6 + QK / 2;
+    case Q5_1: return 8 + QK / 2;
     case Q8_0: return 2 + QK;
     case Q4_K_R: return 8 + QK / 2;
     case Q5_K_R: return 8 + QK;
@@ -215,6 +222,8 @@ void with_qtype(int64_t qtype, F&& f) {
   switch (qtype) {
     case Q4_0: return f(QT<Q4_0>{});
     case Q4_1: return f(QT<Q4_1>{});
+    case Q5_0: return f(QT<Q5_0>{});
+    case Q5_1: return f(QT<Q5_1>{});
     case Q8_0: return f(QT<Q8_0>{});
     case Q4_K_R: return f(QT<Q4_K_R>{});
     case Q5_K_R: return f(QT<Q5_K_R>{});
@@ -294,6 +303,24 @@ inline void dequantize_block(const uint8_t* b, float* w) {
         w[j + QK / 2] = d * (hi - 8.0f);
       }
     }
+  } else if constexpr (T == Q5_0 || T == Q5_1) {  // gguf: d * (q - 16), or d * q + m
+    const float d = half_to_float(read_u16(b));
+    constexpr bool has_min = T == Q5_1;
+    const float m = has_min ? half_to_float(read_u16(b + 2)) : 0.0f;
+    uint32_t qh;
+    std::memcpy(&qh, b + (has_min ? 4 : 2), sizeof(qh));
+    const uint8_t* qs = b + (has_min ? 8 : 6);
+    for (int j = 0; j < QK / 2; ++j) {
+      const float lo = static_cast<float>((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+      const float hi = static_cast<float>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      if (has_min) {
+        w[j] = std::fma(d, lo, m);
+        w[j + QK / 2] = std::fma(d, hi, m);
+      } else {
+        w[j] = d * (lo - 16.0f);
+        w[j + QK / 2] = d * (hi - 16.0f);
+      }
+    }
   } else if constexpr (T == Q4_K_R) {  // gguf: (d * sc) * q - dmin * m, the product exact
     const float s = read_f32(b), m = read_f32(b + 4);
     const uint8_t* qs = b + 8;
@@ -344,6 +371,8 @@ Fields block_fields(int64_t qtype) {
   switch (qtype) {
     case Q4_0: return {2, 1, QK / 2};
     case Q4_1: return {2, 2, QK / 2};
+    case Q5_0: return {2, 3, QK / 2};  // d, fifth bits of weights 0-15, of 16-31
+    case Q5_1: return {2, 4, QK / 2};  // d, m, fifth bits 0-15, 16-31
     case Q8_0: return {2, 1, QK};
     case Q4_K_R: return {4, 2, QK / 2};
     default: return {4, 2, QK};  // Q5_K_R, Q6_K_R
@@ -412,6 +441,15 @@ struct Lanes {
   static I bytes_i8(const uint8_t* p) {  // GROUP bytes, sign-extended
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static I halves_u16(const uint8_t* p) {  // GROUP uint16, zero-extended
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static I fifth_bit(I bits, int j) {  // 16 where bit j of bits is set, else 0
+    return _mm512_and_si512(_mm512_srli_epi32(bits, j - 4), _mm512_set1_epi32(16));
+  }
+  static I or_low(I v, I h) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(15)), h); }
+  static I or_high(I v, I h) { return _mm512_or_si512(_mm512_srli_epi32(v, 4), h); }
+  static I shift_left(I v, int n) { return _mm512_slli_epi32(v, n); }
   static F low_nibbles(I v) {
     return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
   }
@@ -438,6 +476,15 @@ struct Lanes {
   static I bytes_i8(const uint8_t* p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
+  static I halves_u16(const uint8_t* p) {
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I fifth_bit(I bits, int j) {
+    return _mm256_and_si256(_mm256_srli_epi32(bits, j - 4), _mm256_set1_epi32(16));
+  }
+  static I or_low(I v, I h) { return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(15)), h); }
+  static I or_high(I v, I h) { return _mm256_or_si256(_mm256_srli_epi32(v, 4), h); }
+  static I shift_left(I v, int n) { return _mm256_slli_epi32(v, n); }
   static F low_nibbles(I v) {
     return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
   }
@@ -457,12 +504,14 @@ using Vec = Lanes::F;
 // times a code of at most 8 bits), so fma(s, code, c) is gguf's dequantized weight.
 template <int64_t T>
 inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
-  if constexpr (T == Q4_0 || T == Q4_1 || T == Q8_0) {
+  if constexpr (T == Q4_0 || T == Q4_1 || T == Q8_0 || T == Q5_0 || T == Q5_1) {
     s_lo = s_hi = Lanes::halves(g);
-    if constexpr (T == Q4_1)
+    if constexpr (T == Q4_1 || T == Q5_1)
       c = Lanes::halves(g + 2 * GROUP);
     else if constexpr (T == Q4_0)
       c = Lanes::mul(s_lo, Lanes::set1(-8.0f));
+    else if constexpr (T == Q5_0)  // d * (q - 16) = d * q - 16 d, exact either way
+      c = Lanes::mul(s_lo, Lanes::set1(-16.0f));
     else
       c = Lanes::zero();
   } else {
@@ -483,6 +532,7 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
                        int64_t g0, int64_t g1) {
   constexpr int P = ROWS == 1 ? 8 : (ROWS == 2 ? 4 : (ROWS <= 4 ? 2 : 1));
   constexpr bool nibbles = T == Q4_0 || T == Q4_1 || T == Q4_K_R;
+  constexpr bool fifth = T == Q5_0 || T == Q5_1;
   const Fields f = block_fields(T);
   const int64_t nb = K / QK, bb = block_bytes(T), header = GROUP * f.n_fields * f.field_bytes;
   for (int64_t g = g0; g < g1; ++g) {
@@ -500,7 +550,28 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
       group_scales<T>(blk, s_lo, s_hi, c);
       const uint8_t* codes = blk + header;
       const float* xb = x + b * QK;
-      if constexpr (nibbles) {  // byte j: weight j (low nibble) and j + 16 (high) of each row
+      if constexpr (fifth) {  // nibbles as Q4_1, plus bit j (j + 16) of the fifth bits
+        const int64_t bits = (T == Q5_1 ? 2 : 1) * 2 * GROUP;  // offset of the fifth bits
+        const auto h_lo = Lanes::halves_u16(blk + bits);
+        const auto h_hi = Lanes::halves_u16(blk + bits + 2 * GROUP);
+#pragma GCC unroll 16
+        for (int j = 0; j < QK / 2; ++j) {
+          const auto v = Lanes::bytes_u8(codes + j * GROUP);
+          // (bits >> j) & 1, moved to 16: shift left by 4 first where j < 4.
+          const auto b_lo = j >= 4 ? Lanes::fifth_bit(h_lo, j)
+                                   : Lanes::fifth_bit(Lanes::shift_left(h_lo, 4), j + 4);
+          const auto b_hi = j >= 4 ? Lanes::fifth_bit(h_hi, j)
+                                   : Lanes::fifth_bit(Lanes::shift_left(h_hi, 4), j + 4);
+          const Vec w_lo = Lanes::fma(s_lo, Lanes::to_float(Lanes::or_low(v, b_lo)), c);
+          const Vec w_hi = Lanes::fma(s_hi, Lanes::to_float(Lanes::or_high(v, b_hi)), c);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            Vec& a_lo = acc[r][(2 * j) % P];
+            a_lo = Lanes::fma(Lanes::set1(xb[r * K + j]), w_lo, a_lo);
+            Vec& a_hi = acc[r][(2 * j + 1) % P];
+            a_hi = Lanes::fma(Lanes::set1(xb[r * K + j + QK / 2]), w_hi, a_hi);
+          }
+        }
+      } else if constexpr (nibbles) {  // byte j: weight j (low nibble) and j + 16 (high) of each row
 #pragma GCC unroll 16
         for (int j = 0; j < QK / 2; ++j) {
           const auto v = Lanes::bytes_u8(codes + j * GROUP);
@@ -1102,6 +1173,38 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
   return out;
 }
 
+// Rows ``rows`` (R,) int64 of a packed matrix (``pack`` of N rows of K weights of type
+// ``qtype``) as fp32 (R, K), each weight dequantized as gguf's reference does: the embedding
+// rows of a step's tokens, or a whole matrix (rows 0..N-1) for one prefill chunk's GEMM, so
+// that no fp32 copy of the model is kept. Rows split over the calling thread's pool.
+torch::Tensor unpack_rows(torch::Tensor packed, int64_t qtype, int64_t K, int64_t N,
+                          torch::Tensor rows) {
+  check_packed(packed, qtype, K, N, "blocks");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(),
+              "rows must be a contiguous 1-D int64 tensor");
+  const int64_t R = rows.size(0), nb = K / QK, bb = block_bytes(qtype);
+  const int64_t* index = rows.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r)
+    TORCH_CHECK(index[r] >= 0 && index[r] < N, "row ", index[r], " is not in [0, ", N, ")");
+  auto out = torch::empty({R, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  with_qtype(qtype, [&](auto t) {
+    parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+      uint8_t block[QK + 8];
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = index[r];
+        const uint8_t* grp = w + (n / GROUP) * nb * GROUP * bb;
+        for (int64_t b = 0; b < nb; ++b) {
+          unpack_block(grp + b * GROUP * bb, t.value, n % GROUP, block);
+          dequantize_block<decltype(t)::value>(block, o + r * K + b * QK);
+        }
+      }
+    });
+  });
+  return out;
+}
+
 bool has_avx2() { return TB_HAVE_AVX2; }
 
 int64_t group_rows() { return GROUP; }
@@ -1112,9 +1215,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using no_gil = py::call_guard<py::gil_scoped_release>;
   m.def("pack", &pack, "GGUF blocks (N, row bytes) -> the kernels' layout (rows in groups)",
         no_gil());
-  m.def("gemm", &gemm, "y = x W^T, W packed GGUF blocks (Q4_0, Q4_1, Q8_0, repacked K-quants)",
+  m.def("gemm", &gemm, "y = x W^T, W packed GGUF blocks (Q4_0/1, Q5_0/1, Q8_0, repacked K-quants)",
         no_gil());
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights", no_gil());
+  m.def("unpack_rows", &unpack_rows, "rows of packed GGUF blocks -> fp32 weights", no_gil());
   m.def("layer_step", &layer_step,
         "one decoder layer of a decoding step of M goals on GGUF blocks", no_gil());
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
