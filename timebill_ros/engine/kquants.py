@@ -30,6 +30,7 @@ QK_K = 256  # weights per super-block
 QK = 32  # weights per repacked block
 # GGML type id -> (name, repacked type id, bytes of one super-block).
 SOURCES = {12: ('Q4_K', Q4_K_R, 144), 13: ('Q5_K', Q5_K_R, 176), 14: ('Q6_K', Q6_K_R, 210)}
+GGML_IDS = {name: ggml_id for ggml_id, (name, _, _) in SOURCES.items()}  # 'Q4_K' -> 12
 
 
 def repack(data: np.ndarray, ggml_type: int,

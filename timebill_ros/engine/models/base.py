@@ -1,0 +1,493 @@
+"""The decoder every GGUF architecture family shares, and the spec a family fills in.
+
+A family module (llama.py, qwen2.py, ...) reads its hyperparameters from the file into a
+:class:`DecoderSpec` (``spec(gguf)``); :class:`GgufDecoder` runs any spec: pre-norm decoder
+layers with grouped-query attention, rotary embeddings (rotate-half form; Llama's interleaved
+query / key rows are reordered at load, as transformers does), optional query / key norms,
+sandwich norms and sliding-window layers (Gemma 3), and a gated MLP (SiLU or tanh-GELU). The
+weights stay the file's own blocks (engine/models/weights.py): no fp32 model is built.
+
+The maths follows transformers' modules op for op in fp32 (RMSNorm in fp32, RoPE tables from
+the same inverse frequencies), so logits match transformers on the same weights up to GEMM
+summation order (test_gguf_models.py).
+
+Shapes: n = tokens in the pass, H_q / H_kv = query / KV heads, D = head dim.
+"""
+
+import dataclasses
+import math
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
+from timebill_ros.engine.gguf.file import GgufFile
+from timebill_ros.engine.kv_cache import KvCache
+from timebill_ros.engine.models.weights import Matrix
+
+ACTIVATIONS = ('silu', 'gelu_tanh')
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderSpec:
+    """What a family sets in the shared decoder (lengths in tokens, sizes in values).
+
+    rope_base / rope_base_local: RoPE bases of global / sliding layers; rope_factors: Llama
+    3's per-frequency divisors (``rope_freqs.weight``) or None; rope_linear: positions are
+    divided by it (linear RoPE scaling). sliding_window: tokens a sliding layer sees (itself
+    included), 0 = none; sliding_layers: one flag a layer. embed_scale: multiplies the
+    embeddings (Gemma: sqrt(hidden)). permute_qk: the file's query / key rows are in
+    llama.cpp's interleaved RoPE order (Llama). fused_qkv / fused_gate_up: one tensor holds
+    q, k, v (``attn_qkv``) / gate then up (``ffn_up``) (Phi-3). qk_norm: per-head RMSNorm of
+    queries and keys. post_norms: norms after attention and MLP (Gemma's sandwich).
+    attention_scale: multiplies q.k.
+    """
+
+    arch: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_tokens: int
+    norm_eps: float
+    rope_base: float
+    attention_scale: float
+    activation: str = 'silu'
+    rope_base_local: Optional[float] = None
+    rope_factors: Optional[Tuple[float, ...]] = None
+    rope_linear: float = 1.0
+    sliding_window: int = 0
+    sliding_layers: Tuple[bool, ...] = ()
+    embed_scale: float = 1.0
+    permute_qk: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+
+    def __post_init__(self):
+        """Check the values a file gave (ValueError naming the bad one)."""
+        for name in ('n_layers', 'hidden', 'n_heads', 'n_kv_heads', 'head_dim',
+                     'context_tokens'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f'{self.arch}: {name} must be an int >= 1, got {value!r}')
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f'{self.arch}: {self.n_heads} query heads are not a multiple of '
+                             f'{self.n_kv_heads} KV heads')
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f'{self.arch}: activation {self.activation!r} not in '
+                             f'{ACTIVATIONS}')
+        if self.sliding_layers and len(self.sliding_layers) != self.n_layers:
+            raise ValueError(f'{self.arch}: sliding_layers has {len(self.sliding_layers)} '
+                             f'flags for {self.n_layers} layers')
+
+    def is_sliding(self, layer_idx: int) -> bool:
+        """Return whether layer ``layer_idx`` attends over a sliding window."""
+        return bool(self.sliding_window and self.sliding_layers
+                    and self.sliding_layers[layer_idx])
+
+
+def common_spec(gguf: GgufFile, **changes) -> DecoderSpec:
+    """Return the spec of the ``<arch>.*`` keys every family has, with ``changes`` applied."""
+    n_heads = int(gguf.require('attention.head_count'))
+    hidden = int(gguf.require('embedding_length'))
+    head_dim = int(gguf.arch_get('attention.key_length') or hidden // n_heads)
+    n_kv = gguf.arch_get('attention.head_count_kv', n_heads)
+    n_kv = int(n_kv[0] if isinstance(n_kv, list) else n_kv)
+    factors = None
+    if gguf.has('rope_freqs.weight'):
+        factors = tuple(float(v) for v in gguf.vector('rope_freqs.weight'))
+    linear = 1.0
+    if gguf.arch_get('rope.scaling.type') == 'linear':
+        linear = float(gguf.arch_get('rope.scaling.factor', 1.0))
+    values = dict(
+        arch=gguf.arch, n_layers=int(gguf.require('block_count')), hidden=hidden,
+        n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+        context_tokens=int(gguf.arch_get('context_length', 4096)),
+        norm_eps=float(gguf.require('attention.layer_norm_rms_epsilon')),
+        rope_base=float(gguf.arch_get('rope.freq_base', 10000.0)),
+        attention_scale=1.0 / math.sqrt(head_dim), rope_factors=factors, rope_linear=linear)
+    values.update(changes)
+    return DecoderSpec(**values)
+
+
+def rope_row_order(n_rows: int, n_heads: int) -> np.ndarray:
+    """Return the row order that turns llama.cpp's interleaved RoPE rows into rotate-half's.
+
+    Row i of the reordered matrix is row order[i] of the file's (transformers' own reverse
+    permutation of Llama GGUFs).
+    """
+    head_dim_half = n_rows // n_heads // 2
+    rows = np.arange(n_rows).reshape(n_heads, head_dim_half, 2)
+    return rows.swapaxes(2, 1).reshape(n_rows)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Return weight * x / sqrt(mean(x^2) + eps) over the last dim, in fp32."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _Linears:
+    """Several matrices applied to one input; same-type neighbours joined into one call."""
+
+    def __init__(self, gguf: GgufFile, names, orders, biases=True):
+        """Read tensors ``names`` (rows reordered by ``orders``, None = as is)."""
+        self.groups = []  # (Matrix, [rows of each output])
+        pending = []
+        for name, order in zip(names, orders):
+            if pending and gguf.type_name(name) != gguf.type_name(pending[0][0]):
+                self.groups.append(_joined(gguf, pending, biases))
+                pending = []
+            pending.append((name, order))
+        self.groups.append(_joined(gguf, pending, biases))
+
+    def __call__(self, x: torch.Tensor):
+        """Return each matrix's output for ``x``, in order."""
+        outs = []
+        for matrix, split in self.groups:
+            y = matrix(x)
+            outs.extend(y.split(split, dim=-1) if len(split) > 1 else (y,))
+        return outs
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the matrices hold."""
+        return sum(matrix.nbytes for matrix, _ in self.groups)
+
+
+def _joined(gguf: GgufFile, parts, biases: bool):
+    """Return (one Matrix of the rows of ``parts`` stacked, rows of each part)."""
+    datas, rows, bias_parts = [], [], []
+    for name, order in parts:
+        data = gguf.tensor(name)
+        datas.append(data[order] if order is not None else data)
+        n_rows, k = gguf.shape(name)
+        rows.append(n_rows)
+        bias_name = name.replace('.weight', '.bias')
+        bias_parts.append(gguf.vector(bias_name)[order if order is not None else slice(None)]
+                          if biases and gguf.has(bias_name) else np.zeros(n_rows, np.float32))
+    has_bias = biases and any(gguf.has(n.replace('.weight', '.bias')) for n, _ in parts)
+    data = datas[0] if len(datas) == 1 else np.concatenate(datas)
+    bias = np.concatenate(bias_parts) if has_bias else None
+    return Matrix(data, gguf.type_name(parts[0][0]), sum(rows), k, bias=bias), rows
+
+
+class _Layer:
+    """One decoder layer's weights: norms as fp32 vectors, matrices on the file's blocks."""
+
+    def __init__(self, gguf: GgufFile, spec: DecoderSpec, i: int):
+        """Read layer ``i`` of ``gguf``."""
+        def name(short):
+            return f'blk.{i}.{short}.weight'
+
+        def vector(short):
+            return torch.from_numpy(gguf.vector(name(short)))
+
+        self.attn_norm, self.ffn_norm = vector('attn_norm'), vector('ffn_norm')
+        if spec.fused_qkv:
+            self.qkv = _Linears(gguf, [name('attn_qkv')], [None])
+        else:
+            q_order = k_order = None
+            if spec.permute_qk:
+                q_order = rope_row_order(gguf.shape(name('attn_q'))[0], spec.n_heads)
+                k_order = rope_row_order(gguf.shape(name('attn_k'))[0], spec.n_kv_heads)
+            self.qkv = _Linears(gguf, [name('attn_q'), name('attn_k'), name('attn_v')],
+                                [q_order, k_order, None])
+        self.out = _Linears(gguf, [name('attn_output')], [None])
+        if spec.fused_gate_up:
+            self.gate_up = _Linears(gguf, [name('ffn_up')], [None])
+        else:
+            self.gate_up = _Linears(gguf, [name('ffn_gate'), name('ffn_up')], [None, None])
+        self.down = _Linears(gguf, [name('ffn_down')], [None])
+        self.q_norm = vector('attn_q_norm') if spec.qk_norm else None
+        self.k_norm = vector('attn_k_norm') if spec.qk_norm else None
+        self.post_attn_norm = vector('post_attention_norm') if spec.post_norms else None
+        self.post_ffn_norm = vector('post_ffw_norm') if spec.post_norms else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the layer's matrices."""
+        return sum(lin.nbytes for lin in (self.qkv, self.out, self.gate_up, self.down))
+
+
+class ScorerView(torch.nn.Module):
+    """What an eviction scorer (kvpress) reads of an attention layer, for a GGUF layer.
+
+    ``q_proj(h)`` returns the queries before RoPE, (B, n, H_q x D), with the query norm
+    already applied (kvpress applies transformers' own only to its Qwen3 / Gemma3 classes).
+    """
+
+    def __init__(self, decoder: 'GgufDecoder', layer: _Layer):
+        """View ``layer`` of ``decoder``."""
+        super().__init__()
+        self.config = _HeadCounts(decoder.spec.n_heads, decoder.spec.n_kv_heads)
+        self.head_dim = decoder.spec.head_dim
+        self._decoder, self._layer = decoder, layer
+
+    def q_proj(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Return the layer's queries for attention inputs ``hidden`` (B, n, hidden)."""
+        q = self._decoder.project(self._layer, hidden)[0]
+        return q.flatten(-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HeadCounts:
+    num_attention_heads: int
+    num_key_value_heads: int
+
+
+class GgufDecoder(Forward):
+    """The forward pass of a GGUF model over a :class:`KvCache` (see the module docstring)."""
+
+    name = 'gguf'
+    max_batch = 64
+
+    def __init__(self, gguf: GgufFile, spec: DecoderSpec):
+        """Read every layer of ``gguf`` as ``spec`` describes it."""
+        self.gguf, self.spec = gguf, spec
+        self.layers = [_Layer(gguf, spec, i) for i in range(spec.n_layers)]
+        self.views = [ScorerView(self, layer) for layer in self.layers]
+        self.embed = Matrix(gguf.tensor('token_embd.weight'), gguf.type_name('token_embd.weight'),
+                            *gguf.shape('token_embd.weight'))
+        head = 'output.weight' if gguf.has('output.weight') else None
+        self.lm_head = (Matrix(gguf.tensor(head), gguf.type_name(head), *gguf.shape(head))
+                        if head else self.embed)
+        self.final_norm = torch.from_numpy(gguf.vector('output_norm.weight'))
+        self.vocab_size = self.lm_head.n_rows
+        self._inv_freq = {base: self._inverse_frequencies(base)
+                          for base in {spec.rope_base, spec.rope_base_local} if base}
+        self._hooks = PassHooks()
+
+    # -- what the engine reads -------------------------------------------------------------
+
+    @property
+    def n_layers(self) -> int:
+        """Decoder layers."""
+        return self.spec.n_layers
+
+    @property
+    def context_tokens(self) -> int:
+        """Most positions the model was trained for, tokens."""
+        return self.spec.context_tokens
+
+    @property
+    def norm_eps(self) -> float:
+        """The final norm's epsilon (what the length readout's pooling uses)."""
+        return self.spec.norm_eps
+
+    @property
+    def device(self) -> torch.device:
+        """Always the CPU: the kernels run there."""
+        return torch.device('cpu')
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every matrix kept (the file's blocks, in the kernels' layout)."""
+        head = 0 if self.lm_head is self.embed else self.lm_head.nbytes
+        return sum(layer.nbytes for layer in self.layers) + self.embed.nbytes + head
+
+    def new_cache(self) -> KvCache:
+        """Return an empty fp32 cache on the CPU."""
+        return KvCache(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
+                       torch.float32, torch.device('cpu'))
+
+    def hooked(self, hooks: PassHooks):
+        """Context manager: passes inside it call ``hooks``."""
+        return _Using(self, hooks)
+
+    def layer_kv(self, cache: KvCache, layer_idx: int):
+        """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
+        return cache.layer_kv(layer_idx)
+
+    def keep(self, cache: KvCache, layer_idx: int, indices: torch.Tensor) -> None:
+        """Keep positions ``indices`` (1, H_kv, K) of layer ``layer_idx``."""
+        cache.keep(layer_idx, indices)
+
+    def append_kv(self, cache: KvCache, layer_idx: int, keys, values) -> None:
+        """Write ``keys`` / ``values`` (1, H_kv, n, D) after layer ``layer_idx``'s tokens."""
+        cache.append(layer_idx, keys, values)
+
+    # -- the passes ------------------------------------------------------------------------
+
+    def run(self, token_ids: list, position: int, cache: KvCache, step: bool) -> torch.Tensor:
+        """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""
+        n_tokens = len(token_ids)
+        positions = torch.arange(position, position + n_tokens)
+        x = self._embed(token_ids).unsqueeze(0)  # (1, n, hidden)
+        hooks = self._hooks
+        for layer_idx, layer in enumerate(self.layers):
+            hooks.before_layer()
+            cos, sin = self._rope(layer_idx, positions)
+            x = self._layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0), cache, step)
+            if hooks.pool is not None and not step:
+                hooks.pool.add(layer_idx + 1, x)
+        last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
+        return self.lm_head(last)[0, -1]
+
+    def run_step(self, token_ids: list, positions: list, caches: list, hooks: list):
+        """Run one decoding step of B goals together (see :meth:`Forward.run_step`)."""
+        rows = list(range(len(token_ids)))
+        x = self._embed(token_ids).unsqueeze(1)  # (B, 1, hidden)
+        index = torch.tensor(positions, dtype=torch.long)
+        interrupted = {}
+        for layer_idx, layer in enumerate(self.layers):
+            alive = []
+            for i, row in enumerate(rows):
+                try:
+                    hooks[row].before_layer()
+                    alive.append(i)
+                except Interrupted as exc:
+                    interrupted[row] = exc.reason
+            if not alive:
+                return {}, interrupted
+            if len(alive) < len(rows):
+                x, index = x[alive], index[alive]
+                rows = [rows[i] for i in alive]
+            cos, sin = self._rope(layer_idx, index)  # (B, D)
+            x = self._step_layer(layer_idx, layer, x, cos.unsqueeze(1), sin.unsqueeze(1),
+                                 [caches[r] for r in rows])
+        logits = self.lm_head(_rms_norm(x, self.final_norm, self.spec.norm_eps))
+        return {row: logits[i, -1] for i, row in enumerate(rows)}, interrupted
+
+    def _embed(self, token_ids) -> torch.Tensor:
+        """Return the scaled embeddings of ``token_ids``, (n, hidden) fp32."""
+        x = self.embed.rows(torch.tensor(token_ids, dtype=torch.long))
+        if self.spec.embed_scale != 1.0:
+            x = x * torch.tensor(self.spec.embed_scale, dtype=torch.float32)
+        return x
+
+    def _inverse_frequencies(self, base: float) -> torch.Tensor:
+        """Return RoPE's inverse frequencies (D / 2,), as transformers computes them."""
+        dim = self.spec.head_dim
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        if self.spec.rope_factors is not None:
+            inv = inv / torch.tensor(self.spec.rope_factors, dtype=torch.float32)
+        return inv
+
+    def _rope(self, layer_idx: int, positions: torch.Tensor):
+        """Return cos, sin of ``positions`` (n,) for layer ``layer_idx``, each (n, D)."""
+        local = self.spec.is_sliding(layer_idx) and self.spec.rope_base_local
+        inv = self._inv_freq[self.spec.rope_base_local if local else self.spec.rope_base]
+        pos = positions.float()
+        if self.spec.rope_linear != 1.0:
+            pos = pos / self.spec.rope_linear
+        freqs = (inv[:, None] @ pos[None, :]).T  # transformers' matmul form, same bits
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def project(self, layer: _Layer, h: torch.Tensor):
+        """Return q (.., n, H_q, D), k, v (.., n, H_kv, D) of attention inputs ``h``.
+
+        Query / key norms applied, RoPE not yet.
+        """
+        spec = self.spec
+        q_rows, kv_rows = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        parts = layer.qkv(h)
+        if spec.fused_qkv:
+            parts = parts[0].split((q_rows, kv_rows, kv_rows), dim=-1)
+        q, k, v = (p.unflatten(-1, (-1, spec.head_dim)) for p in parts)
+        if layer.q_norm is not None:
+            q = _rms_norm(q, layer.q_norm, spec.norm_eps)
+            k = _rms_norm(k, layer.k_norm, spec.norm_eps)
+        return q, k, v
+
+    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        parts = layer.gate_up(h)
+        gate, up = parts[0].chunk(2, dim=-1) if self.spec.fused_gate_up else parts
+        if self.spec.activation == 'silu':
+            act = F.silu(gate)
+        else:
+            act = F.gelu(gate, approximate='tanh')
+        return layer.down(act * up)[0]
+
+    def _finish(self, layer: _Layer, x, attn):
+        """Add the attention output ``attn`` and the MLP to the residual ``x``."""
+        eps = self.spec.norm_eps
+        h = layer.out(attn)[0]
+        if layer.post_attn_norm is not None:
+            h = _rms_norm(h, layer.post_attn_norm, eps)
+        x = x + h
+        h = self._mlp(layer, _rms_norm(x, layer.ffn_norm, eps))
+        if layer.post_ffn_norm is not None:
+            h = _rms_norm(h, layer.post_ffn_norm, eps)
+        return x + h
+
+    def _layer(self, layer_idx, layer, x, cos, sin, cache, step):
+        """One decoder layer over n tokens; x: (1, n, hidden) -> (1, n, hidden)."""
+        spec, n_tokens = self.spec, x.shape[1]
+        h = _rms_norm(x, layer.attn_norm, spec.norm_eps)
+        if self._hooks.captures and not step:
+            self._hooks.keep_inputs(layer_idx, self.views[layer_idx], h, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in self.project(layer, h))  # (1, H, n, D)
+        cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos4 + _rotate_half(q) * sin4
+        k = k * cos4 + _rotate_half(k) * sin4
+        n_before = cache.get_seq_length(layer_idx)
+        keys, values = cache.append(layer_idx, k, v)
+        window = spec.sliding_window if spec.is_sliding(layer_idx) else 0
+        mask = _mask(n_tokens, n_before, window)
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=n_tokens > 1 and mask is None,
+            scale=spec.attention_scale, enable_gqa=True)
+        return self._finish(layer, x, attn.transpose(1, 2).reshape(1, n_tokens, -1))
+
+    def _step_layer(self, layer_idx, layer, x, cos, sin, caches):
+        """One decoder layer for B one-token rows; x: (B, 1, hidden) -> (B, 1, hidden)."""
+        spec, n_rows = self.spec, x.shape[0]
+        h = _rms_norm(x, layer.attn_norm, spec.norm_eps)
+        q, k, v = (t.transpose(1, 2) for t in self.project(layer, h))  # (B, H, 1, D)
+        cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos4 + _rotate_half(q) * sin4
+        k = k * cos4 + _rotate_half(k) * sin4
+        window = spec.sliding_window if spec.is_sliding(layer_idx) else 0
+        outs = []
+        for i, cache in enumerate(caches):
+            keys, values = cache.append(layer_idx, k[i:i + 1], v[i:i + 1])
+            if window and keys.shape[2] > window:
+                keys, values = keys[:, :, -window:], values[:, :, -window:]
+            outs.append(F.scaled_dot_product_attention(
+                q[i:i + 1], keys, values, scale=spec.attention_scale, enable_gqa=True))
+        attn = (outs[0] if n_rows == 1 else torch.cat(outs)).transpose(1, 2)
+        return self._finish(layer, x, attn.reshape(n_rows, 1, -1))
+
+
+def _mask(n_tokens: int, n_before: int, window: int) -> Optional[torch.Tensor]:
+    """Return the (n, n_before + n) bool mask of a chunk, or None where plain causal will do.
+
+    Query i (position n_before + i) sees key j when j <= n_before + i and, with a sliding
+    window, n_before + i - j < window.
+    """
+    total = n_before + n_tokens
+    if n_tokens == 1 and (not window or total <= window):
+        return None
+    if n_before == 0 and (not window or n_tokens <= window):
+        return None
+    query = torch.arange(n_before, total).unsqueeze(1)
+    key = torch.arange(total).unsqueeze(0)
+    allowed = key <= query
+    if window:
+        allowed &= (query - key) < window
+    return allowed
+
+
+class _Using:
+    """Context manager setting a GgufDecoder's hooks for the passes inside it."""
+
+    def __init__(self, forward: GgufDecoder, hooks: PassHooks):
+        self.forward, self.hooks = forward, hooks
+
+    def __enter__(self):
+        self.previous, self.forward._hooks = self.forward._hooks, self.hooks
+        return self.hooks
+
+    def __exit__(self, *exc):
+        self.forward._hooks = self.previous

@@ -1,0 +1,96 @@
+"""A GGUF file's matrices kept as the file's own blocks, multiplied without an fp32 model copy.
+
+:class:`Matrix` holds one (N, K) weight: quantized types packed once for the C++ kernels
+(engine/kernels; K-quants repacked by engine/kquants.py), F32 / F16 / BF16 as a torch tensor of
+the file's dtype. A product of a few rows (a decoding step: at most ``GEMM_ROWS`` rows) runs the
+kernels on the blocks; a longer one (a prefill chunk) dequantizes the matrix into a temporary
+fp32 tensor (``unpack_rows``, bit-exact to gguf's dequantization) and multiplies with torch's
+GEMM, so at most one matrix is ever held in fp32, for the length of one call.
+"""
+
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from timebill_ros.engine import kernels, kquants
+
+# Products of at most this many rows run on the blocks; more rows dequantize the matrix once
+# for the call and run torch's fp32 GEMM (compute-bound there).
+GEMM_ROWS = 16
+DENSE_TYPES = {'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16}
+BLOCK_TYPES = tuple(kernels.QTYPES) + tuple(kernels.KQUANTS)
+SUPPORTED_TYPES = tuple(DENSE_TYPES) + BLOCK_TYPES
+
+
+class Matrix:
+    """One weight matrix W (N rows, K weights a row); ``x @ W^T`` on the file's blocks.
+
+    data: the file's tensor, (N, row bytes) uint8 blocks or (N, K) floats; type_name: its GGML
+    type; row_order: optional row permutation applied first (Llama's query / key rows);
+    bias: optional (N,) fp32.
+    """
+
+    def __init__(self, data: np.ndarray, type_name: str, n_rows: int, k: int,
+                 row_order: Optional[np.ndarray] = None, bias: Optional[np.ndarray] = None):
+        """Keep ``data`` in the kernels' layout (blocks) or as a tensor (floats)."""
+        if type_name not in SUPPORTED_TYPES:
+            raise ValueError(f'weight type {type_name} is not supported '
+                             f'(supported: {", ".join(SUPPORTED_TYPES)})')
+        self.n_rows, self.k, self.type_name = int(n_rows), int(k), type_name
+        data = np.asarray(data)
+        if row_order is not None:
+            data = data[row_order]
+        self.bias = None if bias is None else torch.from_numpy(np.array(bias, np.float32))
+        self.packed = self.dense = self.kernels = None
+        self.qtype = None
+        if type_name in DENSE_TYPES:
+            self._keep_dense(data, type_name)
+        else:
+            self._keep_blocks(data, type_name)
+
+    def _keep_dense(self, data: np.ndarray, type_name: str) -> None:
+        if type_name == 'BF16':
+            raw = np.ascontiguousarray(data).view(np.int16).reshape(self.n_rows, self.k)
+            self.dense = torch.from_numpy(raw.copy()).view(torch.bfloat16)
+        else:
+            self.dense = torch.from_numpy(np.array(data, copy=True).reshape(self.n_rows, self.k))
+        self.nbytes = self.dense.numel() * self.dense.element_size()
+
+    def _keep_blocks(self, data: np.ndarray, type_name: str) -> None:
+        self.kernels = kernels.load()
+        if type_name in kernels.KQUANTS:
+            self.qtype, blocks = kquants.repack(data, kquants.GGML_IDS[type_name], self.k)
+        else:
+            self.qtype, blocks = kernels.QTYPES[type_name], np.ascontiguousarray(data)
+        self.packed = self.kernels.pack(torch.from_numpy(blocks.copy()), self.qtype, self.k)
+        self.nbytes = self.packed.numel()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the input (..., K) fp32 times W^T, plus the bias: (..., N) fp32."""
+        rows = x.reshape(-1, self.k)
+        if self.packed is not None and rows.shape[0] <= GEMM_ROWS:
+            rows = rows.contiguous()
+            parts = [self.kernels.gemm(rows[i:i + kernels.MAX_ROWS], self.packed, self.qtype,
+                                       self.n_rows, False)
+                     for i in range(0, rows.shape[0], kernels.MAX_ROWS)]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            y = F.linear(rows, self.dequantized(), self.bias)
+        return y.view(*x.shape[:-1], self.n_rows)
+
+    def dequantized(self) -> torch.Tensor:
+        """Return the whole matrix in fp32, (N, K): a temporary for one call (or the F32 data)."""
+        if self.dense is not None:
+            return self.dense if self.dense.dtype == torch.float32 else self.dense.float()
+        return self.rows(torch.arange(self.n_rows))
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Return rows ``index`` (R,) as fp32 (R, K): an embedding lookup."""
+        index = index.reshape(-1).to(torch.long).contiguous()
+        if self.dense is not None:
+            return self.dense[index].float()
+        return self.kernels.unpack_rows(self.packed, self.qtype, self.k, self.n_rows, index)
