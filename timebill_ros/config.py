@@ -32,7 +32,9 @@ UNCERTAINTY_SOURCES = ('predictor', 'none')
 class EngineConfig:
     """The LLM engine (group ``engine``).
 
-    model_path: transformers model directory; empty = the embedded SmolLM2-135M-Instruct GGUF.
+    model_path: a GGUF file (``.gguf``: llama, qwen2, qwen3, gemma3 or phi3, served on its own
+        blocks with its own tokenizer and chat template; docs/own_model.md), or a transformers
+        model directory; empty = the embedded SmolLM2-135M-Instruct GGUF.
     model_cache_dir: where the converted embedded model is saved; empty = $TIMEBILL_CACHE,
         else ~/.cache/timebill_ros.
     device: torch device (``cpu``, ``cuda``, ``cuda:0``).

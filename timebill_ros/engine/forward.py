@@ -175,9 +175,38 @@ class PassHooks:
 
 
 class Forward:
-    """A model's forward pass over a KV cache; subclasses override the methods below."""
+    """A model's forward pass over a KV cache; subclasses override the methods below.
+
+    The model facts the engine reads (``n_layers``, ``vocab_size``, ``context_tokens``,
+    ``norm_eps``, ``device``) default to a transformers model held as ``self.model``.
+    """
 
     name = 'base'
+
+    @property
+    def n_layers(self) -> int:
+        """Decoder layers (the granularity of interrupts)."""
+        return len(self.model.model.layers)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model reads and scores."""
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    @property
+    def context_tokens(self) -> int:
+        """Most positions the model handles (prompt + answer), tokens."""
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def norm_eps(self) -> float:
+        """The final norm's epsilon (the length readout's pooling uses it)."""
+        return float(self.model.model.norm.variance_epsilon)
+
+    @property
+    def device(self) -> torch.device:
+        """The torch device the passes run on."""
+        return self.model.device
 
     def new_cache(self):
         """Return an empty KV cache for one goal."""

@@ -136,25 +136,18 @@ class LlmEngine:
         # The embedded GGUF, loaded here (not a model a caller built): decode_weights gguf's
         # blocks are its weights.
         self.embedded_model = model is None and not engine_config.model_path
-        if model is None or tokenizer is None:
-            model_dir = model_source.resolve_model_dir(engine_config)
-            if tokenizer is None:
-                tokenizer = _load_tokenizer(model_dir)
-            if model is None:
-                model = _load_model(model_dir, engine_config)
-        self.model = model.eval()
-        self.tokenizer = tokenizer
         self.scorer = make_scorer(eviction_config)
         self.clock = clock
-        self._eos_token_ids = _eos_token_ids(model, tokenizer)
         # s/step of each format probed by decode_weights auto; empty when it was named.
         self.step_format_probe = {}
         # Why ``auto`` did not probe ``gguf`` (None when it did or was not asked to choose).
         self.gguf_skipped = None
-        if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
-            self._choose_step_format()
+        # The GGUF file of ``engine.model_path: <file>.gguf`` (engine/gguf), else None.
+        self.gguf_file = None
+        if model is None and model_source.is_gguf_file(engine_config.model_path):
+            self._load_gguf(tokenizer)
         else:
-            self.forward = make_forward(self.model, engine_config, step_blocks)
+            self._load_transformers(model, tokenizer, step_blocks)
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
@@ -167,6 +160,46 @@ class LlmEngine:
         # Decoder layers (1-based) whose outputs each prefill pools into PrefillState.pooled:
         # the last by default; the server sets those its length readout was trained on.
         self._pool_layers = (self.n_layers,)
+
+    def _load_gguf(self, tokenizer) -> None:
+        """Serve ``engine.model_path``'s GGUF file on its own blocks (engine/models).
+
+        No transformers model is built (``self.model`` stays None); the tokenizer and chat
+        template come from the file. ``decode_weights`` becomes ``gguf`` (what every step
+        runs). ValueError for a device other than the CPU (the kernels run there).
+        """
+        from timebill_ros.engine.gguf.file import GgufFile
+        from timebill_ros.engine.gguf.tokenizer import build_tokenizer
+        from timebill_ros.engine.models import load_decoder
+        config = self.engine_config
+        if torch.device(config.device).type != 'cpu':
+            raise ValueError(f'engine.device {config.device!r}: a .gguf model_path runs on the '
+                             'CPU kernels; use engine.device cpu')
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        self.gguf_file = GgufFile(config.model_path)
+        self.forward = load_decoder(self.gguf_file)
+        self.model = None
+        self.tokenizer = tokenizer if tokenizer is not None else build_tokenizer(self.gguf_file)
+        self._eos_token_ids = _eos_token_ids(None, self.tokenizer, self.gguf_file)
+        self.engine_config = dataclasses.replace(config, decode_weights=GGUF_FORMAT)
+
+    def _load_transformers(self, model, tokenizer, step_blocks) -> None:
+        """Serve a transformers model (given, a directory, or the converted embedded GGUF)."""
+        engine_config = self.engine_config
+        if model is None or tokenizer is None:
+            model_dir = model_source.resolve_model_dir(engine_config)
+            if tokenizer is None:
+                tokenizer = _load_tokenizer(model_dir)
+            if model is None:
+                model = _load_model(model_dir, engine_config)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._eos_token_ids = _eos_token_ids(model, tokenizer)
+        if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
+            self._choose_step_format()
+        else:
+            self.forward = make_forward(self.model, engine_config, step_blocks)
 
     def _choose_step_format(self) -> None:
         """Resolve ``decode_weights: auto`` by timing steps (engine/step_format.py).
@@ -218,8 +251,7 @@ class LlmEngine:
         """The JSON-schema compiler of this engine's tokenizer (engine/grammar.py), made once."""
         if self._schemas is None:
             from timebill_ros.engine.grammar import SchemaCompiler
-            vocab = self.model.get_output_embeddings().weight.shape[0]
-            self._schemas = SchemaCompiler(self.tokenizer, vocab)
+            self._schemas = SchemaCompiler(self.tokenizer, self.forward.vocab_size)
         return self._schemas
 
     @property
@@ -237,7 +269,7 @@ class LlmEngine:
     @property
     def context_tokens(self) -> int:
         """Most positions the model handles (prompt + answer), tokens."""
-        return int(self.model.config.max_position_embeddings)
+        return self.forward.context_tokens
 
     @property
     def eos_token_ids(self) -> tuple:
@@ -252,12 +284,12 @@ class LlmEngine:
     @property
     def n_layers(self) -> int:
         """Decoder layers of the model (the granularity of interrupts)."""
-        return len(self.model.model.layers)
+        return self.forward.n_layers
 
     @property
     def device(self) -> torch.device:
         """The model's torch device."""
-        return self.model.device
+        return self.forward.device
 
     def encode(self, prompt: str, system_prompt: str = '', messages=()) -> list:
         """Return the token ids of the chat-formatted prompt, ready for generation.
@@ -267,10 +299,18 @@ class LlmEngine:
         (a user turn, when not empty). The chat template is applied with
         ``add_generation_prompt=True``. Without a system turn SmolLM2's template inserts its
         default one ("You are a helpful AI assistant named SmolLM, trained by Hugging Face").
+        A tokenizer without a chat template (a base model's GGUF) gets the contents joined by
+        blank lines, as plain text.
         """
         for name, value in (('prompt', prompt), ('system_prompt', system_prompt)):
             if not isinstance(value, str):
                 raise TypeError(f'{name} must be a str, got {value!r}')
+        if getattr(self.tokenizer, 'chat_template', None) is None:
+            # A base model (a GGUF without a chat template): the turns as plain text, with the
+            # BOS the file asks for.
+            parts = [system_prompt] + [content for _, content in messages] + [prompt]
+            text = '\n\n'.join(part for part in parts if part)
+            return list(self.tokenizer(text)['input_ids'])
         turns = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
         turns += [{'role': role, 'content': content} for role, content in messages]
         if prompt or not turns:
@@ -310,7 +350,7 @@ class LlmEngine:
         window = self.eviction_config.window_size
         start = self.clock()
         cache = self.forward.new_cache()
-        pool = HiddenPool(self.model.model.norm.variance_epsilon, self.pool_layers,
+        pool = HiddenPool(self.forward.norm_eps, self.pool_layers,
                           store.block_tokens if store is not None else 0)
         begin = self._load_prefix(ids, prefix, cache, pool)
         n_cached, n_chunks = begin, 0
@@ -524,7 +564,7 @@ class LlmEngine:
         """Return ``input_ids`` as a list after checking type, range and length."""
         if not isinstance(input_ids, (list, tuple)) or not input_ids:
             raise TypeError(f'input_ids must be a non-empty list of ints, got {input_ids!r}')
-        vocab = self.model.get_input_embeddings().num_embeddings
+        vocab = self.forward.vocab_size
         bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f'input_ids hold ids outside [0, {vocab}): {bad[:5]!r}')
@@ -535,7 +575,7 @@ class LlmEngine:
 
     def random_ids(self, n_tokens: int) -> list:
         """Return ``n_tokens`` reproducible random ids, no special token."""
-        vocab = self.model.get_input_embeddings().num_embeddings
+        vocab = self.forward.vocab_size
         allowed = torch.ones(vocab, dtype=torch.bool)
         special = [t for t in self.tokenizer.all_special_ids if 0 <= t < vocab]
         allowed[special] = False
@@ -614,12 +654,19 @@ def _load_model(model_dir, engine_config: EngineConfig):
     return model.to(engine_config.device).eval()
 
 
-def _eos_token_ids(model, tokenizer) -> tuple:
-    """Return the sorted EOS ids: model/generation config, tokenizer, end-of-turn tokens."""
+def _eos_token_ids(model, tokenizer, gguf_file=None) -> tuple:
+    """Return the sorted EOS ids: model/generation config, tokenizer, end-of-turn tokens.
+
+    model: a transformers model, or None for a GGUF file (``gguf_file``: its EOS / EOT ids).
+    """
     ids = set()
-    generation_config = getattr(model, 'generation_config', None)
-    for value in (getattr(generation_config, 'eos_token_id', None),
-                  model.config.eos_token_id, tokenizer.eos_token_id):
+    if model is not None:
+        generation_config = getattr(model, 'generation_config', None)
+        values = [getattr(generation_config, 'eos_token_id', None), model.config.eos_token_id]
+    else:
+        from timebill_ros.engine.gguf.tokenizer import eos_token_ids
+        values = eos_token_ids(gguf_file)
+    for value in values + [tokenizer.eos_token_id]:
         ids.update([value] if isinstance(value, int) else value or ())
     for token in END_OF_TURN_TOKENS:
         token_id = tokenizer.convert_tokens_to_ids(token)

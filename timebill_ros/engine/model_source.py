@@ -59,6 +59,11 @@ def model_key(engine_config: EngineConfig) -> str:
     return pathlib.Path(engine_config.model_path).expanduser().resolve().name
 
 
+def is_gguf_file(model_path: str) -> bool:
+    """Return whether ``model_path`` names a GGUF file (``.gguf``) rather than a directory."""
+    return bool(model_path) and str(model_path).lower().endswith('.gguf')
+
+
 def resolve_model_dir(engine_config: EngineConfig) -> pathlib.Path:
     """Return a transformers model directory for ``engine_config``.
 
@@ -73,7 +78,8 @@ def resolve_model_dir(engine_config: EngineConfig) -> pathlib.Path:
     if engine_config.model_path:
         path = pathlib.Path(engine_config.model_path).expanduser()
         if not path.is_dir():
-            raise ValueError(f'engine.model_path {engine_config.model_path!r} is not a directory')
+            raise ValueError(f'engine.model_path {engine_config.model_path!r} is neither a '
+                             'transformers directory nor a .gguf file')
         return path
     target = cache_root(engine_config) / EMBEDDED_MODEL_KEY
     if not _is_complete(target):

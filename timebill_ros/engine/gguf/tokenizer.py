@@ -21,7 +21,7 @@ says ``add_bos_token`` (``tokenizer(text)``; ``add_special_tokens=False`` adds n
 The tests compare the ids with llama-cpp-python's on both real files.
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from timebill_ros.engine.gguf.file import chat_template, GgufFile
 
@@ -163,7 +163,7 @@ def _add_bos(backend, bos: str, bos_id: int) -> None:
         single=f'{bos} $A', pair=f'{bos} $A $B', special_tokens=[(bos, bos_id)])
 
 
-def eos_token_ids(gguf: GgufFile, tokenizer) -> Optional[List[int]]:
+def eos_token_ids(gguf: GgufFile) -> List[int]:
     """Return the file's EOS and end-of-turn ids (``eos_token_id``, ``eot_token_id``)."""
     ids = [gguf.get(f'tokenizer.ggml.{k}_token_id') for k in ('eos', 'eot', 'eom')]
     return sorted({i for i in ids if isinstance(i, int)})

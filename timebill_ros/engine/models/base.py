@@ -262,7 +262,6 @@ class GgufDecoder(Forward):
         self.lm_head = (Matrix(gguf.tensor(head), gguf.type_name(head), *gguf.shape(head))
                         if head else self.embed)
         self.final_norm = torch.from_numpy(gguf.vector('output_norm.weight'))
-        self.vocab_size = self.lm_head.n_rows
         self._inv_freq = {base: self._inverse_frequencies(base)
                           for base in {spec.rope_base, spec.rope_base_local} if base}
         self._hooks = PassHooks()
@@ -273,6 +272,11 @@ class GgufDecoder(Forward):
     def n_layers(self) -> int:
         """Decoder layers."""
         return self.spec.n_layers
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the model scores (the LM head's rows)."""
+        return self.lm_head.n_rows
 
     @property
     def context_tokens(self) -> int:
