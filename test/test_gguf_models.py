@@ -1,0 +1,273 @@
+"""GGUF files served by the engine itself (engine/gguf, engine/models).
+
+Tiny random-weight files of each architecture and each weight type (written by gguf_files.py)
+against transformers on the same weights; the tokenizers against known segmentations and,
+where llama-cpp-python is installed, against llama.cpp; LlmEngine end to end on a file.
+"""
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from gguf_files import (byte_level_tokenizer, KQUANTS, MIXED, sentencepiece_tokenizer, T,
+                        tiny_model, write_model)
+from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.engine.forward import PassHooks
+from timebill_ros.engine.gguf.file import GgufFile
+from timebill_ros.engine.gguf.tokenizer import build_tokenizer
+from timebill_ros.engine.model_source import embedded_gguf_path
+from timebill_ros.engine.models import ARCHITECTURES, load_decoder
+from timebill_ros.engine.models import weights
+from timebill_ros.engine.stopping import StopCriteria
+
+ARCHS = ('llama', 'qwen2', 'qwen3', 'gemma3', 'phi3')
+TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) + KQUANTS
+# fp32 GEMMs summed in another order than transformers' (and the prefill's dequantize-then-
+# GEMM): relative to the largest logit. A wrong weight, row order or norm moves it by > 1e-2.
+REL_TOL = 2e-4
+PROMPT = [5, 17, 260, 33, 41, 99, 7, 8, 150, 11, 12, 200, 13, 14, 70, 15, 16, 18, 19, 21]
+
+
+def _reference(model, ids):
+    """Return transformers' logits at every position of ``ids``, (n, vocab)."""
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _ours(decoder, ids, n_prompt, chunks=None):
+    """Return our logits after the prompt and after each later token, (n - n_prompt + 1, V).
+
+    The prompt runs as one pass, or in ``chunks`` (sizes); later tokens one step each.
+    """
+    cache, out, begin = decoder.new_cache(), [], 0
+    with torch.inference_mode():
+        for size in chunks or [n_prompt]:
+            logits = decoder.run(ids[begin:begin + size], begin, cache, step=False)
+            begin += size
+        out.append(logits)
+        for position in range(n_prompt, len(ids)):
+            out.append(decoder.run([ids[position]], position, cache, step=True))
+    return torch.stack(out)
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope='module')
+def written(tmp_path_factory, kquant_rows):
+    """Return a factory: (arch, types) -> (path, transformers model on the same weights)."""
+    made = {}
+
+    def make(arch, types):
+        key = (arch, str(types))
+        if key not in made:
+            path = tmp_path_factory.mktemp('gguf') / f'{arch}.gguf'
+            model = tiny_model(arch)
+            write_model(path, arch, model, types, kquant_rows)
+            made[key] = path, model
+        return made[key]
+    return make
+
+
+@pytest.mark.parametrize('arch', ARCHS)
+def test_each_architecture_matches_transformers(written, arch):
+    """Prefill (one pass and in chunks) and decoding steps give transformers' logits.
+
+    Gemma 3's file has a sliding window of 8 over a 20-token prompt and 6 steps: five of its
+    six layers see only the last 8 positions.
+    """
+    path, model = written(arch, MIXED)
+    decoder = load_decoder(GgufFile(path))
+    ids = PROMPT + [3, 9, 27, 81, 243, 100]
+    ref = _reference(model, ids)[len(PROMPT) - 1:]
+    for chunks in (None, [7, 6, 7]):
+        ours = _ours(decoder, ids, len(PROMPT), chunks)
+        assert _rel(ours, ref) < REL_TOL, (arch, chunks)
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize('qtype', TYPES, ids=lambda t: t.name)
+def test_each_weight_type_matches_transformers(written, qtype):
+    """Every matrix (embeddings and head too) in one type: the same logits as transformers."""
+    path, model = written('llama', qtype)
+    gguf = GgufFile(path)
+    assert {gguf.type_name(n) for n in gguf.tensors if n.endswith('attn_q.weight')} == \
+        {qtype.name}
+    decoder = load_decoder(gguf)
+    ids = PROMPT + [3, 9, 27]
+    ours = _ours(decoder, ids, len(PROMPT))
+    assert _rel(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
+
+
+def test_a_wrong_weight_is_seen(written, tmp_path, kquant_rows):
+    """The comparison can fail: one changed weight of the file moves the logits past REL_TOL."""
+    path, model = written('llama', T.F32)
+    decoder = load_decoder(GgufFile(path))
+    layer = decoder.layers[0]
+    matrix = layer.gate_up.groups[0][0]
+    matrix.dense[3, :] += 0.5
+    ours = _ours(decoder, PROMPT, len(PROMPT))
+    assert _rel(ours, _reference(model, PROMPT)[-1:]) > 10 * REL_TOL
+
+
+def test_a_batched_step_equals_single_steps(written):
+    path, _ = written('gemma3', MIXED)
+    decoder = load_decoder(GgufFile(path))
+    prompts = [PROMPT, PROMPT[:5], PROMPT[3:14]]
+    with torch.inference_mode():
+        singles, caches = [], []
+        for ids in prompts:
+            for _ in range(2):
+                caches.append(decoder.new_cache())
+                decoder.run(ids, 0, caches[-1], step=False)
+            singles.append(decoder.run([7], len(ids), caches[-2], step=True))
+        batched, interrupted = decoder.run_step(
+            [7] * 3, [len(ids) for ids in prompts], caches[1::2], [PassHooks()] * 3)
+    assert not interrupted
+    for i, single in enumerate(singles):
+        assert _rel(batched[i], single) < 1e-5
+
+
+def test_no_fp32_copy_of_the_model_is_kept(written):
+    """The decoder holds the file's blocks: fewer bytes than the weights in fp32."""
+    path, model = written('llama', T.Q4_0)
+    decoder = load_decoder(GgufFile(path))
+    fp32_bytes = sum(p.numel() * 4 for n, p in model.named_parameters() if 'norm' not in n)
+    assert decoder.weight_bytes < 0.2 * fp32_bytes
+    assert all(m.dense is None for layer in decoder.layers
+               for lin in (layer.qkv, layer.out, layer.gate_up, layer.down)
+               for m, _ in lin.groups)
+
+
+def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
+    from gguf import GGUFWriter
+    path = tmp_path / 'mamba.gguf'
+    writer = GGUFWriter(str(path), 'mamba')
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="architecture 'mamba' is not supported.*llama"):
+        load_decoder(GgufFile(path))
+    assert set(ARCHS) == set(ARCHITECTURES)
+
+
+def test_a_bad_path_is_refused(tmp_path):
+    with pytest.raises(ValueError, match='is not a file'):
+        GgufFile(tmp_path / 'missing.gguf')
+    junk = tmp_path / 'junk.gguf'
+    junk.write_bytes(b'not a gguf file at all')
+    with pytest.raises(ValueError, match='not a readable GGUF file'):
+        GgufFile(junk)
+
+
+def test_unsupported_weight_types_are_refused():
+    with pytest.raises(ValueError, match='weight type IQ2_XS is not supported'):
+        weights.Matrix(np.zeros((4, 8), np.uint8), 'IQ2_XS', 4, 256)
+
+
+# -- tokenizers ------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def spm_file(tmp_path_factory, kquant_rows):
+    path = tmp_path_factory.mktemp('spm') / 'spm.gguf'
+    write_model(path, 'gemma3', tiny_model('gemma3'), MIXED, kquant_rows,
+                tokenizer=sentencepiece_tokenizer)
+    return path
+
+
+@pytest.fixture(scope='module')
+def bpe_file(tmp_path_factory, kquant_rows):
+    path = tmp_path_factory.mktemp('bpe') / 'bpe.gguf'
+    write_model(path, 'llama', tiny_model('llama'), MIXED, kquant_rows,
+                tokenizer=byte_level_tokenizer)
+    return path
+
+
+def _pieces(tokenizer, text):
+    return tokenizer.convert_ids_to_tokens(tokenizer(text)['input_ids'])
+
+
+def test_sentencepiece_merges_by_score_with_byte_fallback(spm_file):
+    tokenizer = build_tokenizer(GgufFile(spm_file))
+    assert tokenizer.chat_template is None
+    assert _pieces(tokenizer, 'abc ab') == ['<bos>', 'abc', '\u2581ab']
+    assert _pieces(tokenizer, 'ca b') == ['<bos>', 'ca', '\u2581b']
+    # 'é' is no piece: its two UTF-8 bytes.
+    assert _pieces(tokenizer, 'aé') == ['<bos>', 'a', '<0xC3>', '<0xA9>']
+    assert tokenizer.decode(tokenizer('abc abé', add_special_tokens=False)['input_ids']) == \
+        'abc abé'
+
+
+def test_byte_level_bpe_splits_digits_and_keeps_specials(bpe_file):
+    tokenizer = build_tokenizer(GgufFile(bpe_file))
+    assert _pieces(tokenizer, 'the or 42') == ['t', 'he', 'Ġ', 'or', 'Ġ', '4', '2']
+    ids = tokenizer('<|im_start|>user\nthe<|im_end|>')['input_ids']
+    assert ids[0] == 1 and ids[-1] == 2  # the specials as one id each, no BOS added
+    assert tokenizer.decode(ids, skip_special_tokens=True) == 'user\nthe'
+
+
+LLAMA_CPP = importlib.util.find_spec('llama_cpp') is not None
+PROMPTS = ['The capital of France is', ' leading space', 'Ünïcödé: 東京 🚀 naïve café',
+           'line1\nline2\n\n  indented\ttab', "I'm sure you'll've done it 1234567",
+           '<|im_start|>user\nhi<|im_end|>\n', 'abc abé ca b', '    four spaces']
+
+
+@pytest.mark.skipif(not LLAMA_CPP, reason='llama-cpp-python is not installed (make bench-deps)')
+@pytest.mark.parametrize('which', ['spm', 'bpe', 'embedded'])
+def test_token_ids_equal_llama_cpp(which, spm_file, bpe_file):
+    import llama_cpp
+    path = {'spm': spm_file, 'bpe': bpe_file, 'embedded': embedded_gguf_path()}[which]
+    tokenizer = build_tokenizer(GgufFile(path))
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for prompt in PROMPTS:
+        assert tokenizer(prompt)['input_ids'] == \
+            llm.tokenize(prompt.encode(), add_bos=True, special=True), prompt
+
+
+def test_the_embedded_files_tokenizer_equals_the_converted_one(smollm2_tokenizer):
+    """The embedded model's ids as the tokenizer the server used so far gives them."""
+    tokenizer = build_tokenizer(GgufFile(embedded_gguf_path()))
+    for prompt in PROMPTS:
+        assert tokenizer(prompt, add_special_tokens=False)['input_ids'] == \
+            smollm2_tokenizer(prompt, add_special_tokens=False)['input_ids'], prompt
+    turns = [{'role': 'user', 'content': 'Plan a route'}]
+    assert tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False) == \
+        smollm2_tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+
+
+# -- the engine on a file --------------------------------------------------------------------
+
+def test_the_engine_serves_a_gguf_file(bpe_file):
+    """Chat template, prefill, SnapKV eviction, decoding and the prefix store on a file."""
+    engine = LlmEngine(EngineConfig(model_path=str(bpe_file)), EvictionConfig(window_size=4),
+                       prefix_cache=PrefixCacheConfig(min_tokens=8, block_tokens=8))
+    assert engine.model is None and engine.engine_config.decode_weights == 'gguf'
+    assert engine.n_layers == 2 and engine.eos_token_ids == (2,)
+    ids = engine.encode('the or the or the or the', system_prompt='the the the')
+    assert ids[0] == 1 and len(ids) > 30
+    with torch.inference_mode():
+        state = engine.prefill(ids, StopCriteria([]), store=engine.prefix_store)
+        assert state.n_x == len(ids) and state.pooled is not None
+        engine.evict(state, 0.5)
+        assert state.n_kv == len(ids) - round(0.5 * len(ids))
+        result = engine.decode(state, 5, StopCriteria([]))
+        assert len(result.token_ids) == 5
+        again = engine.prefill(ids, StopCriteria([]), prefix=engine.match_prefix(ids))
+    assert again.n_cached > 0 and again.first_token == state.first_token
+
+
+def test_a_gguf_file_on_another_device_is_refused(bpe_file):
+    with pytest.raises(ValueError, match="engine.device 'cuda'.*runs on the CPU kernels"):
+        LlmEngine(EngineConfig(model_path=str(bpe_file), device='cuda'), EvictionConfig())
+
+
+def test_a_base_model_gets_plain_text_with_bos(spm_file):
+    engine = LlmEngine(EngineConfig(model_path=str(spm_file)), EvictionConfig())
+    ids = engine.encode('ab', system_prompt='abc')
+    pieces = engine.tokenizer.convert_ids_to_tokens(ids)
+    assert pieces == ['<bos>', 'abc', '<0x0A>', '<0x0A>', 'ab']
