@@ -15,6 +15,12 @@ identical until the first difference, and ROUGE-L F1 against the transformers fp
 Floor: weight bytes a one-token step reads / measured copy bandwidth.
 ``llama.cpp Q4_1``: the same model file on llama.cpp (enginebench_llama_cpp.py), when
 llama-cpp-python is installed (``make bench-deps``); its decode is the bare model step.
+
+``--model FILE.gguf``: any GGUF file the engine serves (engine/models). Rows: ``timebill
+gguf`` (the engine on the file's blocks), ``llama.cpp <file>`` (same file, same threads) and,
+for the greedy agreement only, ``transformers fp32`` (transformers' model dequantized from
+the same file, fed the engine's token ids: the fp32 reference; transformers' own GGUF
+tokenizer is not used, it is wrong for Gemma 3).
 """
 
 import dataclasses
@@ -37,6 +43,8 @@ BATCH_KV = 100  # prompt tokens of every row of a batch
 PREFILL_TOKENS = (128, 512, 2048, 4096)
 AGREEMENT_PROMPTS = 6
 AGREEMENT_TOKENS = 64
+# Rows of ``--model`` that only answer (the fp32 reference: too slow to time usefully).
+AGREEMENT_ONLY = ('transformers fp32 (reference)',)
 
 
 @dataclasses.dataclass
@@ -48,6 +56,21 @@ class Row:
     prefill_s: dict = dataclasses.field(default_factory=dict)  # n_x -> [s per round]
     agreement: list = dataclasses.field(default_factory=list)  # per prompt (same, rouge_l)
     batch_s: dict = dataclasses.field(default_factory=dict)    # B -> [s/token per round]
+
+
+def _file_engines(model_path, threads):
+    """Return the engines of ``--model``: ours on the file, transformers' fp32 reference."""
+    from transformers import AutoModelForCausalLM
+
+    from timebill_ros.engine import LlmEngine
+    ours = LlmEngine.load(EngineConfig(model_path=str(model_path), threads=threads),
+                          EvictionConfig())
+    path = pathlib.Path(model_path).expanduser().resolve()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 local_files_only=True, dtype=torch.float32)
+    reference = LlmEngine(EngineConfig(threads=threads, forward='transformers'),
+                          EvictionConfig(), model=model, tokenizer=ours.tokenizer)
+    return {AGREEMENT_ONLY[0]: reference, 'timebill gguf': ours}
 
 
 def _engines(formats, threads):
@@ -63,6 +86,7 @@ def _engines(formats, threads):
 
 
 def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress, llama=None):
+    engines = _timed(engines)
     for n_kv in n_kv_values:
         states = {name: engine.prefill(engine.random_ids(n_kv), StopCriteria())
                   for name, engine in engines.items()}
@@ -83,7 +107,8 @@ def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress, llama=N
 
 def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
     """Aggregate seconds per token of B goals decoding together (lean forward only)."""
-    lean = {name: e for name, e in engines.items() if e.forward.max_batch >= max(batch_sizes)}
+    lean = {name: e for name, e in _timed(engines).items()
+            if e.forward.max_batch >= max(batch_sizes)}
     for size in batch_sizes:
         states = {name: [engine.prefill(engine.random_ids(BATCH_KV + row), StopCriteria())
                          for row in range(size)] for name, engine in lean.items()}
@@ -102,12 +127,19 @@ def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
                          f'(aggregate)')
 
 
+def _timed(engines):
+    """Return the engines whose speed is measured (not the agreement-only reference)."""
+    return {name: engine for name, engine in engines.items() if name not in AGREEMENT_ONLY}
+
+
 def _measure_prefill(engines, rows, n_x_values, rounds, progress, llama=None):
+    engines = _timed(engines)
     for n_x in n_x_values:
         for _ in range(rounds):
             times = {name: engine.measure_prefill_s(n_x) for name, engine in engines.items()
                      # other decode weights: the same prefill as the fp32 row of their forward
-                     if engine.engine_config.decode_weights == 'float32'}
+                     if engine.engine_config.decode_weights in ('float32', 'gguf')
+                     and (engine.gguf_file is not None or name != 'lean gguf')}
             if llama is not None:
                 times[llama.name] = llama.prefill_s(n_x)
             for name, seconds in times.items():
@@ -190,7 +222,9 @@ def report(rows, meta) -> str:
     """Return the markdown tables of a run."""
     kvs = sorted({n for row in rows.values() for n in row.decode_s})
     xs = sorted({n for row in rows.values() for n in row.prefill_s})
-    reference = next(iter(rows.values()))
+    reference = next(iter(rows.values()))  # of the greedy agreement
+    timed = {name: row for name, row in rows.items() if row.decode_s}
+    speed_reference = next(iter(timed.values()))
     lines = [f'# Engine speed ({meta["model"]}, {meta["threads"]} threads)', '',
              f'Command: `{meta["command"]}`; {meta["rounds"]} interleaved rounds, medians; '
              f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s.', '',
@@ -198,8 +232,8 @@ def report(rows, meta) -> str:
              + ' | speed-up @' + str(kvs[0]) + ' | floor ms/token | '
              + ' | '.join(f'prefill {n} tok (s)' for n in xs) + ' |',
              '|' + '---|' * (len(kvs) + len(xs) + 3)]
-    for name, row in rows.items():
-        speedup = (statistics.median(reference.decode_s[kvs[0]])
+    for name, row in timed.items():
+        speedup = (statistics.median(speed_reference.decode_s[kvs[0]])
                    / statistics.median(row.decode_s[kvs[0]]))
         prefill = [f'{statistics.median(row.prefill_s[n]):.2f}' if n in row.prefill_s
                    else '(= fp32)' for n in xs]
@@ -207,9 +241,9 @@ def report(rows, meta) -> str:
                      + f' | {speedup:.2f}x | {meta["floor_ms"][name]:.1f} | '
                      + ' | '.join(prefill) + ' |')
     sizes = sorted({b for row in rows.values() for b in row.batch_s})
-    base = statistics.median(reference.decode_s[kvs[0]])
+    base = statistics.median(speed_reference.decode_s[kvs[0]])
     lines += ['', f'Batched decoding, {BATCH_KV} prompt tokens a goal: aggregate ms per token '
-              f'(throughput vs {reference.name} at B=1, {kvs[0]} KV):', '',
+              f'(throughput vs {speed_reference.name} at B=1, {kvs[0]} KV):', '',
               '| engine | ' + ' | '.join(f'B={b}' for b in sizes) + ' |',
               '|' + '---|' * (len(sizes) + 1)]
     for name, row in rows.items():
@@ -303,9 +337,40 @@ def _llama(args, kvs, xs):
         return None, 'skipped: llama-cpp-python is not installed (`make bench-deps`).'
     context = max(max(xs), max(kvs) + args.rounds * (args.steps + 1)) + 16
     llama = enginebench_llama_cpp.LlamaCppEngine(args.threads or torch.get_num_threads(),
-                                                 context)
-    return llama, ('llama-cpp-python, the embedded Q4_1 GGUF, same threads; decode is the '
+                                                 context, args.model or None)
+    which = pathlib.Path(args.model).name if args.model else 'the embedded Q4_1 GGUF'
+    return llama, (f'llama-cpp-python, {which}, same threads; decode is the '
                    'bare model step (no sampling, stop checks or text streaming).')
+
+
+def _floors(engines, llama, bandwidth, model_path) -> dict:
+    """Return each timed row's decode floor: bytes a step reads / bandwidth, ms."""
+    from timebill_ros.engine.model_source import embedded_gguf_path
+    engines = _timed(engines)
+    file_bytes = pathlib.Path(model_path or embedded_gguf_path()).stat().st_size
+    lean_fp32 = step_weight_bytes(engines['lean fp32']) if 'lean fp32' in engines else 0
+    floor_ms = {}
+    for name, engine in engines.items():
+        size = (engine.forward.weight_bytes if engine.gguf_file is not None
+                else step_weight_bytes(engine) or lean_fp32)
+        floor_ms[name] = size / (bandwidth * 1e9) * 1e3
+    if llama is not None:
+        floor_ms[llama.name] = file_bytes / (bandwidth * 1e9) * 1e3
+    return floor_ms
+
+
+def _command(args) -> str:
+    """Return the command line of a run (for the report)."""
+    parts = ['timebill enginebench']
+    if args.model:
+        parts.append(f'--model {pathlib.Path(args.model).name}')
+    if args.quick:
+        parts.append('--quick')
+    if args.agreement_prompts != AGREEMENT_PROMPTS and not args.quick:
+        parts.append(f'--agreement-prompts {args.agreement_prompts}')
+    if args.agreement_tokens != AGREEMENT_TOKENS:
+        parts.append(f'--agreement-tokens {args.agreement_tokens}')
+    return ' '.join(parts)
 
 
 def run_enginebench(args, progress=print) -> int:
@@ -318,9 +383,12 @@ def run_enginebench(args, progress=print) -> int:
         _write(pathlib.Path(args.out), _rows_from_json(data), data['meta'], progress)
         return 0
     torch.manual_seed(0)
-    engines = _engines(FORMATS, args.threads)
-    auto = _auto_choice(args.threads)
-    progress(f'decode_weights auto chooses {auto}')
+    if args.model:
+        engines, auto = _file_engines(args.model, args.threads), ''
+    else:
+        engines = _engines(FORMATS, args.threads)
+        auto = _auto_choice(args.threads)
+        progress(f'decode_weights auto chooses {auto}')
     rows = {name: Row(name) for name in engines}
     kvs = DECODE_KV[:2] if args.quick else DECODE_KV
     xs = PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS
@@ -332,21 +400,14 @@ def run_enginebench(args, progress=print) -> int:
         _measure_batches(engines, rows, BATCH_SIZES, args.rounds, args.steps, progress)
         _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
     _measure_agreement(engines, rows, 2 if args.quick else args.agreement_prompts,
-                       AGREEMENT_TOKENS, progress, llama)
+                       args.agreement_tokens, progress, llama)
     bandwidth = copy_bandwidth_gbs()
-    lean_fp32 = step_weight_bytes(engines['lean fp32'])
-    floor_ms = {name: (step_weight_bytes(engine) or lean_fp32) / (bandwidth * 1e9) * 1e3
-                for name, engine in engines.items()}
-    if llama is not None:
-        from timebill_ros.engine.model_source import embedded_gguf_path
-        floor_ms[llama.name] = embedded_gguf_path().stat().st_size / (bandwidth * 1e9) * 1e3
-    first = next(iter(engines.values()))
+    floor_ms = _floors(engines, llama, bandwidth, args.model)
+    first = list(engines.values())[-1]
     meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
-            'agreement_tokens': AGREEMENT_TOKENS, 'llama_cpp': llama_note, 'auto': auto,
-            'command': 'timebill enginebench' + (' --quick' if args.quick else '') + (
-                f' --agreement-prompts {args.agreement_prompts}'
-                if args.agreement_prompts != AGREEMENT_PROMPTS else '')}
+            'agreement_tokens': args.agreement_tokens, 'llama_cpp': llama_note, 'auto': auto,
+            'command': _command(args)}
     _write(pathlib.Path(args.out), rows, meta, progress)
     return 0
 
@@ -361,5 +422,10 @@ def add_arguments(parser):
                         help='KV 100/1000, prefill 128/512, 2 prompts')
     parser.add_argument('--agreement-prompts', type=int, default=AGREEMENT_PROMPTS,
                         help='held-out prompts of the greedy agreement (not with --quick)')
+    parser.add_argument('--model', default='', metavar='FILE.gguf',
+                        help='a GGUF file: the engine on it, llama.cpp on it, and transformers '
+                        "fp32 on its weights as the agreement's reference")
+    parser.add_argument('--agreement-tokens', type=int, default=AGREEMENT_TOKENS,
+                        help='tokens of each greedy answer compared')
     parser.add_argument('--from-json', default='', metavar='JSON',
                         help='only re-make the table and plot of a saved run')

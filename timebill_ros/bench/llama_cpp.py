@@ -10,6 +10,7 @@ layers at once (PLATFORM.md), so it could not host our per-layer eviction; the r
 only for speed.
 """
 
+import pathlib
 import time
 
 import numpy as np
@@ -27,18 +28,24 @@ def available() -> bool:
 
 
 class LlamaCppEngine:
-    """The embedded GGUF on llama.cpp: the calls enginebench times."""
+    """A GGUF file on llama.cpp (the embedded one by default): the calls enginebench times."""
 
     name = 'llama.cpp Q4_1'
 
-    def __init__(self, threads: int, context_tokens: int):
-        """Load the embedded GGUF with ``threads`` threads and ``context_tokens`` of context."""
+    def __init__(self, threads: int, context_tokens: int, model_path=None):
+        """Load ``model_path`` (None: the embedded GGUF) with ``threads`` threads.
+
+        context_tokens: llama.cpp's context size. With a file given, the row is named
+        ``llama.cpp <file name>``.
+        """
         from llama_cpp import Llama
 
         from timebill_ros.engine.model_source import embedded_gguf_path
-        self.llm = Llama(model_path=str(embedded_gguf_path()), n_ctx=context_tokens,
-                         n_threads=threads, n_threads_batch=threads, n_batch=N_BATCH,
-                         verbose=False)
+        if model_path is not None:
+            self.name = f'llama.cpp {pathlib.Path(model_path).name}'
+        self.llm = Llama(model_path=str(model_path or embedded_gguf_path()),
+                         n_ctx=context_tokens, n_threads=threads, n_threads_batch=threads,
+                         n_batch=N_BATCH, verbose=False)
         self.vocab = self.llm.n_vocab()
         self.rng = np.random.default_rng(0)
 

@@ -180,6 +180,7 @@ class LlmEngine:
         self.gguf_file = GgufFile(config.model_path)
         self.forward = load_decoder(self.gguf_file)
         self.model = None
+        self.vocab_size = self.forward.vocab_size
         self.tokenizer = tokenizer if tokenizer is not None else build_tokenizer(self.gguf_file)
         self._eos_token_ids = _eos_token_ids(None, self.tokenizer, self.gguf_file)
         self.engine_config = dataclasses.replace(config, decode_weights=GGUF_FORMAT)
@@ -195,6 +196,8 @@ class LlmEngine:
                 model = _load_model(model_dir, engine_config)
         self.model = model.eval()
         self.tokenizer = tokenizer
+        # Token ids the model reads and scores.
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
         if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
             self._choose_step_format()
@@ -251,7 +254,7 @@ class LlmEngine:
         """The JSON-schema compiler of this engine's tokenizer (engine/grammar.py), made once."""
         if self._schemas is None:
             from timebill_ros.engine.grammar import SchemaCompiler
-            self._schemas = SchemaCompiler(self.tokenizer, self.forward.vocab_size)
+            self._schemas = SchemaCompiler(self.tokenizer, self.vocab_size)
         return self._schemas
 
     @property
@@ -564,7 +567,7 @@ class LlmEngine:
         """Return ``input_ids`` as a list after checking type, range and length."""
         if not isinstance(input_ids, (list, tuple)) or not input_ids:
             raise TypeError(f'input_ids must be a non-empty list of ints, got {input_ids!r}')
-        vocab = self.forward.vocab_size
+        vocab = self.vocab_size
         bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f'input_ids hold ids outside [0, {vocab}): {bad[:5]!r}')
@@ -575,7 +578,7 @@ class LlmEngine:
 
     def random_ids(self, n_tokens: int) -> list:
         """Return ``n_tokens`` reproducible random ids, no special token."""
-        vocab = self.forward.vocab_size
+        vocab = self.vocab_size
         allowed = torch.ones(vocab, dtype=torch.bool)
         special = [t for t in self.tokenizer.all_special_ids if 0 <= t < vocab]
         allowed[special] = False

@@ -325,13 +325,18 @@ class GgufDecoder(Forward):
     def run(self, token_ids: list, position: int, cache: KvCache, step: bool) -> torch.Tensor:
         """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""
         n_tokens = len(token_ids)
-        positions = torch.arange(position, position + n_tokens)
+        ropes = self._ropes(torch.arange(position, position + n_tokens))
         x = self._embed(token_ids).unsqueeze(0)  # (1, n, hidden)
         hooks = self._hooks
+        masks = {}  # sliding window (0: none) -> the pass's mask, made once
         for layer_idx, layer in enumerate(self.layers):
             hooks.before_layer()
-            cos, sin = self._rope(layer_idx, positions)
-            x = self._layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0), cache, step)
+            cos, sin = ropes[self._rope_base(layer_idx)]
+            window = self.spec.sliding_window if self.spec.is_sliding(layer_idx) else 0
+            if window not in masks:
+                masks[window] = _mask(n_tokens, cache.get_seq_length(layer_idx), window)
+            x = self._layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0), cache,
+                            step, masks[window])
             if hooks.pool is not None and not step:
                 hooks.pool.add(layer_idx + 1, x)
         last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
@@ -342,6 +347,7 @@ class GgufDecoder(Forward):
         rows = list(range(len(token_ids)))
         x = self._embed(token_ids).unsqueeze(1)  # (B, 1, hidden)
         index = torch.tensor(positions, dtype=torch.long)
+        ropes = self._ropes(index)
         interrupted = {}
         for layer_idx, layer in enumerate(self.layers):
             alive = []
@@ -354,9 +360,10 @@ class GgufDecoder(Forward):
             if not alive:
                 return {}, interrupted
             if len(alive) < len(rows):
-                x, index = x[alive], index[alive]
+                x = x[alive]
+                ropes = {base: (cos[alive], sin[alive]) for base, (cos, sin) in ropes.items()}
                 rows = [rows[i] for i in alive]
-            cos, sin = self._rope(layer_idx, index)  # (B, D)
+            cos, sin = ropes[self._rope_base(layer_idx)]  # (B, D)
             x = self._step_layer(layer_idx, layer, x, cos.unsqueeze(1), sin.unsqueeze(1),
                                  [caches[r] for r in rows])
         logits = self.lm_head(_rms_norm(x, self.final_norm, self.spec.norm_eps))
@@ -377,10 +384,18 @@ class GgufDecoder(Forward):
             inv = inv / torch.tensor(self.spec.rope_factors, dtype=torch.float32)
         return inv
 
-    def _rope(self, layer_idx: int, positions: torch.Tensor):
-        """Return cos, sin of ``positions`` (n,) for layer ``layer_idx``, each (n, D)."""
-        local = self.spec.is_sliding(layer_idx) and self.spec.rope_base_local
-        inv = self._inv_freq[self.spec.rope_base_local if local else self.spec.rope_base]
+    def _rope_base(self, layer_idx: int) -> float:
+        """Return layer ``layer_idx``'s RoPE base (sliding layers may have their own)."""
+        if self.spec.is_sliding(layer_idx) and self.spec.rope_base_local:
+            return self.spec.rope_base_local
+        return self.spec.rope_base
+
+    def _ropes(self, positions: torch.Tensor) -> dict:
+        """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D), once a pass."""
+        return {base: self._rope(inv, positions) for base, inv in self._inv_freq.items()}
+
+    def _rope(self, inv: torch.Tensor, positions: torch.Tensor):
+        """Return cos, sin of ``positions`` (n,) for inverse frequencies ``inv``, (n, D)."""
         pos = positions.float()
         if self.spec.rope_linear != 1.0:
             pos = pos / self.spec.rope_linear
@@ -425,8 +440,11 @@ class GgufDecoder(Forward):
             h = _rms_norm(h, layer.post_ffn_norm, eps)
         return x + h
 
-    def _layer(self, layer_idx, layer, x, cos, sin, cache, step):
-        """One decoder layer over n tokens; x: (1, n, hidden) -> (1, n, hidden)."""
+    def _layer(self, layer_idx, layer, x, cos, sin, cache, step, mask):
+        """One decoder layer over n tokens; x: (1, n, hidden) -> (1, n, hidden).
+
+        mask: the pass's attention mask for this layer's window (_mask), or None: causal.
+        """
         spec, n_tokens = self.spec, x.shape[1]
         h = _rms_norm(x, layer.attn_norm, spec.norm_eps)
         if self._hooks.captures and not step:
@@ -435,10 +453,7 @@ class GgufDecoder(Forward):
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
         k = k * cos4 + _rotate_half(k) * sin4
-        n_before = cache.get_seq_length(layer_idx)
         keys, values = cache.append(layer_idx, k, v)
-        window = spec.sliding_window if spec.is_sliding(layer_idx) else 0
-        mask = _mask(n_tokens, n_before, window)
         attn = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=n_tokens > 1 and mask is None,
             scale=spec.attention_scale, enable_gqa=True)
