@@ -1050,6 +1050,50 @@ static void silu_times(const float* gate, int64_t n, float* out) {
 // of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
 // instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
 // rows; the caller still checks its interrupts before every layer.
+// Attention of one decoding step of M rows, each over its own cache, as layer_step's
+// (flash-decoding on the kernels' threads; no torch op, so no OpenMP region between the
+// kernels' GEMMs): q (M, n_heads * D) fp32, keys[r] / values[r] the (1, H_kv, C, D) buffers
+// of row r, positions [first[r], first[r] + n_live[r]) attended (a sliding window starts
+// after 0). Returns (M, n_heads * D).
+torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
+                             std::vector<torch::Tensor> values, std::vector<int64_t> first,
+                             std::vector<int64_t> n_live, int64_t n_heads, double scaling) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
+              "q must be a contiguous (M, n_heads * D) float32 tensor");
+  const int64_t M = q.size(0);
+  TORCH_CHECK(M >= 1 && static_cast<int64_t>(keys.size()) == M &&
+              static_cast<int64_t>(values.size()) == M &&
+              static_cast<int64_t>(first.size()) == M &&
+              static_cast<int64_t>(n_live.size()) == M, "one cache, first and n_live a row");
+  TORCH_CHECK(keys[0].dim() == 4, "keys / values must be (1, H_kv, C, D) buffers");
+  const int64_t n_kv_heads = keys[0].size(1), dim = keys[0].size(3);
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && q.size(1) == n_heads * dim,
+              "q holds ", q.size(1), " values a row, not ", n_heads, " heads of ", dim,
+              " (a multiple of ", n_kv_heads, " KV heads)");
+  std::vector<float*> key_ptrs(M), value_ptrs(M);
+  std::vector<int64_t> capacity(M);
+  for (int64_t r = 0; r < M; ++r) {
+    const auto& k = keys[r];
+    const auto& v = values[r];
+    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == n_kv_heads &&
+                k.size(3) == dim && k.is_contiguous() && v.is_contiguous() &&
+                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
+                v.scalar_type() == torch::kFloat32,
+                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
+    capacity[r] = k.size(2);
+    TORCH_CHECK(first[r] >= 0 && n_live[r] >= 1 && first[r] + n_live[r] <= capacity[r],
+                "positions [", first[r], ", ", first[r] + n_live[r], ") are not in the ",
+                capacity[r], " of row ", r);
+    // A window starting later: the same head stride (capacity), the base moved on.
+    key_ptrs[r] = k.data_ptr<float>() + first[r] * dim;
+    value_ptrs[r] = v.data_ptr<float>() + first[r] * dim;
+  }
+  auto out = torch::empty_like(q);
+  attention(q.data_ptr<float>(), key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads,
+            dim, static_cast<float>(scaling), out.data_ptr<float>());
+  return out;
+}
+
 torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
                          torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
                          int64_t out_type, torch::Tensor post_norm, double post_eps,
@@ -1221,6 +1265,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_rows", &unpack_rows, "rows of packed GGUF blocks -> fp32 weights", no_gil());
   m.def("layer_step", &layer_step,
         "one decoder layer of a decoding step of M goals on GGUF blocks", no_gil());
+  m.def("attention_step", &attention_step,
+        "attention of one decoding step of M rows over their own caches", no_gil());
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
   m.def("group_rows", &group_rows,
         "weight rows a group of the packed layout (8, or 16 with AVX-512)");

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from timebill_ros.engine import kernels
 from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
@@ -254,6 +255,7 @@ class GgufDecoder(Forward):
     def __init__(self, gguf: GgufFile, spec: DecoderSpec):
         """Read every layer of ``gguf`` as ``spec`` describes it."""
         self.gguf, self.spec = gguf, spec
+        self.kernels = kernels.load()
         self.layers = [_Layer(gguf, spec, i) for i in range(spec.n_layers)]
         self.views = [ScorerView(self, layer) for layer in self.layers]
         self.embed = Matrix(gguf.tensor('token_embd.weight'), gguf.type_name('token_embd.weight'),
@@ -335,8 +337,12 @@ class GgufDecoder(Forward):
             window = self.spec.sliding_window if self.spec.is_sliding(layer_idx) else 0
             if window not in masks:
                 masks[window] = _mask(n_tokens, cache.get_seq_length(layer_idx), window)
-            x = self._layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0), cache,
-                            step, masks[window])
+            if step and n_tokens == 1:
+                x = self._step_layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0),
+                                     [cache])
+            else:
+                x = self._layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0), cache,
+                                step, masks[window])
             if hooks.pool is not None and not step:
                 hooks.pool.add(layer_idx + 1, x)
         last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
@@ -468,15 +474,19 @@ class GgufDecoder(Forward):
         q = q * cos4 + _rotate_half(q) * sin4
         k = k * cos4 + _rotate_half(k) * sin4
         window = spec.sliding_window if spec.is_sliding(layer_idx) else 0
-        outs = []
+        first, n_live = [], []
         for i, cache in enumerate(caches):
-            keys, values = cache.append(layer_idx, k[i:i + 1], v[i:i + 1])
-            if window and keys.shape[2] > window:
-                keys, values = keys[:, :, -window:], values[:, :, -window:]
-            outs.append(F.scaled_dot_product_attention(
-                q[i:i + 1], keys, values, scale=spec.attention_scale, enable_gqa=True))
-        attn = (outs[0] if n_rows == 1 else torch.cat(outs)).transpose(1, 2)
-        return self._finish(layer, x, attn.reshape(n_rows, 1, -1))
+            cache.append(layer_idx, k[i:i + 1], v[i:i + 1])
+            live = cache.get_seq_length(layer_idx)
+            first.append(max(0, live - window) if window else 0)
+            n_live.append(live - first[-1])
+        # The kernels' attention (no torch op: torch's OpenMP workers would spin on the cores
+        # the kernels' own threads need between their GEMMs).
+        attn = self.kernels.attention_step(
+            q.reshape(n_rows, -1).contiguous(), [c.keys[layer_idx] for c in caches],
+            [c.values[layer_idx] for c in caches], first, n_live, spec.n_heads,
+            spec.attention_scale)
+        return self._finish(layer, x, attn.view(n_rows, 1, -1))
 
 
 def _mask(n_tokens: int, n_before: int, window: int) -> Optional[torch.Tensor]:
