@@ -201,7 +201,9 @@ class Forward:
     @property
     def norm_eps(self) -> float:
         """The final norm's epsilon (the length readout's pooling uses it)."""
-        return float(self.model.model.norm.variance_epsilon)
+        norm = self.model.model.norm
+        eps = getattr(norm, 'variance_epsilon', None)  # Llama's name; Gemma's is ``eps``
+        return float(norm.eps if eps is None else eps)
 
     @property
     def device(self) -> torch.device:

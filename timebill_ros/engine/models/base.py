@@ -128,8 +128,11 @@ def rope_row_order(n_rows: int, n_heads: int) -> np.ndarray:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Return weight * x / sqrt(mean(x^2) + eps) over the last dim, in fp32."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """Return weight * x / sqrt(mean(x^2) + eps) over the last dim, in fp32 (torch's fused op).
+
+    The same formula as transformers' RMSNorms in fp32 (test_gguf_models.py compares).
+    """
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -459,7 +462,11 @@ class GgufDecoder(Forward):
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
         k = k * cos4 + _rotate_half(k) * sin4
+        start = _window_start(cache.get_seq_length(layer_idx), spec.sliding_window
+                              if spec.is_sliding(layer_idx) else 0)
         keys, values = cache.append(layer_idx, k, v)
+        if start:  # a sliding layer: only the keys this chunk's queries can see
+            keys, values = keys[:, :, start:], values[:, :, start:]
         attn = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=n_tokens > 1 and mask is None,
             scale=spec.attention_scale, enable_gqa=True)
@@ -489,19 +496,26 @@ class GgufDecoder(Forward):
         return self._finish(layer, x, attn.view(n_rows, 1, -1))
 
 
-def _mask(n_tokens: int, n_before: int, window: int) -> Optional[torch.Tensor]:
-    """Return the (n, n_before + n) bool mask of a chunk, or None where plain causal will do.
+def _window_start(n_before: int, window: int) -> int:
+    """Return the first cached position a chunk after ``n_before`` tokens can attend to.
 
-    Query i (position n_before + i) sees key j when j <= n_before + i and, with a sliding
-    window, n_before + i - j < window.
+    0 without a sliding window; with one, the first query (position n_before) sees the
+    ``window`` positions up to itself.
     """
-    total = n_before + n_tokens
-    if n_tokens == 1 and (not window or total <= window):
-        return None
-    if n_before == 0 and (not window or n_tokens <= window):
-        return None
+    return max(0, n_before - window + 1) if window else 0
+
+
+def _mask(n_tokens: int, n_before: int, window: int) -> Optional[torch.Tensor]:
+    """Return a chunk's bool mask over keys [start, n_before + n), or None: causal will do.
+
+    start = _window_start(n_before, window). Query i (position n_before + i) sees key j when
+    j <= n_before + i and, with a sliding window, n_before + i - j < window.
+    """
+    total, start = n_before + n_tokens, _window_start(n_before, window)
+    if n_tokens == 1 or (n_before == 0 and (not window or n_tokens <= window)):
+        return None  # one query sees every key kept; or a first chunk inside the window
     query = torch.arange(n_before, total).unsqueeze(1)
-    key = torch.arange(total).unsqueeze(0)
+    key = torch.arange(start, total).unsqueeze(0)
     allowed = key <= query
     if window:
         allowed &= (query - key) < window
