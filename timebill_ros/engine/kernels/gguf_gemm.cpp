@@ -159,7 +159,9 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // Temporaries of a step, kept per calling thread and reused (grown, never shrunk or cleared):
 // a fresh std::vector a call meant a malloc and a zero-fill of up to ~200 kB a layer, and
 // fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
-enum Scratch { NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, N_SCRATCH };
+enum Scratch {
+  NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, N_SCRATCH
+};
 
 float* scratch(Scratch slot, int64_t n) {
   thread_local std::vector<float> buffers[N_SCRATCH];
@@ -1044,12 +1046,6 @@ static void silu_times(const float* gate, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[n + i];
 }
 
-// One decoder layer of a decoding step of M goals (one token each), every linear on GGUF
-// blocks (Llama family, fp32): x (M, hidden) -> x + attn(...) -> + mlp(...). Row r's token
-// is at RoPE angles cos[r] / sin[r] (M, D); its key and value are written at position n_kv[r]
-// of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
-// instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
-// rows; the caller still checks its interrupts before every layer.
 // Attention of one decoding step of M rows, each over its own cache, as layer_step's
 // (flash-decoding on the kernels' threads; no torch op, so no OpenMP region between the
 // kernels' GEMMs): q (M, n_heads * D) fp32, keys[r] / values[r] the (1, H_kv, C, D) buffers
@@ -1094,6 +1090,12 @@ torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
   return out;
 }
 
+// One decoder layer of a decoding step of M goals (one token each), every linear on GGUF
+// blocks (Llama family, fp32): x (M, hidden) -> x + attn(...) -> + mlp(...). Row r's token
+// is at RoPE angles cos[r] / sin[r] (M, D); its key and value are written at position n_kv[r]
+// of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
+// instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
+// rows; the caller still checks its interrupts before every layer.
 torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
                          torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
                          int64_t out_type, torch::Tensor post_norm, double post_eps,
@@ -1249,6 +1251,196 @@ torch::Tensor unpack_rows(torch::Tensor packed, int64_t qtype, int64_t K, int64_
   return out;
 }
 
+namespace {
+
+// out[i] = gelu_tanh(gate[i]) * gate[n + i] for i < n (GeGLU, torch's tanh approximation).
+void gelu_tanh_times(const float* gate, int64_t n, float* out) {
+  constexpr float k0 = 0.7978845608028654f, k1 = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + k1 * g * g * g))) * gate[n + i];
+  }
+}
+
+// A linear layer held as several packed matrices (each one GEMM), their outputs side by side.
+struct Parts {
+  std::vector<torch::Tensor> packed;
+  std::vector<int64_t> types, rows;
+  int64_t total = 0;
+};
+
+Parts make_parts(std::vector<torch::Tensor> packed, std::vector<int64_t> types,
+                 std::vector<int64_t> rows, int64_t K, const char* what) {
+  TORCH_CHECK(!packed.empty() && packed.size() == types.size() && packed.size() == rows.size(),
+              what, ": one type and row count a packed part");
+  Parts parts{packed, types, rows, 0};
+  for (size_t i = 0; i < packed.size(); ++i) {
+    check_packed(packed[i], types[i], K, rows[i], what);
+    parts.total += rows[i];
+  }
+  return parts;
+}
+
+// y (M, parts.total) = x (M, K) W^T, one GEMM a part into its columns.
+void gemm_parts(const Parts& parts, const float* x, int64_t M, int64_t K, float* y) {
+  int64_t column = 0;
+  for (size_t i = 0; i < parts.packed.size(); ++i) {
+    const int64_t n = parts.rows[i];
+    float* part = parts.packed.size() == 1 ? y : scratch(PART, M * n);
+    gemm_raw(parts.types[i], parts.packed[i].data_ptr<uint8_t>(), x, M, K, part, n, false);
+    if (parts.packed.size() > 1)
+      for (int64_t r = 0; r < M; ++r)
+        std::memcpy(y + r * parts.total + column, part + r * n, n * sizeof(float));
+    column += n;
+  }
+}
+
+// An optional norm weight: empty (numel 0) means none.
+const float* optional(const torch::Tensor& t, int64_t n, const char* what) {
+  if (t.numel() == 0) return nullptr;
+  TORCH_CHECK(t.numel() == n && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+              what, " must be a contiguous float32 tensor of ", n, " values, or empty");
+  return t.data_ptr<float>();
+}
+
+}  // namespace
+
+// One decoder layer of a decoding step of M goals for any GGUF family (engine/models): the
+// layer_step above generalised. x (M, hidden) -> x + [post_attn_norm](attn) -> + [post_ffn_
+// norm](mlp). qkv / gate_up: packed parts (q, k, v rows side by side; gate then up), in any
+// mix of types; qkv_bias (q + k + v rows) or empty; q_norm / k_norm (D,) per-head RMSNorms or
+// empty; activation 0 = SiLU, 1 = tanh-GELU. Row r's key / value go to position n_kv[r] of
+// keys[r] / values[r] (1, H_kv, C_r, D); it attends over positions [first[r], n_kv[r]] (a
+// sliding window starts later). All norms share ``eps``.
+torch::Tensor decoder_step(
+    torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv,
+    std::vector<int64_t> qkv_types, std::vector<int64_t> qkv_rows, torch::Tensor qkv_bias,
+    torch::Tensor q_norm, torch::Tensor k_norm, torch::Tensor cos, torch::Tensor sin,
+    std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+    std::vector<int64_t> n_kv, std::vector<int64_t> first, int64_t n_heads, double scaling,
+    torch::Tensor out_proj, int64_t out_type, torch::Tensor post_attn_norm,
+    torch::Tensor ffn_norm, std::vector<torch::Tensor> gate_up,
+    std::vector<int64_t> gate_up_types, std::vector<int64_t> gate_up_rows, int64_t activation,
+    torch::Tensor down, int64_t down_type, torch::Tensor post_ffn_norm) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+              "x must be a contiguous (M, hidden) float32 tensor");
+  const int64_t M = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == M &&
+              static_cast<int64_t>(values.size()) == M &&
+              static_cast<int64_t>(n_kv.size()) == M &&
+              static_cast<int64_t>(first.size()) == M, "one cache, n_kv and first a row");
+  TORCH_CHECK(keys[0].dim() == 4, "keys / values must be (1, H_kv, C, D) buffers");
+  const int64_t n_kv_heads = keys[0].size(1), dim = keys[0].size(3);
+  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+              "query heads must be a multiple of KV heads");
+  TORCH_CHECK(activation == 0 || activation == 1, "activation must be 0 (SiLU) or 1 (GELU)");
+  const int64_t q_rows = n_heads * dim, kv_rows = n_kv_heads * dim;
+  const Parts qkv_parts = make_parts(qkv, qkv_types, qkv_rows, hidden, "qkv");
+  TORCH_CHECK(qkv_parts.total == q_rows + 2 * kv_rows, "qkv holds ", qkv_parts.total,
+              " rows, not q + k + v = ", q_rows + 2 * kv_rows);
+  TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2, "down must be packed blocks");
+  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
+  const Parts gate_up_parts = make_parts(gate_up, gate_up_types, gate_up_rows, hidden,
+                                         "gate_up");
+  TORCH_CHECK(gate_up_parts.total == 2 * inter, "gate_up holds ", gate_up_parts.total,
+              " rows, not 2 x ", inter);
+  check_packed(out_proj, out_type, q_rows, hidden, "out_proj");
+  check_packed(down, down_type, inter, hidden, "down");
+  const float* w_attn = optional(attn_norm, hidden, "attn_norm");
+  const float* w_ffn = optional(ffn_norm, hidden, "ffn_norm");
+  TORCH_CHECK(w_attn && w_ffn, "attn_norm and ffn_norm are needed");
+  const float* w_post_attn = optional(post_attn_norm, hidden, "post_attn_norm");
+  const float* w_post_ffn = optional(post_ffn_norm, hidden, "post_ffn_norm");
+  const float* w_q = optional(q_norm, dim, "q_norm");
+  const float* w_k = optional(k_norm, dim, "k_norm");
+  const float* bias = optional(qkv_bias, qkv_parts.total, "qkv_bias");
+  TORCH_CHECK(cos.numel() == M * dim && sin.numel() == M * dim && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
+              sin.scalar_type() == torch::kFloat32,
+              "cos / sin must be contiguous (M, D) float32 tensors");
+  std::vector<float*> key_ptrs(M), value_ptrs(M);
+  std::vector<int64_t> capacity(M), n_live(M);
+  for (int64_t r = 0; r < M; ++r) {
+    const auto& k = keys[r];
+    const auto& v = values[r];
+    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == n_kv_heads &&
+                k.size(3) == dim && k.is_contiguous() && v.is_contiguous() &&
+                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
+                v.scalar_type() == torch::kFloat32,
+                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
+    capacity[r] = k.size(2);
+    TORCH_CHECK(n_kv[r] >= 0 && n_kv[r] < capacity[r], "n_kv ", n_kv[r],
+                " leaves no room in ", capacity[r]);
+    TORCH_CHECK(first[r] >= 0 && first[r] <= n_kv[r], "first ", first[r], " is past n_kv ",
+                n_kv[r]);
+  }
+
+  auto result = x.clone();
+  float* h = result.data_ptr<float>();
+  float* normed = scratch(NORMED, M * std::max(hidden, inter));
+  float* proj = scratch(PROJ, M * qkv_parts.total);
+  float* queries = scratch(QUERIES, M * q_rows);
+  float* attn = scratch(ATTN, M * q_rows);
+  float* mlp = scratch(MLP, M * 2 * inter);
+  float* delta = scratch(DELTA, M * hidden);
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+
+  // Attention block.
+  for (int64_t r = 0; r < M; ++r) rms_norm(h + r * hidden, w_attn, eps, hidden, normed + r * hidden);
+  gemm_parts(qkv_parts, normed, M, hidden, proj);
+  for (int64_t r = 0; r < M; ++r) {
+    float* q = proj + r * qkv_parts.total;
+    if (bias)
+      for (int64_t i = 0; i < qkv_parts.total; ++i) q[i] += bias[i];
+    float* k = q + q_rows;
+    float* v = k + kv_rows;
+    const float* cr = cs + r * dim;
+    const float* sr = sn + r * dim;
+    for (int64_t head = 0; head < n_heads; ++head) {
+      if (w_q) rms_norm(q + head * dim, w_q, eps, dim, q + head * dim);
+      rope(q + head * dim, cr, sr, dim);
+    }
+    std::memcpy(queries + r * q_rows, q, q_rows * sizeof(float));
+    float* key_base = keys[r].data_ptr<float>();
+    float* value_base = values[r].data_ptr<float>();
+    for (int64_t head = 0; head < n_kv_heads; ++head) {
+      if (w_k) rms_norm(k + head * dim, w_k, eps, dim, k + head * dim);
+      rope(k + head * dim, cr, sr, dim);
+      const int64_t at = (head * capacity[r] + n_kv[r]) * dim;
+      std::memcpy(key_base + at, k + head * dim, dim * sizeof(float));
+      std::memcpy(value_base + at, v + head * dim, dim * sizeof(float));
+    }
+    key_ptrs[r] = key_base + first[r] * dim;  // the same head stride, the base moved on
+    value_ptrs[r] = value_base + first[r] * dim;
+    n_live[r] = n_kv[r] + 1 - first[r];
+  }
+  attention(queries, key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads, dim,
+            static_cast<float>(scaling), attn);
+  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), attn, M, q_rows, delta, hidden, false);
+  if (w_post_attn)
+    for (int64_t r = 0; r < M; ++r)
+      rms_norm(delta + r * hidden, w_post_attn, eps, hidden, delta + r * hidden);
+  for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
+
+  // MLP block.
+  for (int64_t r = 0; r < M; ++r) rms_norm(h + r * hidden, w_ffn, eps, hidden, normed + r * hidden);
+  gemm_parts(gate_up_parts, normed, M, hidden, mlp);
+  for (int64_t r = 0; r < M; ++r) {
+    if (activation == 0)
+      silu_times(mlp + r * 2 * inter, inter, normed + r * inter);
+    else
+      gelu_tanh_times(mlp + r * 2 * inter, inter, normed + r * inter);
+  }
+  gemm_raw(down_type, down.data_ptr<uint8_t>(), normed, M, inter, delta, hidden, false);
+  if (w_post_ffn)
+    for (int64_t r = 0; r < M; ++r)
+      rms_norm(delta + r * hidden, w_post_ffn, eps, hidden, delta + r * hidden);
+  for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
+  return result;
+}
+
 bool has_avx2() { return TB_HAVE_AVX2; }
 
 int64_t group_rows() { return GROUP; }
@@ -1265,6 +1457,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_rows", &unpack_rows, "rows of packed GGUF blocks -> fp32 weights", no_gil());
   m.def("layer_step", &layer_step,
         "one decoder layer of a decoding step of M goals on GGUF blocks", no_gil());
+  m.def("decoder_step", &decoder_step,
+        "one decoder layer of a decoding step of M goals, any GGUF family", no_gil());
   m.def("attention_step", &attention_step,
         "attention of one decoding step of M rows over their own caches", no_gil());
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");

@@ -28,7 +28,8 @@ from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
 from timebill_ros.engine.models.weights import Matrix
 
-ACTIVATIONS = ('silu', 'gelu_tanh')
+ACTIVATIONS = ('silu', 'gelu_tanh')  # kernels.decoder_step's activation ids: 0, 1
+_EMPTY = torch.empty(0)  # an absent optional norm / bias of kernels.decoder_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +217,33 @@ class _Layer:
         self.k_norm = vector('attn_k_norm') if spec.qk_norm else None
         self.post_attn_norm = vector('post_attention_norm') if spec.post_norms else None
         self.post_ffn_norm = vector('post_ffw_norm') if spec.post_norms else None
+        self.fused = self._fusable()
+
+    def _fusable(self) -> bool:
+        """Return whether decoding steps can run as one C++ call (kernels.decoder_step).
+
+        Every matrix on blocks, one matrix for the attention output and for down, and no bias
+        but the query / key / value ones.
+        """
+        linears = (self.qkv, self.out, self.gate_up, self.down)
+        if any(m.packed is None for lin in linears for m, _ in lin.groups):
+            return False
+        if len(self.out.groups) != 1 or len(self.down.groups) != 1:
+            return False
+        if any(m.bias is not None for lin in linears[1:] for m, _ in lin.groups):
+            return False
+        biases = [m.bias if m.bias is not None else torch.zeros(m.n_rows)
+                  for m, _ in self.qkv.groups]
+        has_bias = any(m.bias is not None for m, _ in self.qkv.groups)
+        self.qkv_bias = torch.cat(biases) if has_bias else _EMPTY
+        return True
+
+    @staticmethod
+    def parts(linears: '_Linears'):
+        """Return (packed blocks, types, rows) of ``linears``' matrices, in order."""
+        groups = [m for m, _ in linears.groups]
+        return ([m.packed for m in groups], [m.qtype for m in groups],
+                [m.n_rows for m in groups])
 
     @property
     def nbytes(self) -> int:
@@ -437,6 +465,39 @@ class GgufDecoder(Forward):
             act = F.gelu(gate, approximate='tanh')
         return layer.down(act * up)[0]
 
+    def _fused_step(self, layer_idx, layer, x, cos, sin, caches):
+        """One decoder layer of B one-token rows in one C++ call a ``MAX_ROWS`` rows.
+
+        x: (B, 1, hidden); cos / sin: (B, 1, D); caches: one KvCache a row. What the torch
+        ops of :meth:`_step_layer` compute, in the kernels (no Python and no OpenMP region
+        between the GEMMs; each weight block decoded once for the rows).
+        """
+        spec = self.spec
+        n_kv = [cache.get_seq_length(layer_idx) for cache in caches]
+        for cache, length in zip(caches, n_kv):
+            cache.reserve(layer_idx, length + 1)
+        window = spec.sliding_window if spec.is_sliding(layer_idx) else 0
+        first = [_window_start(length, window) for length in n_kv]  # the query is at length
+        rows = x.reshape(x.shape[0], -1).contiguous()
+        cos, sin = cos.reshape(rows.shape[0], -1), sin.reshape(rows.shape[0], -1)
+        qkv, gate_up = layer.parts(layer.qkv), layer.parts(layer.gate_up)
+        out, down = layer.out.groups[0][0], layer.down.groups[0][0]
+        activation = ACTIVATIONS.index(spec.activation)
+        outs = []
+        for begin in range(0, rows.shape[0], kernels.MAX_ROWS):
+            part = slice(begin, begin + kernels.MAX_ROWS)
+            outs.append(self.kernels.decoder_step(
+                rows[part], layer.attn_norm, spec.norm_eps, *qkv, layer.qkv_bias,
+                _or_empty(layer.q_norm), _or_empty(layer.k_norm), cos[part].contiguous(),
+                sin[part].contiguous(), [c.keys[layer_idx] for c in caches[part]],
+                [c.values[layer_idx] for c in caches[part]], n_kv[part], first[part],
+                spec.n_heads, spec.attention_scale, out.packed, out.qtype,
+                _or_empty(layer.post_attn_norm), layer.ffn_norm, *gate_up, activation,
+                down.packed, down.qtype, _or_empty(layer.post_ffn_norm)))
+        for cache, length in zip(caches, n_kv):
+            cache.lengths[layer_idx] = length + 1
+        return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(x.shape)
+
     def _finish(self, layer: _Layer, x, attn):
         """Add the attention output ``attn`` and the MLP to the residual ``x``."""
         eps = self.spec.norm_eps
@@ -475,6 +536,8 @@ class GgufDecoder(Forward):
     def _step_layer(self, layer_idx, layer, x, cos, sin, caches):
         """One decoder layer for B one-token rows; x: (B, 1, hidden) -> (B, 1, hidden)."""
         spec, n_rows = self.spec, x.shape[0]
+        if layer.fused:
+            return self._fused_step(layer_idx, layer, x, cos, sin, caches)
         h = _rms_norm(x, layer.attn_norm, spec.norm_eps)
         q, k, v = (t.transpose(1, 2) for t in self.project(layer, h))  # (B, H, 1, D)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -494,6 +557,10 @@ class GgufDecoder(Forward):
             [c.values[layer_idx] for c in caches], first, n_live, spec.n_heads,
             spec.attention_scale)
         return self._finish(layer, x, attn.view(n_rows, 1, -1))
+
+
+def _or_empty(tensor: Optional[torch.Tensor]) -> torch.Tensor:
+    return _EMPTY if tensor is None else tensor
 
 
 def _window_start(n_before: int, window: int) -> int:
