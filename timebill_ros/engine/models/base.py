@@ -99,7 +99,7 @@ def common_spec(gguf: GgufFile, **changes) -> DecoderSpec:
     hidden = int(gguf.require('embedding_length'))
     head_dim = int(gguf.arch_get('attention.key_length') or hidden // n_heads)
     n_kv = gguf.arch_get('attention.head_count_kv', n_heads)
-    n_kv = int(n_kv[0] if isinstance(n_kv, list) else n_kv)
+    n_kv = int(n_kv[0] if isinstance(n_kv, (list, np.ndarray)) else n_kv)  # per layer: one
     factors = None
     if gguf.has('rope_freqs.weight'):
         factors = tuple(float(v) for v in gguf.vector('rope_freqs.weight'))
@@ -287,7 +287,10 @@ class GgufDecoder(Forward):
         """Read every layer of ``gguf`` as ``spec`` describes it."""
         self.gguf, self.spec = gguf, spec
         self.kernels = kernels.load()
-        self.layers = [_Layer(gguf, spec, i) for i in range(spec.n_layers)]
+        self.layers = []
+        for i in range(spec.n_layers):
+            self.layers.append(_Layer(gguf, spec, i))
+            gguf.release()  # the layer's blocks are copied: its file pages are not needed
         self.views = [ScorerView(self, layer) for layer in self.layers]
         self.embed = Matrix(gguf.tensor('token_embd.weight'), gguf.type_name('token_embd.weight'),
                             *gguf.shape('token_embd.weight'))
@@ -295,6 +298,7 @@ class GgufDecoder(Forward):
         self.lm_head = (Matrix(gguf.tensor(head), gguf.type_name(head), *gguf.shape(head))
                         if head else self.embed)
         self.final_norm = torch.from_numpy(gguf.vector('output_norm.weight'))
+        gguf.release()
         self._inv_freq = {base: self._inverse_frequencies(base)
                           for base in {spec.rope_base, spec.rope_base_local} if base}
         self._hooks = PassHooks()

@@ -8,6 +8,7 @@ fp32 tensor (``unpack_rows``, bit-exact to gguf's dequantization) and multiplies
 GEMM, so at most one matrix is ever held in fp32, for the length of one call.
 """
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -64,7 +65,10 @@ class Matrix:
             self.qtype, blocks = kquants.repack(data, kquants.GGML_IDS[type_name], self.k)
         else:
             self.qtype, blocks = kernels.QTYPES[type_name], np.ascontiguousarray(data)
-        self.packed = self.kernels.pack(torch.from_numpy(blocks.copy()), self.qtype, self.k)
+        with warnings.catch_warnings():  # a read-only view of the file: pack only reads it
+            warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
+            blocks = torch.from_numpy(np.ascontiguousarray(blocks))
+        self.packed = self.kernels.pack(blocks, self.qtype, self.k)
         self.nbytes = self.packed.numel()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
