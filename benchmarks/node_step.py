@@ -1,7 +1,7 @@
 """Per-token cost through the node against the engine's bare step (issue 29's 1.15x bar).
 
     python benchmarks/node_step.py [--prompts 12] [--n-max 96] [--decode-weights gguf]
-                                   [--policy kill] [--out FILE.md]
+                                   [--policy kill] [--model FILE.gguf] [--out FILE.md]
 
 One run, rounds interleaved so the machine's drift hits every column alike. For each held-out
 prompt (the corpus test split, one per category first: bench.timebill.rlp_test_prompts) the
@@ -73,6 +73,10 @@ def main(argv=None):
     parser.add_argument('--n-max', type=int, default=96)
     parser.add_argument('--decode-weights', default='gguf')
     parser.add_argument('--policy', choices=sorted(STEP_POLICIES), default='kill')
+    parser.add_argument('--model', default='', help='a GGUF file (engine.model_path)')
+    parser.add_argument('--no-loop-guard', action='store_true',
+                        help="the server's loop guard off: an answer it cuts where its loop "
+                        'began reports fewer tokens than the steps it ran (a base model loops)')
     parser.add_argument('--out', default='')
     args = parser.parse_args(argv)
 
@@ -87,11 +91,14 @@ def main(argv=None):
     from timebill_ros.ros.client import make_goal
 
     config = params.config_from_flat({'engine.decode_weights': args.decode_weights,
-                                      'engine.max_new_tokens': args.n_max})
+                                      'engine.max_new_tokens': args.n_max,
+                                      'engine.model_path': args.model,
+                                      'engine.loop_guard': not args.no_loop_guard})
     folder = pathlib.Path(tempfile.mkdtemp(prefix='node_step_'))
     params_file = folder / 'params.yaml'
     params_file.write_text(params.to_yaml(config))
-    engine = LlmEngine.load(EngineConfig(decode_weights=args.decode_weights), EvictionConfig())
+    engine = LlmEngine.load(EngineConfig(decode_weights=args.decode_weights,
+                                         model_path=args.model), EvictionConfig())
     feedback_every = ServerConfig().engine.feedback_every_tokens
     rows = []
     with served(str(params_file), folder / 'server.log') as client:
@@ -128,12 +135,15 @@ def main(argv=None):
 
 
 def _report(rows, args, decode_weights):
+    import pathlib
     med = {col: statistics.median(r[col] for r in rows) for col in ('bare', 'engine', 'node')}
     lines = [
         '# Per-token cost through the node vs the bare step',
         '',
         f'`python benchmarks/node_step.py --prompts {args.prompts} --n-max {args.n_max} '
-        f'--decode-weights {args.decode_weights} --policy {args.policy}` - '
+        f'--decode-weights {args.decode_weights} --policy {args.policy}'
+        + (f' --model {pathlib.Path(args.model).name}' if args.model else '')
+        + (' --no-loop-guard' if args.no_loop_guard else '') + '` - '
         f'{platform.node()} ({platform.processor() or platform.machine()}), '
         f'{datetime.date.today().isoformat()}, step format {decode_weights}.',
         '',
