@@ -1046,6 +1046,40 @@ static void silu_times(const float* gate, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[n + i];
 }
 
+namespace {
+
+// The KV buffers of M rows, checked: each (1, H_kv, C_r, D) float32, contiguous.
+struct Caches {
+  std::vector<float*> keys, values;
+  std::vector<int64_t> capacity;
+  int64_t n_kv_heads = 0, dim = 0;
+};
+
+Caches check_caches(const std::vector<torch::Tensor>& keys,
+                    const std::vector<torch::Tensor>& values, int64_t M) {
+  TORCH_CHECK(M >= 1 && static_cast<int64_t>(keys.size()) == M &&
+              static_cast<int64_t>(values.size()) == M, "one cache a row");
+  TORCH_CHECK(keys[0].dim() == 4, "keys / values must be (1, H_kv, C, D) buffers");
+  Caches caches;
+  caches.n_kv_heads = keys[0].size(1);
+  caches.dim = keys[0].size(3);
+  for (int64_t r = 0; r < M; ++r) {
+    const auto& k = keys[r];
+    const auto& v = values[r];
+    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == caches.n_kv_heads &&
+                k.size(3) == caches.dim && k.is_contiguous() && v.is_contiguous() &&
+                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
+                v.scalar_type() == torch::kFloat32,
+                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
+    caches.keys.push_back(k.data_ptr<float>());
+    caches.values.push_back(v.data_ptr<float>());
+    caches.capacity.push_back(k.size(2));
+  }
+  return caches;
+}
+
+}  // namespace
+
 // Attention of one decoding step of M rows, each over its own cache, as layer_step's
 // (flash-decoding on the kernels' threads; no torch op, so no OpenMP region between the
 // kernels' GEMMs): q (M, n_heads * D) fp32, keys[r] / values[r] the (1, H_kv, C, D) buffers
@@ -1057,146 +1091,27 @@ torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
               "q must be a contiguous (M, n_heads * D) float32 tensor");
   const int64_t M = q.size(0);
-  TORCH_CHECK(M >= 1 && static_cast<int64_t>(keys.size()) == M &&
-              static_cast<int64_t>(values.size()) == M &&
-              static_cast<int64_t>(first.size()) == M &&
-              static_cast<int64_t>(n_live.size()) == M, "one cache, first and n_live a row");
-  TORCH_CHECK(keys[0].dim() == 4, "keys / values must be (1, H_kv, C, D) buffers");
-  const int64_t n_kv_heads = keys[0].size(1), dim = keys[0].size(3);
+  TORCH_CHECK(static_cast<int64_t>(first.size()) == M &&
+              static_cast<int64_t>(n_live.size()) == M, "first and n_live a row");
+  Caches caches = check_caches(keys, values, M);
+  const int64_t n_kv_heads = caches.n_kv_heads, dim = caches.dim;
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && q.size(1) == n_heads * dim,
               "q holds ", q.size(1), " values a row, not ", n_heads, " heads of ", dim,
               " (a multiple of ", n_kv_heads, " KV heads)");
-  std::vector<float*> key_ptrs(M), value_ptrs(M);
-  std::vector<int64_t> capacity(M);
   for (int64_t r = 0; r < M; ++r) {
-    const auto& k = keys[r];
-    const auto& v = values[r];
-    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == n_kv_heads &&
-                k.size(3) == dim && k.is_contiguous() && v.is_contiguous() &&
-                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
-                v.scalar_type() == torch::kFloat32,
-                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
-    capacity[r] = k.size(2);
-    TORCH_CHECK(first[r] >= 0 && n_live[r] >= 1 && first[r] + n_live[r] <= capacity[r],
+    TORCH_CHECK(first[r] >= 0 && n_live[r] >= 1 && first[r] + n_live[r] <= caches.capacity[r],
                 "positions [", first[r], ", ", first[r] + n_live[r], ") are not in the ",
-                capacity[r], " of row ", r);
+                caches.capacity[r], " of row ", r);
     // A window starting later: the same head stride (capacity), the base moved on.
-    key_ptrs[r] = k.data_ptr<float>() + first[r] * dim;
-    value_ptrs[r] = v.data_ptr<float>() + first[r] * dim;
+    caches.keys[r] += first[r] * dim;
+    caches.values[r] += first[r] * dim;
   }
   auto out = torch::empty_like(q);
-  attention(q.data_ptr<float>(), key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads,
-            dim, static_cast<float>(scaling), out.data_ptr<float>());
+  attention(q.data_ptr<float>(), caches.keys, caches.values, caches.capacity, n_live, n_heads,
+            n_kv_heads, dim, static_cast<float>(scaling), out.data_ptr<float>());
   return out;
 }
 
-// One decoder layer of a decoding step of M goals (one token each), every linear on GGUF
-// blocks (Llama family, fp32): x (M, hidden) -> x + attn(...) -> + mlp(...). Row r's token
-// is at RoPE angles cos[r] / sin[r] (M, D); its key and value are written at position n_kv[r]
-// of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
-// instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
-// rows; the caller still checks its interrupts before every layer.
-torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
-                         torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
-                         int64_t out_type, torch::Tensor post_norm, double post_eps,
-                         torch::Tensor gate_up, int64_t gate_up_type, torch::Tensor down,
-                         int64_t down_type, torch::Tensor cos, torch::Tensor sin,
-                         std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                         std::vector<int64_t> n_kv, int64_t n_heads, double scaling) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
-              "x must be a contiguous (M, hidden) float32 tensor");
-  const int64_t M = x.size(0), hidden = x.size(1);
-  TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
-  TORCH_CHECK(static_cast<int64_t>(keys.size()) == M &&
-              static_cast<int64_t>(values.size()) == M &&
-              static_cast<int64_t>(n_kv.size()) == M, "one cache and n_kv a row");
-  const int64_t n_kv_heads = keys[0].dim() == 4 ? keys[0].size(1) : 0;
-  const int64_t dim = keys[0].dim() == 4 ? keys[0].size(3) : 0;
-  std::vector<float*> key_ptrs(M), value_ptrs(M);
-  std::vector<int64_t> capacity(M), n_live(M);
-  for (int64_t r = 0; r < M; ++r) {
-    const auto& k = keys[r];
-    const auto& v = values[r];
-    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == n_kv_heads &&
-                k.size(3) == dim && k.is_contiguous() && v.is_contiguous() &&
-                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
-                v.scalar_type() == torch::kFloat32,
-                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
-    capacity[r] = k.size(2);
-    TORCH_CHECK(n_kv[r] >= 0 && n_kv[r] < capacity[r], "n_kv ", n_kv[r],
-                " leaves no room in ", capacity[r]);
-    key_ptrs[r] = k.data_ptr<float>();
-    value_ptrs[r] = v.data_ptr<float>();
-    n_live[r] = n_kv[r] + 1;
-  }
-  TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
-              "query heads must be a multiple of KV heads");
-  const int64_t q_rows = n_heads * dim, kv_rows = n_kv_heads * dim;
-  const int64_t proj_rows = q_rows + 2 * kv_rows;
-  TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2,
-              "down must be packed blocks of a supported type");
-  // The MLP's width from the down projection's packed rows (K / 32 group blocks).
-  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
-  check_packed(qkv, qkv_type, hidden, proj_rows, "qkv");
-  check_packed(out_proj, out_type, q_rows, hidden, "out_proj");
-  check_packed(gate_up, gate_up_type, hidden, 2 * inter, "gate_up");
-  check_packed(down, down_type, inter, hidden, "down");
-  TORCH_CHECK(cos.numel() == M * dim && sin.numel() == M * dim && cos.is_contiguous() &&
-              sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
-              sin.scalar_type() == torch::kFloat32,
-              "cos / sin must be contiguous (M, D) float32 tensors");
-
-  auto result = x.clone();
-  float* h = result.data_ptr<float>();
-  float* normed = scratch(NORMED, M * std::max(hidden, inter));
-  float* proj = scratch(PROJ, M * proj_rows);
-  float* queries = scratch(QUERIES, M * q_rows);
-  float* attn = scratch(ATTN, M * q_rows);
-  float* mlp = scratch(MLP, M * 2 * inter);
-  float* delta = scratch(DELTA, M * hidden);
-  const float* cs = cos.data_ptr<float>();
-  const float* sn = sin.data_ptr<float>();
-
-  // Attention block.
-  for (int64_t r = 0; r < M; ++r)
-    rms_norm(h + r * hidden, in_norm.data_ptr<float>(), in_eps, hidden,
-             normed + r * hidden);
-  gemm_raw(qkv_type, qkv.data_ptr<uint8_t>(), normed, M, hidden, proj,
-           proj_rows, false);
-  for (int64_t r = 0; r < M; ++r) {
-    float* q = proj + r * proj_rows;
-    float* k = q + q_rows;
-    float* v = k + kv_rows;
-    const float* cr = cs + r * dim;
-    const float* sr = sn + r * dim;
-    for (int64_t head = 0; head < n_heads; ++head) rope(q + head * dim, cr, sr, dim);
-    std::memcpy(queries + r * q_rows, q, q_rows * sizeof(float));
-    for (int64_t head = 0; head < n_kv_heads; ++head) {
-      rope(k + head * dim, cr, sr, dim);
-      const int64_t at = (head * capacity[r] + n_kv[r]) * dim;
-      std::memcpy(key_ptrs[r] + at, k + head * dim, dim * sizeof(float));
-      std::memcpy(value_ptrs[r] + at, v + head * dim, dim * sizeof(float));
-    }
-  }
-  attention(queries, key_ptrs, value_ptrs, capacity, n_live, n_heads, n_kv_heads, dim,
-            static_cast<float>(scaling), attn);
-  gemm_raw(out_type, out_proj.data_ptr<uint8_t>(), attn, M, q_rows, delta,
-           hidden, false);
-  for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
-
-  // MLP block.
-  for (int64_t r = 0; r < M; ++r)
-    rms_norm(h + r * hidden, post_norm.data_ptr<float>(), post_eps, hidden,
-             normed + r * hidden);
-  gemm_raw(gate_up_type, gate_up.data_ptr<uint8_t>(), normed, M, hidden, mlp,
-           2 * inter, false);
-  for (int64_t r = 0; r < M; ++r) silu_times(mlp + r * 2 * inter, inter,
-                                             normed + r * inter);
-  gemm_raw(down_type, down.data_ptr<uint8_t>(), normed, M, inter, delta, hidden,
-           false);
-  for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
-  return result;
-}
 
 // Dequantize ``blocks`` (N, row_bytes) to fp32 (N, K) with the same arithmetic as the kernels.
 torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
@@ -1326,12 +1241,11 @@ torch::Tensor decoder_step(
               "x must be a contiguous (M, hidden) float32 tensor");
   const int64_t M = x.size(0), hidden = x.size(1);
   TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
-  TORCH_CHECK(static_cast<int64_t>(keys.size()) == M &&
-              static_cast<int64_t>(values.size()) == M &&
-              static_cast<int64_t>(n_kv.size()) == M &&
-              static_cast<int64_t>(first.size()) == M, "one cache, n_kv and first a row");
-  TORCH_CHECK(keys[0].dim() == 4, "keys / values must be (1, H_kv, C, D) buffers");
-  const int64_t n_kv_heads = keys[0].size(1), dim = keys[0].size(3);
+  TORCH_CHECK(static_cast<int64_t>(n_kv.size()) == M &&
+              static_cast<int64_t>(first.size()) == M, "n_kv and first a row");
+  Caches caches = check_caches(keys, values, M);
+  const int64_t n_kv_heads = caches.n_kv_heads, dim = caches.dim;
+  const std::vector<int64_t>& capacity = caches.capacity;
   TORCH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
               "query heads must be a multiple of KV heads");
   TORCH_CHECK(activation == 0 || activation == 1, "activation must be 0 (SiLU) or 1 (GELU)");
@@ -1360,16 +1274,8 @@ torch::Tensor decoder_step(
               sin.scalar_type() == torch::kFloat32,
               "cos / sin must be contiguous (M, D) float32 tensors");
   std::vector<float*> key_ptrs(M), value_ptrs(M);
-  std::vector<int64_t> capacity(M), n_live(M);
+  std::vector<int64_t> n_live(M);
   for (int64_t r = 0; r < M; ++r) {
-    const auto& k = keys[r];
-    const auto& v = values[r];
-    TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == n_kv_heads &&
-                k.size(3) == dim && k.is_contiguous() && v.is_contiguous() &&
-                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
-                v.scalar_type() == torch::kFloat32,
-                "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
-    capacity[r] = k.size(2);
     TORCH_CHECK(n_kv[r] >= 0 && n_kv[r] < capacity[r], "n_kv ", n_kv[r],
                 " leaves no room in ", capacity[r]);
     TORCH_CHECK(first[r] >= 0 && first[r] <= n_kv[r], "first ", first[r], " is past n_kv ",
@@ -1403,8 +1309,8 @@ torch::Tensor decoder_step(
       rope(q + head * dim, cr, sr, dim);
     }
     std::memcpy(queries + r * q_rows, q, q_rows * sizeof(float));
-    float* key_base = keys[r].data_ptr<float>();
-    float* value_base = values[r].data_ptr<float>();
+    float* key_base = caches.keys[r];
+    float* value_base = caches.values[r];
     for (int64_t head = 0; head < n_kv_heads; ++head) {
       if (w_k) rms_norm(k + head * dim, w_k, eps, dim, k + head * dim);
       rope(k + head * dim, cr, sr, dim);
@@ -1439,6 +1345,33 @@ torch::Tensor decoder_step(
       rms_norm(delta + r * hidden, w_post_ffn, eps, hidden, delta + r * hidden);
   for (int64_t i = 0; i < M * hidden; ++i) h[i] += delta[i];
   return result;
+}
+
+// One decoder layer of a decoding step of M goals (one token each), every linear on GGUF
+// blocks (Llama family, fp32: the lean forward's embedded model; decoder_step with one part
+// a linear, no biases or extra norms, SiLU, no window): x (M, hidden) -> x + attn(...) -> + mlp(...). Row r's token
+// is at RoPE angles cos[r] / sin[r] (M, D); its key and value are written at position n_kv[r]
+// of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
+// instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
+// rows; the caller still checks its interrupts before every layer.
+torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
+                         torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
+                         int64_t out_type, torch::Tensor post_norm, double post_eps,
+                         torch::Tensor gate_up, int64_t gate_up_type, torch::Tensor down,
+                         int64_t down_type, torch::Tensor cos, torch::Tensor sin,
+                         std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                         std::vector<int64_t> n_kv, int64_t n_heads, double scaling) {
+  TORCH_CHECK(in_eps == post_eps, "the two norms' epsilons differ: ", in_eps, ", ", post_eps);
+  TORCH_CHECK(!keys.empty() && keys[0].dim() == 4, "keys must be (1, H_kv, C, D) buffers");
+  const int64_t dim = keys[0].size(3);
+  const int64_t proj_rows = (n_heads + 2 * keys[0].size(1)) * dim;
+  TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2, "down must be packed blocks");
+  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
+  return decoder_step(x, in_norm, in_eps, {qkv}, {qkv_type}, {proj_rows}, torch::empty({0}),
+                      torch::empty({0}), torch::empty({0}), cos, sin, keys, values, n_kv,
+                      std::vector<int64_t>(n_kv.size(), 0), n_heads, scaling, out_proj,
+                      out_type, torch::empty({0}), post_norm, {gate_up}, {gate_up_type},
+                      {2 * inter}, 0, down, down_type, torch::empty({0}));
 }
 
 bool has_avx2() { return TB_HAVE_AVX2; }
