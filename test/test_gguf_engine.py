@@ -12,7 +12,8 @@ from gguf.quants import dequantize, quantize
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine, kernels, kquants
 from timebill_ros.engine.forward import PassHooks
-from timebill_ros.engine.gguf_weights import LAYER_TENSORS, _rope_row_order, read_step_blocks
+from timebill_ros.engine.gguf_weights import LAYER_TENSORS, read_step_blocks
+from timebill_ros.engine.models.base import rope_row_order
 from timebill_ros.engine.lean_llama import LeanLlamaForward
 from timebill_ros.engine.model_source import embedded_gguf_path
 
@@ -138,7 +139,7 @@ def test_read_step_blocks_repacks_the_kquants(tmp_path, kquant_rows):
         assert kernel_type == kernels.KQUANTS.get(qtype.name, int(qtype)), short
         weights = dequantize(raws[short], qtype).reshape(n_rows, k)
         if short in heads:
-            weights = weights[_rope_row_order(n_rows, heads[short])]
+            weights = weights[rope_row_order(n_rows, heads[short])]
         ours = gemm.dequantize(data, kernel_type, k).numpy()
         assert np.array_equal(ours.view(np.uint32), weights.view(np.uint32)), short
 

@@ -174,6 +174,22 @@ class PassHooks:
             {'position_embeddings': (cos[:, tail:].clone(), sin[:, tail:].clone())})
 
 
+def rows_alive(rows: list, hooks: list, interrupted: dict) -> list:
+    """Return the indices (into ``rows``) of the batch rows whose interrupts let them go on.
+
+    Calls each row's ``hooks[row].before_layer()``; a row that is interrupted is recorded in
+    ``interrupted`` (row -> reason) and left out. What a batched step does before a layer.
+    """
+    alive = []
+    for i, row in enumerate(rows):
+        try:
+            hooks[row].before_layer()
+            alive.append(i)
+        except Interrupted as exc:
+            interrupted[row] = exc.reason
+    return alive
+
+
 class Forward:
     """A model's forward pass over a KV cache; subclasses override the methods below.
 

@@ -20,22 +20,13 @@ import torch
 
 from timebill_ros.engine import kquants
 from timebill_ros.engine.kernels import KQUANTS, QTYPES
+from timebill_ros.engine.models.base import rope_row_order
 
 # GGUF tensor name (per layer) -> transformers module name.
 LAYER_TENSORS = {
     'attn_q': 'self_attn.q_proj', 'attn_k': 'self_attn.k_proj', 'attn_v': 'self_attn.v_proj',
     'attn_output': 'self_attn.o_proj', 'ffn_gate': 'mlp.gate_proj', 'ffn_up': 'mlp.up_proj',
     'ffn_down': 'mlp.down_proj'}
-
-
-def _rope_row_order(n_rows: int, n_heads: int) -> np.ndarray:
-    """Return the row order transformers gives a GGUF query / key matrix (its reverse permute).
-
-    Row i of the model's matrix is row order[i] of the GGUF's.
-    """
-    head_dim_half = n_rows // n_heads // 2
-    rows = np.arange(n_rows).reshape(n_heads, head_dim_half, 2)
-    return rows.swapaxes(2, 1).reshape(n_rows)
 
 
 def read_step_blocks(gguf_path, config) -> Dict[str, Tuple[int, torch.Tensor]]:
@@ -57,7 +48,7 @@ def read_step_blocks(gguf_path, config) -> Dict[str, Tuple[int, torch.Tensor]]:
             tensor = tensors.get(f'blk.{layer}.{short}.weight')
             if tensor is None:
                 raise ValueError(f'{gguf_path} has no blk.{layer}.{short}.weight')
-            order = _rope_row_order(tensor.data.shape[0], heads[short]) if short in heads else None
+            order = rope_row_order(tensor.data.shape[0], heads[short]) if short in heads else None
             _add(out, f'model.layers.{layer}.{module}', tensor, order)
     head = tensors.get('output.weight') or tensors.get('token_embd.weight')
     if head is not None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
+from timebill_ros.engine.forward import Forward, PassHooks, rows_alive
 from timebill_ros.engine.kv_cache import KvCache
 
 MODEL_TYPES = ('llama', 'qwen2')
@@ -325,13 +325,7 @@ class LeanLlamaForward(Forward):
         cos, sin = self.cos[index].unsqueeze(1), self.sin[index].unsqueeze(1)  # (B, 1, D)
         interrupted = {}
         for layer_idx, layer in enumerate(self.layers):
-            alive = []
-            for i, row in enumerate(rows):
-                try:
-                    hooks[row].before_layer()
-                    alive.append(i)
-                except Interrupted as exc:
-                    interrupted[row] = exc.reason
+            alive = rows_alive(rows, hooks, interrupted)
             if not alive:
                 return {}, interrupted
             if len(alive) < len(rows):

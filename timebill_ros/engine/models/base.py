@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import Forward, Interrupted, PassHooks
+from timebill_ros.engine.forward import Forward, PassHooks, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
 from timebill_ros.engine.models.weights import Matrix
@@ -391,13 +391,7 @@ class GgufDecoder(Forward):
         ropes = self._ropes(index)
         interrupted = {}
         for layer_idx, layer in enumerate(self.layers):
-            alive = []
-            for i, row in enumerate(rows):
-                try:
-                    hooks[row].before_layer()
-                    alive.append(i)
-                except Interrupted as exc:
-                    interrupted[row] = exc.reason
+            alive = rows_alive(rows, hooks, interrupted)
             if not alive:
                 return {}, interrupted
             if len(alive) < len(rows):
