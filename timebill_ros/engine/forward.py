@@ -275,3 +275,18 @@ class Forward:
         How a cached prompt head (engine/prefix_store.py) enters a new goal's cache.
         """
         raise NotImplementedError
+
+
+class UsingHooks:
+    """Context manager: a forward's passes call ``hooks`` (its ``_hooks``) inside it."""
+
+    def __init__(self, forward, hooks: PassHooks):
+        """Set ``hooks`` on ``forward`` (a forward keeping its hooks as ``_hooks``)."""
+        self.forward, self.hooks = forward, hooks
+
+    def __enter__(self):
+        self.previous, self.forward._hooks = self.forward._hooks, self.hooks
+        return self.hooks
+
+    def __exit__(self, *exc):
+        self.forward._hooks = self.previous

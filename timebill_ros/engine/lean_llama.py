@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import Forward, PassHooks, rows_alive
+from timebill_ros.engine.forward import Forward, PassHooks, rows_alive, UsingHooks
 from timebill_ros.engine.kv_cache import KvCache
 
 MODEL_TYPES = ('llama', 'qwen2')
@@ -276,7 +276,7 @@ class LeanLlamaForward(Forward):
 
     def hooked(self, hooks: PassHooks):
         """Context manager: passes inside it call ``hooks``."""
-        return _Using(self, hooks)
+        return UsingHooks(self, hooks)
 
     def layer_kv(self, cache: KvCache, layer_idx: int):
         """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
@@ -435,17 +435,3 @@ class LeanLlamaForward(Forward):
         for cache, length in zip(caches, n_kv):
             cache.lengths[layer_idx] = length + 1
         return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(x.shape)
-
-
-class _Using:
-    """Context manager setting a LeanLlamaForward's hooks for the passes inside it."""
-
-    def __init__(self, forward: LeanLlamaForward, hooks: PassHooks):
-        self.forward, self.hooks = forward, hooks
-
-    def __enter__(self):
-        self.previous, self.forward._hooks = self.forward._hooks, self.hooks
-        return self.hooks
-
-    def __exit__(self, *exc):
-        self.forward._hooks = self.previous

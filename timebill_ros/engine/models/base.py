@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import Forward, PassHooks, rows_alive
+from timebill_ros.engine.forward import Forward, PassHooks, rows_alive, UsingHooks
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
 from timebill_ros.engine.models.weights import Matrix
@@ -343,7 +343,7 @@ class GgufDecoder(Forward):
 
     def hooked(self, hooks: PassHooks):
         """Context manager: passes inside it call ``hooks``."""
-        return _Using(self, hooks)
+        return UsingHooks(self, hooks)
 
     def layer_kv(self, cache: KvCache, layer_idx: int):
         """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
@@ -587,17 +587,3 @@ def _mask(n_tokens: int, n_before: int, window: int) -> Optional[torch.Tensor]:
     if window:
         allowed &= (query - key) < window
     return allowed
-
-
-class _Using:
-    """Context manager setting a GgufDecoder's hooks for the passes inside it."""
-
-    def __init__(self, forward: GgufDecoder, hooks: PassHooks):
-        self.forward, self.hooks = forward, hooks
-
-    def __enter__(self):
-        self.previous, self.forward._hooks = self.forward._hooks, self.hooks
-        return self.hooks
-
-    def __exit__(self, *exc):
-        self.forward._hooks = self.previous
