@@ -193,8 +193,8 @@ def rows_alive(rows: list, hooks: list, interrupted: dict) -> list:
 class Forward:
     """A model's forward pass over a KV cache; subclasses override the methods below.
 
-    The model facts the engine reads (``n_layers``, ``vocab_size``, ``context_tokens``,
-    ``norm_eps``, ``device``) default to a transformers model held as ``self.model``.
+    The model facts the engine reads (``n_layers``, ``context_tokens``, ``norm_eps``,
+    ``device``) default to a transformers model held as ``self.model``.
     """
 
     name = 'base'
@@ -203,11 +203,6 @@ class Forward:
     def n_layers(self) -> int:
         """Decoder layers (the granularity of interrupts)."""
         return len(self.model.model.layers)
-
-    @property
-    def vocab_size(self) -> int:
-        """Token ids the model reads and scores."""
-        return int(self.model.get_input_embeddings().num_embeddings)
 
     @property
     def context_tokens(self) -> int:
@@ -275,6 +270,30 @@ class Forward:
         How a cached prompt head (engine/prefix_store.py) enters a new goal's cache.
         """
         raise NotImplementedError
+
+
+class KvCacheForward(Forward):
+    """A forward over a :class:`~timebill_ros.engine.kv_cache.KvCache`, its hooks in ``_hooks``.
+
+    The cache and hook methods the lean Llama forward and the GGUF decoder share.
+    """
+
+    def hooked(self, hooks: PassHooks):
+        """Context manager: passes inside it call ``hooks``."""
+        return UsingHooks(self, hooks)
+
+    def layer_kv(self, cache, layer_idx: int):
+        """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
+        return cache.layer_kv(layer_idx)
+
+    def keep(self, cache, layer_idx: int, indices: torch.Tensor) -> None:
+        """Keep positions ``indices`` (1, H_kv, K) of layer ``layer_idx``."""
+        cache.keep(layer_idx, indices)
+
+    def append_kv(self, cache, layer_idx: int, keys: torch.Tensor,
+                  values: torch.Tensor) -> None:
+        """Write ``keys`` / ``values`` (1, H_kv, n, D) after layer ``layer_idx``'s tokens."""
+        cache.append(layer_idx, keys, values)
 
 
 class UsingHooks:

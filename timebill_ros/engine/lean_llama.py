@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import Forward, PassHooks, rows_alive, UsingHooks
+from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
 from timebill_ros.engine.kv_cache import KvCache
 
 MODEL_TYPES = ('llama', 'qwen2')
@@ -228,7 +228,7 @@ class _Layer:
         self.scaling = attn.scaling
 
 
-class LeanLlamaForward(Forward):
+class LeanLlamaForward(KvCacheForward):
     """Llama-family forward over a :class:`KvCache`; see the module docstring."""
 
     name = 'lean'
@@ -273,23 +273,6 @@ class LeanLlamaForward(Forward):
         """Return an empty cache in the model's dtype and device."""
         return KvCache(len(self.layers), self.n_kv_heads, self.head_dim, self.model.dtype,
                        self.model.device)
-
-    def hooked(self, hooks: PassHooks):
-        """Context manager: passes inside it call ``hooks``."""
-        return UsingHooks(self, hooks)
-
-    def layer_kv(self, cache: KvCache, layer_idx: int):
-        """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
-        return cache.layer_kv(layer_idx)
-
-    def keep(self, cache: KvCache, layer_idx: int, indices: torch.Tensor) -> None:
-        """Keep positions ``indices`` (1, H_kv, K) of layer ``layer_idx``."""
-        cache.keep(layer_idx, indices)
-
-    def append_kv(self, cache: KvCache, layer_idx: int, keys: torch.Tensor,
-                  values: torch.Tensor) -> None:
-        """Write ``keys`` / ``values`` (1, H_kv, n, D) after layer ``layer_idx``'s tokens."""
-        cache.append(layer_idx, keys, values)
 
     def run(self, token_ids: list, position: int, cache: KvCache, step: bool) -> torch.Tensor:
         """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import Forward, PassHooks, rows_alive, UsingHooks
+from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
 from timebill_ros.engine.models.weights import Matrix
@@ -277,7 +277,7 @@ class _HeadCounts:
     num_key_value_heads: int
 
 
-class GgufDecoder(Forward):
+class GgufDecoder(KvCacheForward):
     """The forward pass of a GGUF model over a :class:`KvCache` (see the module docstring)."""
 
     name = 'gguf'
@@ -340,22 +340,6 @@ class GgufDecoder(Forward):
         """Return an empty fp32 cache on the CPU."""
         return KvCache(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
                        torch.float32, torch.device('cpu'))
-
-    def hooked(self, hooks: PassHooks):
-        """Context manager: passes inside it call ``hooks``."""
-        return UsingHooks(self, hooks)
-
-    def layer_kv(self, cache: KvCache, layer_idx: int):
-        """Return layer ``layer_idx``'s live keys and values, each (1, H_kv, N, D)."""
-        return cache.layer_kv(layer_idx)
-
-    def keep(self, cache: KvCache, layer_idx: int, indices: torch.Tensor) -> None:
-        """Keep positions ``indices`` (1, H_kv, K) of layer ``layer_idx``."""
-        cache.keep(layer_idx, indices)
-
-    def append_kv(self, cache: KvCache, layer_idx: int, keys, values) -> None:
-        """Write ``keys`` / ``values`` (1, H_kv, n, D) after layer ``layer_idx``'s tokens."""
-        cache.append(layer_idx, keys, values)
 
     # -- the passes ------------------------------------------------------------------------
 
