@@ -15,6 +15,7 @@ compiler and the CPU (its model and instruction-set flags): the library is compi
 ``python -m timebill_ros.engine.kernels`` builds it ahead of time (scripts/build.sh does).
 """
 
+import functools
 import hashlib
 import pathlib
 import platform
@@ -44,6 +45,7 @@ _lock = threading.Lock()
 _loaded = {}
 
 
+@functools.lru_cache(maxsize=None)  # read once a process (every matrix loads the kernels)
 def _cpu_id() -> str:
     """Return the CPU's model name and instruction-set flags (what -march=native sees)."""
     try:
@@ -55,6 +57,7 @@ def _cpu_id() -> str:
     return '\n'.join(sorted(set(keep)))
 
 
+@functools.lru_cache(maxsize=None)  # one `c++ --version` a process, not one a matrix
 def _compiler() -> str:
     try:
         return subprocess.run(['c++', '--version'], capture_output=True, text=True,
