@@ -32,6 +32,19 @@ def test_report_puts_formats_side_by_side(tmp_path):
     assert (tmp_path / 'engine.png').stat().st_size > 1000
 
 
+def test_a_prefill_only_row_has_no_decode_figures():
+    rows = {'timebill gguf': enginebench.Row('timebill gguf', {100: [0.01]}, {2048: [1.5]}),
+            enginebench.PREFILL_ONLY: enginebench.Row(enginebench.PREFILL_ONLY, {},
+                                                      {2048: [3.1]})}
+    meta = {'model': 'm', 'threads': 2, 'command': 'c', 'rounds': 1, 'bandwidth_gbs': 30.0,
+            'floor_ms': {'timebill gguf': 6.0}, 'agreement_tokens': 32, 'llama_cpp': 'skipped',
+            'prefill_dtype': 'bfloat16 (a bf16 GEMM ran 4.4x as fast as fp32)'}
+    text = enginebench.report(rows, meta)
+    assert '| timebill gguf | 10.0 | 1.00x | 6.0 | 1.50 |' in text
+    assert f'| {enginebench.PREFILL_ONLY} | - | - | - | 3.10 |' in text
+    assert '`engine.prefill_dtype: auto` on this machine: bfloat16 (a bf16' in text
+
+
 def test_a_saved_run_is_reported_again(tmp_path):
     import argparse
     import json

@@ -271,3 +271,74 @@ def test_a_base_model_gets_plain_text_with_bos(spm_file):
     ids = engine.encode('ab', system_prompt='abc')
     pieces = engine.tokenizer.convert_ids_to_tokens(ids)
     assert pieces == ['<bos>', 'abc', '<0x0A>', '<0x0A>', 'ab']
+
+
+# -- the prefill's GEMM dtype and its attention blocks ----------------------------------------
+
+def test_a_bf16_gemm_rounds_only_products_of_many_rows(written):
+    """More than GEMM_ROWS rows in bf16 move off fp32 by bf16's rounding; fewer stay exact."""
+    path, _ = written('llama', T.Q4_K)
+    matrix = load_decoder(GgufFile(path)).layers[0].gate_up.groups[0][0]
+    x = torch.randn(weights.GEMM_ROWS + 4, matrix.k, generator=torch.Generator().manual_seed(1))
+    exact = matrix(x)
+    rounded = matrix(x, torch.bfloat16)
+    assert rounded.dtype == torch.float32 and rounded.shape == exact.shape
+    assert 1e-5 < _rel(rounded, exact) < 2e-2
+    few = x[:4]
+    assert torch.equal(matrix(few, torch.bfloat16), matrix(few))
+
+
+@pytest.mark.parametrize('arch', ['gemma3', 'llama'])
+def test_a_bf16_prefill_is_close_and_its_steps_are_fp32(written, arch):
+    """A bf16 prefill stays near transformers' logits; the steps after it are fp32's.
+
+    The same tokens are picked; a step after the prefill runs the fp32 kernels: the same
+    logits as an fp32 decoder's on the same cache.
+    """
+    path, model = written(arch, MIXED)
+    decoder, exact = load_decoder(GgufFile(path)), load_decoder(GgufFile(path))
+    decoder.prefill_dtype = torch.bfloat16
+    ids = PROMPT + [3, 9, 27]
+    ours = _ours(decoder, ids, len(PROMPT))
+    ref = _reference(model, ids)[len(PROMPT) - 1:]
+    assert REL_TOL < _rel(ours, ref) < 3e-2
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+    caches = [decoder.new_cache(), decoder.new_cache()]
+    with torch.inference_mode():
+        for cache in caches:  # the same bf16 prefill twice: the same cache
+            decoder.run(PROMPT, 0, cache, step=False)
+        step = decoder.run([3], len(PROMPT), caches[0], step=True)
+        assert torch.equal(exact.run([3], len(PROMPT), caches[1], step=True), step)
+
+
+@pytest.mark.parametrize('block', [2, 3, 5])
+@pytest.mark.parametrize('arch', ['gemma3', 'llama'])
+def test_masked_chunks_attend_in_blocks_of_queries(written, arch, block, monkeypatch):
+    """Chunks after the first attend block by block (sliding window 8 in gemma3's file)."""
+    from timebill_ros.engine.models import base
+    monkeypatch.setattr(base, 'ATTENTION_BLOCK', block)
+    path, model = written(arch, MIXED)
+    decoder = load_decoder(GgufFile(path))
+    ids = PROMPT + [3, 9, 27]
+    ours = _ours(decoder, ids, len(PROMPT), [4, 9, 7])
+    assert _rel(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
+
+
+def test_the_prefill_dtype_resolves_and_keys_the_calibration(
+        bpe_file, tiny_model, smollm2_tokenizer):
+    from timebill_ros.timing.profiler import key_fields
+    engine = LlmEngine(EngineConfig(model_path=str(bpe_file), prefill_dtype='bfloat16'),
+                       EvictionConfig())
+    assert engine.forward.prefill_dtype == torch.bfloat16
+    assert key_fields(engine.engine_config)[2] == 'float32-auto-gguf-bfloat16'
+    auto = LlmEngine(EngineConfig(model_path=str(bpe_file)), EvictionConfig())
+    assert auto.engine_config.prefill_dtype == weights.prefill_dtype('auto')
+    assert auto.engine_config.prefill_dtype in ('float32', 'bfloat16')
+    assert weights.bf16_gemm_speedup() > 0
+    with pytest.raises(ValueError, match="prefill dtype must be auto, float32 or bfloat16"):
+        weights.prefill_dtype('float16')
+    with pytest.raises(ValueError, match="engine.prefill_dtype 'float32' applies to a .gguf"):
+        LlmEngine(EngineConfig(prefill_dtype='float32'), EvictionConfig(), model=tiny_model,
+                  tokenizer=smollm2_tokenizer)
+    with pytest.raises(ValueError, match='engine.prefill_dtype'):
+        EngineConfig(prefill_dtype='int8')

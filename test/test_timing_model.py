@@ -282,3 +282,14 @@ def test_the_mask_cost_is_probed_once_and_kept_in_the_calibration(monkeypatch):
     assert _calibration().mask_step_s is None  # files written before keep loading
     with pytest.raises(ValueError, match='mask_step_s'):
         _calibration(mask_step_s=-1.0)
+
+
+def test_a_benchmark_reads_the_step_format_from_the_keys_third_field(tmp_path):
+    """bench/server_process.decode_weights_of: a GGUF model's key has a fourth field."""
+    from timebill_ros.bench.server_process import decode_weights_of
+    assert decode_weights_of(tmp_path / 'none.yaml') == 'auto'
+    for dtype, step in (('float32-auto-gguf-bfloat16', 'gguf'),
+                        ('float32-lean-float16', 'float16')):
+        path = tmp_path / f'{step}.yaml'
+        _calibration(dtype=dtype).save(path)
+        assert decode_weights_of(path) == step

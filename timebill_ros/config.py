@@ -20,6 +20,7 @@ DECODE_FORMATS = ('auto',) + WEIGHT_FORMATS + ('int8', 'gguf')
 FORWARDS = ('auto', 'lean', 'transformers')
 BUDGET_MODES = ('timebill', 'fixed')
 PREDICTOR_KINDS = ('rlp', 'fallback')
+PREFILL_DTYPES = ('auto', 'float32', 'bfloat16')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 
 
@@ -49,6 +50,12 @@ class EngineConfig:
         CPU, kernels built) gguf steps at start-up and keeps the faster of the exact formats
         fp32 and gguf, unless fp16 is >= 10 % faster still (engine/step_format.py): all three
         answer like fp32 on held-out prompts, bf16 and int8 do not (docs/engine.md).
+    prefill_dtype: a GGUF model's prefill GEMMs (more than 16 tokens): ``float32`` (exact
+        against gguf's dequantization), ``bfloat16`` (weights and activations rounded to bf16,
+        sums in fp32: ~4x the GEMM speed where the CPU has bf16 dot products; greedy answers
+        as fp32's on held-out prompts, docs/own_model.md) or ``auto`` (bfloat16 where a probe
+        at load finds bf16 GEMMs >= 1.5x as fast as fp32, else float32). Decoding steps are
+        fp32 either way. A transformers model prefills in ``dtype``: leave it ``auto``.
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
         max_new_tokens 0.
@@ -76,6 +83,7 @@ class EngineConfig:
     dtype: str = 'float32'
     forward: str = 'auto'
     decode_weights: str = 'auto'
+    prefill_dtype: str = 'auto'
     threads: int = 0
     max_new_tokens: int = 256
     max_model_new_tokens: int = 2048
@@ -96,6 +104,7 @@ class EngineConfig:
         check_count('engine.loop_guard_min_repeats', self.loop_guard_min_repeats, minimum=2)
         check_choice('engine.forward', self.forward, FORWARDS)
         check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
+        check_choice('engine.prefill_dtype', self.prefill_dtype, PREFILL_DTYPES)
         check_nonneg_real('engine.stop_bound_s', self.stop_bound_s)
         if (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                 or self.threads < 0):

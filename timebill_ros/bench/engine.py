@@ -17,7 +17,9 @@ Floor: weight bytes a one-token step reads / measured copy bandwidth.
 llama-cpp-python is installed (``make bench-deps``); its decode is the bare model step.
 
 ``--model FILE.gguf``: any GGUF file the engine serves (engine/models). Rows: ``timebill
-gguf`` (the engine on the file's blocks), ``llama.cpp <file>`` (same file, same threads) and,
+gguf`` (the engine on the file's blocks, its prefill in ``engine.prefill_dtype: auto``'s
+choice), ``timebill gguf, fp32 prefill`` (prefill and agreement only, when auto chose bf16),
+``llama.cpp <file>`` (same file, same threads) and,
 for the greedy agreement only, ``transformers fp32`` (transformers' model dequantized from
 the same file, fed the engine's token ids: the fp32 reference; transformers' own GGUF
 tokenizer is not used, it is wrong for Gemma 3).
@@ -45,6 +47,9 @@ AGREEMENT_PROMPTS = 6
 AGREEMENT_TOKENS = 64
 # Rows of ``--model`` that only answer (the fp32 reference: too slow to time usefully).
 AGREEMENT_ONLY = ('transformers fp32 (reference)',)
+# A row of ``--model`` that only prefills and answers: the engine with the exact fp32 prefill
+# beside the default one (engine.prefill_dtype auto), decoding as the default row does.
+PREFILL_ONLY = 'timebill gguf, fp32 prefill'
 
 
 @dataclasses.dataclass
@@ -65,12 +70,17 @@ def _file_engines(model_path, threads):
     from timebill_ros.engine import LlmEngine
     ours = LlmEngine.load(EngineConfig(model_path=str(model_path), threads=threads),
                           EvictionConfig())
+    engines = {'timebill gguf': ours}
+    if ours.engine_config.prefill_dtype != 'float32':
+        engines[PREFILL_ONLY] = LlmEngine.load(EngineConfig(
+            model_path=str(model_path), threads=threads, prefill_dtype='float32'),
+            EvictionConfig())
     path = pathlib.Path(model_path).expanduser().resolve()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                  local_files_only=True, dtype=torch.float32)
     reference = LlmEngine(EngineConfig(threads=threads, forward='transformers'),
                           EvictionConfig(), model=model, tokenizer=ours.tokenizer)
-    return {AGREEMENT_ONLY[0]: reference, 'timebill gguf': ours}
+    return {AGREEMENT_ONLY[0]: reference, **engines}
 
 
 def _engines(formats, threads):
@@ -86,7 +96,7 @@ def _engines(formats, threads):
 
 
 def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress, llama=None):
-    engines = _timed(engines)
+    engines = _decoding(engines)
     for n_kv in n_kv_values:
         states = {name: engine.prefill(engine.random_ids(n_kv), StopCriteria())
                   for name, engine in engines.items()}
@@ -107,7 +117,7 @@ def _measure_decode(engines, rows, n_kv_values, rounds, steps, progress, llama=N
 
 def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
     """Aggregate seconds per token of B goals decoding together (lean forward only)."""
-    lean = {name: e for name, e in _timed(engines).items()
+    lean = {name: e for name, e in _decoding(engines).items()
             if e.forward.max_batch >= max(batch_sizes)}
     for size in batch_sizes:
         states = {name: [engine.prefill(engine.random_ids(BATCH_KV + row), StopCriteria())
@@ -130,6 +140,11 @@ def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
 def _timed(engines):
     """Return the engines whose speed is measured (not the agreement-only reference)."""
     return {name: engine for name, engine in engines.items() if name not in AGREEMENT_ONLY}
+
+
+def _decoding(engines):
+    """Return the engines whose decoding speed is measured."""
+    return {name: engine for name, engine in _timed(engines).items() if name != PREFILL_ONLY}
 
 
 def _measure_prefill(engines, rows, n_x_values, rounds, progress, llama=None):
@@ -223,8 +238,8 @@ def report(rows, meta) -> str:
     kvs = sorted({n for row in rows.values() for n in row.decode_s})
     xs = sorted({n for row in rows.values() for n in row.prefill_s})
     reference = next(iter(rows.values()))  # of the greedy agreement
-    timed = {name: row for name, row in rows.items() if row.decode_s}
-    speed_reference = next(iter(timed.values()))
+    timed = {name: row for name, row in rows.items() if row.decode_s or row.prefill_s}
+    speed_reference = next(row for row in timed.values() if row.decode_s)
     lines = [f'# Engine speed ({meta["model"]}, {meta["threads"]} threads)', '',
              f'Command: `{meta["command"]}`; {meta["rounds"]} interleaved rounds, medians; '
              f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s.', '',
@@ -233,13 +248,16 @@ def report(rows, meta) -> str:
              + ' | '.join(f'prefill {n} tok (s)' for n in xs) + ' |',
              '|' + '---|' * (len(kvs) + len(xs) + 3)]
     for name, row in timed.items():
-        speedup = (statistics.median(speed_reference.decode_s[kvs[0]])
-                   / statistics.median(row.decode_s[kvs[0]]))
+        speedup, floor = '-', '-'
+        if row.decode_s:
+            ratio = (statistics.median(speed_reference.decode_s[kvs[0]])
+                     / statistics.median(row.decode_s[kvs[0]]))
+            speedup = f'{ratio:.2f}x'
+            floor = f'{meta["floor_ms"][name]:.1f}'
         prefill = [f'{statistics.median(row.prefill_s[n]):.2f}' if n in row.prefill_s
                    else '(= fp32)' for n in xs]
         lines.append(f'| {name} | ' + ' | '.join(_median_ms(row.decode_s.get(n)) for n in kvs)
-                     + f' | {speedup:.2f}x | {meta["floor_ms"][name]:.1f} | '
-                     + ' | '.join(prefill) + ' |')
+                     + f' | {speedup} | {floor} | ' + ' | '.join(prefill) + ' |')
     sizes = sorted({b for row in rows.values() for b in row.batch_s})
     base = statistics.median(speed_reference.decode_s[kvs[0]])
     lines += ['', f'Batched decoding, {BATCH_KV} prompt tokens a goal: aggregate ms per token '
@@ -266,6 +284,8 @@ def report(rows, meta) -> str:
     lines += ['', 'llama.cpp row: ' + meta['llama_cpp']]
     if meta.get('auto'):
         lines += ['', '`engine.decode_weights: auto` on this machine: ' + meta['auto']]
+    if meta.get('prefill_dtype'):
+        lines += ['', '`engine.prefill_dtype: auto` on this machine: ' + meta['prefill_dtype']]
     return '\n'.join(lines) + '\n'
 
 
@@ -330,6 +350,13 @@ def _auto_choice(threads) -> str:
     return f'{auto.engine_config.decode_weights} ({probe})'
 
 
+def _prefill_choice(engine) -> str:
+    """Return what ``prefill_dtype: auto`` chose for ``engine``, with the probe's figure."""
+    from timebill_ros.engine.models.weights import bf16_gemm_speedup
+    return (f'{engine.engine_config.prefill_dtype} (a bf16 GEMM ran '
+            f'{bf16_gemm_speedup():.1f}x as fast as fp32)')
+
+
 def _llama(args, kvs, xs):
     """Return (the llama.cpp engine or None, the report's note on its row)."""
     from timebill_ros.bench import llama_cpp as enginebench_llama_cpp
@@ -346,7 +373,7 @@ def _llama(args, kvs, xs):
 def _floors(engines, llama, bandwidth, model_path) -> dict:
     """Return each timed row's decode floor: bytes a step reads / bandwidth, ms."""
     from timebill_ros.engine.model_source import embedded_gguf_path
-    engines = _timed(engines)
+    engines = _decoding(engines)
     file_bytes = pathlib.Path(model_path or embedded_gguf_path()).stat().st_size
     lean_fp32 = step_weight_bytes(engines['lean fp32']) if 'lean fp32' in engines else 0
     floor_ms = {}
@@ -383,8 +410,10 @@ def run_enginebench(args, progress=print) -> int:
         _write(pathlib.Path(args.out), _rows_from_json(data), data['meta'], progress)
         return 0
     torch.manual_seed(0)
+    prefill_dtype = ''
     if args.model:
         engines, auto = _file_engines(args.model, args.threads), ''
+        prefill_dtype = _prefill_choice(engines['timebill gguf'])
     else:
         engines = _engines(FORMATS, args.threads)
         auto = _auto_choice(args.threads)
@@ -407,6 +436,7 @@ def run_enginebench(args, progress=print) -> int:
     meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
             'agreement_tokens': args.agreement_tokens, 'llama_cpp': llama_note, 'auto': auto,
+            'prefill_dtype': prefill_dtype,
             'command': _command(args)}
     _write(pathlib.Path(args.out), rows, meta, progress)
     return 0

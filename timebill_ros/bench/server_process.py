@@ -17,7 +17,7 @@ CALIBRATION_FILE = 'calibration.yaml'  # the run's calibration, in the servers' 
 
 
 def decode_weights_of(calibration_file) -> str:
-    """Return the step format a calibration was taken with (its dtype's last field).
+    """Return the step format a calibration was taken with (its dtype's third field).
 
     Servers of a benchmark run use it rather than each resolving ``auto`` on its own. A file
     that does not exist (yet) gives ``auto``; the server then refuses the missing file itself.
@@ -25,7 +25,7 @@ def decode_weights_of(calibration_file) -> str:
     from timebill_ros.timing.model import Calibration
     if not pathlib.Path(calibration_file).is_file():
         return 'auto'
-    return Calibration.load(calibration_file).dtype.rsplit('-', 1)[-1]
+    return Calibration.load(calibration_file).dtype.split('-')[2]
 
 
 def safe_name(name):

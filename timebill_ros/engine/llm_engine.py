@@ -166,11 +166,13 @@ class LlmEngine:
 
         No transformers model is built (``self.model`` stays None); the tokenizer and chat
         template come from the file. ``decode_weights`` becomes ``gguf`` (what every step
-        runs). ValueError for a device other than the CPU (the kernels run there).
+        runs) and ``prefill_dtype`` what ``auto`` resolved to. ValueError for a device other
+        than the CPU (the kernels run there).
         """
         from timebill_ros.engine.gguf.file import GgufFile
         from timebill_ros.engine.gguf.tokenizer import build_tokenizer
         from timebill_ros.engine.models import load_decoder
+        from timebill_ros.engine.models.weights import prefill_dtype
         config = self.engine_config
         if torch.device(config.device).type != 'cpu':
             raise ValueError(f'engine.device {config.device!r}: a .gguf model_path runs on the '
@@ -179,15 +181,22 @@ class LlmEngine:
             torch.set_num_threads(config.threads)
         self.gguf_file = GgufFile(config.model_path)
         self.forward = load_decoder(self.gguf_file)
+        gemm_dtype = prefill_dtype(config.prefill_dtype)
+        self.forward.prefill_dtype = getattr(torch, gemm_dtype)
         self.model = None
         self.vocab_size = self.forward.vocab_size
         self.tokenizer = tokenizer if tokenizer is not None else build_tokenizer(self.gguf_file)
         self._eos_token_ids = _eos_token_ids(None, self.tokenizer, self.gguf_file)
-        self.engine_config = dataclasses.replace(config, decode_weights=GGUF_FORMAT)
+        self.engine_config = dataclasses.replace(config, decode_weights=GGUF_FORMAT,
+                                                 prefill_dtype=gemm_dtype)
 
     def _load_transformers(self, model, tokenizer, step_blocks) -> None:
         """Serve a transformers model (given, a directory, or the converted embedded GGUF)."""
         engine_config = self.engine_config
+        if engine_config.prefill_dtype != 'auto':
+            raise ValueError(f'engine.prefill_dtype {engine_config.prefill_dtype!r} applies to a '
+                             '.gguf model_path; a transformers model prefills in engine.dtype '
+                             '(leave prefill_dtype auto)')
         if model is None or tokenizer is None:
             model_dir = model_source.resolve_model_dir(engine_config)
             if tokenizer is None:

@@ -124,7 +124,7 @@ def pin_prefixes(config, engine, log=print):
 
 
 def resolved_engine(config, engine, log=print):
-    """Return ``config`` with the engine group the engine resolved (``decode_weights: auto``).
+    """Return ``config`` with the engine group the engine resolved (``auto`` formats).
 
     Calibration files and the online state key on the resolved format.
     """
@@ -136,6 +136,9 @@ def resolved_engine(config, engine, log=print):
             f'(decoding step: {probe})')
         if engine.gguf_skipped:
             log(f'engine.decode_weights auto did not try gguf: {engine.gguf_skipped}')
+    if config.engine.prefill_dtype != engine.engine_config.prefill_dtype:
+        log(f'engine.prefill_dtype {config.engine.prefill_dtype}: '
+            f'{engine.engine_config.prefill_dtype}')
     return dataclasses.replace(config, engine=engine.engine_config)
 
 

@@ -135,12 +135,15 @@ def key_fields(engine_config):
     returns), so the CLI, the server and this module agree on calibration file names.
     ``dtype`` names the whole weight format, ``<dtype>-<forward>-<decode_weights>`` (e.g.
     ``float32-auto-float16``): the forward pass and the decode weights change the speed as
-    much as the dtype does, so each combination gets its own calibration.
+    much as the dtype does, so each combination gets its own calibration. A resolved
+    ``prefill_dtype`` (a GGUF model's) is a fourth field (``float32-auto-gguf-bfloat16``).
     """
     if not isinstance(engine_config, EngineConfig):
         raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
     weight_format = (f'{engine_config.dtype}-{engine_config.forward}-'
                      f'{engine_config.decode_weights}')
+    if engine_config.prefill_dtype != 'auto':
+        weight_format += f'-{engine_config.prefill_dtype}'
     return (model_source.model_key(engine_config), engine_config.device, weight_format,
             engine_config.threads)
 

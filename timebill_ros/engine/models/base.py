@@ -30,6 +30,7 @@ from timebill_ros.engine.models.weights import Matrix
 
 ACTIVATIONS = ('silu', 'gelu_tanh')  # kernels.decoder_step's activation ids: 0, 1
 _EMPTY = torch.empty(0)  # an absent optional norm / bias of kernels.decoder_step
+ATTENTION_BLOCK = 128  # queries a call of a masked prefill chunk's attention (_attend)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,11 +156,11 @@ class _Linears:
             pending.append((name, order))
         self.groups.append(_joined(gguf, pending, biases))
 
-    def __call__(self, x: torch.Tensor):
-        """Return each matrix's output for ``x``, in order."""
+    def __call__(self, x: torch.Tensor, gemm_dtype: torch.dtype = torch.float32):
+        """Return each matrix's output for ``x``, in order (gemm_dtype: Matrix.__call__)."""
         outs = []
         for matrix, split in self.groups:
-            y = matrix(x)
+            y = matrix(x, gemm_dtype)
             outs.extend(y.split(split, dim=-1) if len(split) > 1 else (y,))
         return outs
 
@@ -302,6 +303,9 @@ class GgufDecoder(KvCacheForward):
         self._inv_freq = {base: self._inverse_frequencies(base)
                           for base in {spec.rope_base, spec.rope_base_local} if base}
         self._hooks = PassHooks()
+        # The dtype of a prefill's matrix products (Matrix.__call__; the engine sets it from
+        # engine.prefill_dtype); decoding steps are always fp32.
+        self.prefill_dtype = torch.float32
 
     # -- what the engine reads -------------------------------------------------------------
 
@@ -424,14 +428,14 @@ class GgufDecoder(KvCacheForward):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 
-    def project(self, layer: _Layer, h: torch.Tensor):
+    def project(self, layer: _Layer, h: torch.Tensor, gemm_dtype=torch.float32):
         """Return q (.., n, H_q, D), k, v (.., n, H_kv, D) of attention inputs ``h``.
 
-        Query / key norms applied, RoPE not yet.
+        Query / key norms applied, RoPE not yet; gemm_dtype: Matrix.__call__'s.
         """
         spec = self.spec
         q_rows, kv_rows = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
-        parts = layer.qkv(h)
+        parts = layer.qkv(h, gemm_dtype)
         if spec.fused_qkv:
             parts = parts[0].split((q_rows, kv_rows, kv_rows), dim=-1)
         q, k, v = (p.unflatten(-1, (-1, spec.head_dim)) for p in parts)
@@ -440,14 +444,14 @@ class GgufDecoder(KvCacheForward):
             k = _rms_norm(k, layer.k_norm, spec.norm_eps)
         return q, k, v
 
-    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
-        parts = layer.gate_up(h)
+    def _mlp(self, layer: _Layer, h: torch.Tensor, gemm_dtype) -> torch.Tensor:
+        parts = layer.gate_up(h, gemm_dtype)
         gate, up = parts[0].chunk(2, dim=-1) if self.spec.fused_gate_up else parts
         if self.spec.activation == 'silu':
             act = F.silu(gate)
         else:
             act = F.gelu(gate, approximate='tanh')
-        return layer.down(act * up)[0]
+        return layer.down(act * up, gemm_dtype)[0]
 
     def _fused_step(self, layer_idx, layer, x, cos, sin, caches):
         """One decoder layer of B one-token rows in one C++ call a ``MAX_ROWS`` rows.
@@ -482,14 +486,14 @@ class GgufDecoder(KvCacheForward):
             cache.lengths[layer_idx] = length + 1
         return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(x.shape)
 
-    def _finish(self, layer: _Layer, x, attn):
+    def _finish(self, layer: _Layer, x, attn, gemm_dtype=torch.float32):
         """Add the attention output ``attn`` and the MLP to the residual ``x``."""
         eps = self.spec.norm_eps
-        h = layer.out(attn)[0]
+        h = layer.out(attn, gemm_dtype)[0]
         if layer.post_attn_norm is not None:
             h = _rms_norm(h, layer.post_attn_norm, eps)
         x = x + h
-        h = self._mlp(layer, _rms_norm(x, layer.ffn_norm, eps))
+        h = self._mlp(layer, _rms_norm(x, layer.ffn_norm, eps), gemm_dtype)
         if layer.post_ffn_norm is not None:
             h = _rms_norm(h, layer.post_ffn_norm, eps)
         return x + h
@@ -500,10 +504,11 @@ class GgufDecoder(KvCacheForward):
         mask: the pass's attention mask for this layer's window (_mask), or None: causal.
         """
         spec, n_tokens = self.spec, x.shape[1]
+        gemm_dtype = torch.float32 if step else self.prefill_dtype
         h = _rms_norm(x, layer.attn_norm, spec.norm_eps)
         if self._hooks.captures and not step:
             self._hooks.keep_inputs(layer_idx, self.views[layer_idx], h, cos, sin)
-        q, k, v = (t.transpose(1, 2) for t in self.project(layer, h))  # (1, H, n, D)
+        q, k, v = (t.transpose(1, 2) for t in self.project(layer, h, gemm_dtype))  # (1,H,n,D)
         cos4, sin4 = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * cos4 + _rotate_half(q) * sin4
         k = k * cos4 + _rotate_half(k) * sin4
@@ -512,10 +517,32 @@ class GgufDecoder(KvCacheForward):
         keys, values = cache.append(layer_idx, k, v)
         if start:  # a sliding layer: only the keys this chunk's queries can see
             keys, values = keys[:, :, start:], values[:, :, start:]
-        attn = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=n_tokens > 1 and mask is None,
-            scale=spec.attention_scale, enable_gqa=True)
-        return self._finish(layer, x, attn.transpose(1, 2).reshape(1, n_tokens, -1))
+        attn = self._attend(q, keys, values, mask)
+        return self._finish(layer, x, attn.transpose(1, 2).reshape(1, n_tokens, -1),
+                            gemm_dtype)
+
+    def _attend(self, q, keys, values, mask):
+        """Attention of a chunk's queries q (1, H_q, n, D) over keys / values (1, H_kv, S, D).
+
+        mask: (n, S) bool (_mask) or None (causal, or one query). A masked chunk runs in
+        blocks of ``ATTENTION_BLOCK`` queries, each over the keys its rows can see: the keys
+        after a block's last query and, in a sliding layer, before its first query's window
+        cost nothing (one masked call would compute every (query, key) pair).
+        """
+        scale, n_tokens = self.spec.attention_scale, q.shape[2]
+        if mask is None:
+            return F.scaled_dot_product_attention(
+                q, keys, values, is_causal=n_tokens > 1, scale=scale, enable_gqa=True)
+        outs = []
+        for begin in range(0, n_tokens, ATTENTION_BLOCK):
+            rows = mask[begin:begin + ATTENTION_BLOCK]
+            first = int(rows[0].to(torch.uint8).argmax())  # the band's first visible key
+            end = int(rows[-1].nonzero()[-1]) + 1  # ... and one past its last
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, begin:begin + ATTENTION_BLOCK], keys[:, :, first:end],
+                values[:, :, first:end], attn_mask=rows[:, first:end], scale=scale,
+                enable_gqa=True))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def _step_layer(self, layer_idx, layer, x, cos, sin, caches):
         """One decoder layer for B one-token rows; x: (B, 1, hidden) -> (B, 1, hidden)."""
