@@ -200,3 +200,82 @@ def test_result_is_kept_for_a_client_that_asks_late(ros_graph):
     response = _wait(handle.get_result_async())
     assert response.status == GoalStatus.STATUS_SUCCEEDED
     assert response.result.status == Instruct.Result.COMPLETED
+
+
+def _results_through(server, change):
+    """Make the node's service hand ``change(result)`` to the node instead of each result."""
+    service = server.service
+    original = service.submit
+
+    def submit(request, on_feedback, on_done, **kwargs):
+        return original(request, on_feedback, lambda result: on_done(change(result)), **kwargs)
+    service.submit = submit
+    return lambda: setattr(service, 'submit', original)
+
+
+def test_a_non_finite_time_still_sends_the_answer(ros_graph):
+    """A NaN time in a result is sent as 0 with a note; the goal keeps its answer and status.
+
+    (It made the result conversion raise after the goal was marked done: the client got an
+    empty Result with status 0.)
+    """
+    import dataclasses
+    restore = _results_through(ros_graph['server'], lambda result: dataclasses.replace(
+        result, decode_time_s=float('nan'), total_time_s=float('inf')))
+    try:
+        state, result = _run(ros_graph, _goal('Say hi.', budget_s=60))
+    finally:
+        restore()
+    assert state == GoalStatus.STATUS_SUCCEEDED and result.status == status.COMPLETED
+    assert 'decode_time_s, total_time_s not finite: sent as 0' in result.message
+    assert result.total_time.sec == 0 and result.total_time.nanosec == 0
+
+
+def test_a_result_that_cannot_be_sent_ends_failed_with_a_reason(ros_graph, monkeypatch):
+    """A conversion fault (here: the first two attempts raise) ends the goal FAILED, sent."""
+    from timebill_ros.ros import conversions
+    original, calls = conversions.result_to_msg, []
+
+    def result_to_msg(result):
+        calls.append(result.status)
+        if len(calls) <= 2:
+            raise TypeError('a field of the wrong type')
+        return original(result)
+    monkeypatch.setattr(conversions, 'result_to_msg', result_to_msg)
+    state, result = _run(ros_graph, _goal('Say hi.', budget_s=60))
+    monkeypatch.undo()
+    assert calls[:2] == [status.COMPLETED] * 2
+    assert state == GoalStatus.STATUS_ABORTED and result.status == status.FAILED
+    assert result.error_code == status.ERROR_INTERNAL
+    assert 'the result could not be sent: TypeError: a field of the wrong type' in result.message
+    state, result = _run(ros_graph, _goal('Say hi.', budget_s=60))  # the server serves on
+    assert result.status == status.COMPLETED
+
+
+def test_the_executor_has_a_thread_for_every_goal_that_may_wait_or_run(ros_graph):
+    """Queued goals, a batch of continuous batching and the offload goal each hold a thread.
+
+    (The pool was queue.max_depth + 4: with batching and offload, cancels waited.)
+    """
+    import dataclasses
+
+    from timebill_ros.config import OffloadConfig, QueueConfig, SchedulerConfig
+    from timebill_ros.server.executor import max_running_goals
+    server = ros_graph['server']
+    config = server.config
+    assert server.executor_threads == config.queue.max_depth + max_running_goals(config) + 4
+    busy = dataclasses.replace(
+        config, queue=QueueConfig(max_depth=3),
+        scheduler=SchedulerConfig(continuous=True, batch_size=4),
+        offload=dataclasses.replace(OffloadConfig(), enabled=True))
+    assert max_running_goals(busy) == 4 + 1
+    assert max_running_goals(dataclasses.replace(
+        busy, scheduler=SchedulerConfig(consolidation=True, batch_size=0))) == 8 + 1
+    assert max_running_goals(dataclasses.replace(
+        busy, offload=OffloadConfig())) == 4
+    saved = server.config
+    server.config = busy
+    try:
+        assert server.executor_threads == 3 + 5 + 4
+    finally:
+        server.config = saved

@@ -76,14 +76,15 @@ def make_service(tiny_model, smollm2_tokenizer):
     services = []
 
     def build(max_depth=4, predictor=None, default_policy='kill', scheduler=None,
-              tau_tokens=None, clock=None, **engine_kwargs):
-        from timebill_ros.config import OverrunConfig, SchedulerConfig
+              tau_tokens=None, clock=None, budget=None, **engine_kwargs):
+        from timebill_ros.config import BudgetConfig, OverrunConfig, SchedulerConfig
         engine_cfg = EngineConfig(max_new_tokens=16, max_model_new_tokens=4096,
                                   prefill_chunk_tokens=64, feedback_every_tokens=1,
                                   **engine_kwargs)
         config = ServerConfig(engine=engine_cfg, queue=QueueConfig(max_depth=max_depth),
                               overrun=OverrunConfig(default_policy=default_policy),
-                              scheduler=scheduler or SchedulerConfig())
+                              scheduler=scheduler or SchedulerConfig(),
+                              budget=budget or BudgetConfig())
         timing = {} if clock is None else {'clock': clock}  # injected, or real time
         engine = CountingEngine(engine_cfg, config.eviction, model=tiny_model,
                                 tokenizer=smollm2_tokenizer, **timing)
@@ -149,6 +150,9 @@ BAD = [
     (GoalRequest('word ' * 5000, budget_s=5.0), 'model context', E.ERROR_CONTEXT_OVERFLOW),
     (GoalRequest('x' * 65000, system_prompt='y' * 1000, budget_s=5.0), 'prompt too large',
      E.ERROR_PROMPT_TOO_LARGE),
+    (GoalRequest('x', budget_s=5.0, json_schema='{"type": "object"}' + ' ' * 20000),
+     'json_schema too large: 20018 characters, queue.max_schema_chars=16384',
+     E.ERROR_INVALID_SCHEMA),
 ]
 
 
@@ -734,3 +738,98 @@ def test_continuous_batching_with_consolidation_admits_only_similar_lengths(make
     order, results = _run_in_order(service, ['Count to 12.', 'Count to 3.'])
     assert [r.batch_size for r in results] == [2, 1]
     assert order == ['Count to 12.', 'Count to 3.']
+
+
+class _RaisingFeedback(Recorder):
+    """A client whose feedback callback raises on the QUEUED feedback."""
+
+    def on_feedback(self, fb):
+        self.feedback.append(fb)
+        if fb.phase == status.PHASE_QUEUED:
+            raise RuntimeError('feedback publisher gone')
+
+
+def test_a_prediction_that_cannot_start_leaves_the_queued_goal_running(make_service,
+                                                                       monkeypatch):
+    """Logged; the goal keeps its place and completes, with u_J = N_max.
+
+    (It raised out of submit once the goal was queued: the goal ran on, and the client got
+    an empty result.)
+    """
+    service = make_service(predictor=PromptLengthPredictor())
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError('cannot schedule new futures after shutdown')
+    monkeypatch.setattr(service._uncertainty_pool, 'submit', refuse)
+    rec = submit(service, GoalRequest('Count to 3.', budget_s=LONG))
+    assert rec.job is not None and rec.job.prediction is None
+    first.release.set()
+    result = rec.wait()
+    assert result.status == status.COMPLETED, result.message
+    assert len(rec.results) == 1 and rec.feedback[0].phase == status.PHASE_QUEUED
+    assert first.wait().status == status.COMPLETED
+
+
+def test_a_raising_queued_feedback_fails_its_goal_once(make_service):
+    """As a raising feedback callback does while the goal runs (it raised out of submit)."""
+    service = make_service()
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    rec = submit(service, GoalRequest('Count to 3.', budget_s=LONG), _RaisingFeedback())
+    result = rec.wait()
+    assert rec.job is not None and len(rec.results) == 1
+    assert result.status == status.FAILED and result.error_code == status.ERROR_INTERNAL
+    assert 'feedback failed: RuntimeError: feedback publisher gone' in result.message
+    assert service.queue_depth == 0
+    first.release.set()
+    assert first.wait().status == status.COMPLETED
+    assert submit(service, GoalRequest('Next.', budget_s=LONG)).wait().status == \
+        status.COMPLETED
+
+
+def test_an_admission_fault_ends_the_goal_failed_once(make_service, monkeypatch):
+    service = make_service()
+
+    def broken(*args, **kwargs):
+        raise KeyError('tokenizer table')
+    monkeypatch.setattr(service.admission, 'check', broken)
+    rec = submit(service, GoalRequest('Say hi.', budget_s=LONG))
+    result = rec.wait()
+    assert rec.job is None and len(rec.results) == 1
+    assert result.status == status.FAILED and result.error_code == status.ERROR_INTERNAL
+    assert "internal error at admission: KeyError: 'tokenizer table'" in result.message
+    assert service.idle
+    monkeypatch.undo()
+    assert submit(service, GoalRequest('Say hi.', budget_s=LONG)).wait().status == \
+        status.COMPLETED
+
+
+def test_a_full_queue_refuses_a_schema_goal_before_compiling_it(make_service, monkeypatch):
+    service = make_service(max_depth=1)
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    waiting = submit(service, GoalRequest('Say hi.', budget_s=LONG))
+    compiled = []
+    monkeypatch.setattr(service.engine, '_schemas', _Recording(compiled))  # engine.schemas
+    full = submit(service, GoalRequest('x', budget_s=LONG, json_schema='{"type": "object"}'))
+    result = full.wait()
+    assert result.status == status.REJECTED and result.error_code == status.ERROR_QUEUE_FULL
+    assert compiled == []
+    first.release.set()
+    assert waiting.wait().status == status.COMPLETED
+
+
+class _Recording:
+    """A schema compiler that records what it was asked to compile."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def compile(self, text):
+        self.calls.append(text)
+        raise ValueError('not compiled in this test')

@@ -412,13 +412,17 @@ class QueueConfig:
     max_prompt_chars: cap on prompt + system_prompt, characters; a larger goal is REJECTED
         before any templating or tokenizing (default 65536: twice what fills an 8192-token
         context at ~4 characters per token).
+    max_schema_chars: cap on a goal's json_schema, characters; a larger one is REJECTED
+        (INVALID_SCHEMA) before it is compiled, which runs on the action's thread (default
+        16384: a robot's tool or plan schema is a few hundred to a few thousand).
     """
 
     max_depth: int = 16
     max_prompt_chars: int = 65536
+    max_schema_chars: int = 16384
 
     def __post_init__(self):
-        for name in ('max_depth', 'max_prompt_chars'):
+        for name in ('max_depth', 'max_prompt_chars', 'max_schema_chars'):
             check_count(f'queue.{name}', getattr(self, name))
 
 

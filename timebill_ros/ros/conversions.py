@@ -1,5 +1,8 @@
 """Conversions between Instruct action messages and the core's dataclasses."""
 
+import dataclasses
+import math
+
 from builtin_interfaces.msg import Duration, Time
 
 from timebill_ros.action import Instruct
@@ -20,9 +23,29 @@ def time_to_s(stamp: Time) -> float:
 
 
 def s_to_duration(seconds: float) -> Duration:
-    """Return a Duration for a non-negative number of seconds (negatives clamp to 0)."""
+    """Return a Duration for a non-negative number of seconds (negatives clamp to 0).
+
+    ValueError for a non-finite number.
+    """
+    if not math.isfinite(seconds):
+        raise ValueError(f'a duration must be a finite number of seconds, got {seconds!r}')
     total_ns = max(0, int(round(seconds * NS_PER_S)))
     return Duration(sec=total_ns // NS_PER_S, nanosec=total_ns % NS_PER_S)
+
+
+def finite_times(result):
+    """Return a copy of JobResult ``result`` whose non-finite float fields are 0, noted.
+
+    The message names the fields; the result is otherwise unchanged.
+    """
+    bad = [field.name for field in dataclasses.fields(result)
+           if isinstance(getattr(result, field.name), float)
+           and not math.isfinite(getattr(result, field.name))]
+    if not bad:
+        return result
+    note = f'{", ".join(bad)} not finite: sent as 0'
+    return dataclasses.replace(result, message=f'{result.message} ({note})' if result.message
+                               else note, **{name: 0.0 for name in bad})
 
 
 def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:

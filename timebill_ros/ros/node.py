@@ -20,8 +20,9 @@ with them beside the running one and swaps it in when no goal is queued or runni
 served meanwhile), then logs the switch.
 
 Long work runs on the service's executor threads. Each goal's execute callback only waits for
-its result on a threading.Event, so the MultiThreadedExecutor gets ``queue.max_depth + 4``
-threads: goal, cancel and timer callbacks always find a free one.
+its result on a threading.Event, so the MultiThreadedExecutor gets a thread for every goal that
+may be queued or running, and four more: goal, cancel and timer callbacks always find a free
+one (``executor_threads``).
 """
 
 import gc
@@ -39,6 +40,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from std_msgs.msg import Header
 
 from timebill_ros.server import status
+from timebill_ros.server.executor import max_running_goals
 from timebill_ros.server.factory import predictor_upgrade
 from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
@@ -54,6 +56,7 @@ CANCELING_WAIT_S = 2.0  # longest wait for rclpy's CANCELING transition, s
 EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job is kept, s
 EVENTS_KEPT = 100  # GoalEvents the ~/events publisher keeps for late subscribers
 DESTROY_WAIT_S = 5.0  # longest wait in destroy_node() for execute callbacks to return, s
+SPARE_THREADS = 4  # executor threads beyond the goals' execute callbacks
 SWAP_POLL_S = 0.05  # how often a built replacement service checks that the old one is idle, s
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
@@ -106,8 +109,12 @@ class TimeBillNode(LifecycleNode):
 
     @property
     def executor_threads(self):
-        """Return the MultiThreadedExecutor size this node needs."""
-        return self.config.queue.max_depth + 4
+        """Return the MultiThreadedExecutor size this node needs.
+
+        One thread for each goal that may wait in the queue or run (each execute callback
+        holds one until its result), and SPARE_THREADS for goal responses, cancels and timers.
+        """
+        return self.config.queue.max_depth + max_running_goals(self.config) + SPARE_THREADS
 
     def _action_name(self):
         return self.resolve_topic_name(self.config.ros.action_name)
@@ -391,6 +398,9 @@ class TimeBillNode(LifecycleNode):
                 return
 
     def _terminate(self, goal_handle, result):
+        # The message first: a goal marked done with no result message reaches the client as
+        # an empty Result (status 0).
+        result, msg = self._result_msg(result)
         outcome = status.ACTION_OUTCOME[result.status]
         if outcome == 'canceled':
             # A goal canceled while queued ends inside the cancel callback, before rclpy
@@ -409,7 +419,29 @@ class TimeBillNode(LifecycleNode):
             self.get_logger().info(line)
         else:
             self.get_logger().warning(line)
-        return conversions.result_to_msg(result)
+        return msg
+
+    def _result_msg(self, result):
+        """Return ``(result, its Instruct.Result)``, never raising.
+
+        A result that cannot be converted (a non-finite time, a field of the wrong type) goes
+        out with its non-finite times as 0 and a note; if even that fails, as FAILED with
+        ``ERROR_INTERNAL`` naming the fault. Either way the fault is logged.
+        """
+        try:
+            return result, conversions.result_to_msg(result)
+        except Exception:
+            self._log_fault(f'goal {result.goal_id[:8]}: result conversion')
+        try:
+            cleaned = conversions.finite_times(result)
+            return cleaned, conversions.result_to_msg(cleaned)
+        except Exception as exc:
+            failed = JobResult(
+                status=status.FAILED, error_code=status.ERROR_INTERNAL, goal_id=result.goal_id,
+                finish_reason=status.FINISH_ERROR, stop_phase='server',
+                message=f'internal error: the result could not be sent: '
+                        f'{type(exc).__name__}: {exc}')
+            return failed, conversions.result_to_msg(failed)
 
     # --- stats and diagnostics -------------------------------------------------------------
     def _publish_stats(self):

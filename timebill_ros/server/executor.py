@@ -10,6 +10,21 @@ import traceback
 
 from timebill_ros.server import status
 from timebill_ros.server.goals import JobResult
+from timebill_ros.timing.batch import BATCH_SIZES
+
+
+def max_running_goals(config) -> int:
+    """Return the most goals a service of ``config`` (a ServerConfig) runs at once.
+
+    The primary runs one goal, or a batch of up to ``scheduler.batch_size`` with consolidation
+    or continuous batching (batch_size 0 resolves at start-up to a probed size, at most the
+    largest of timing.batch.BATCH_SIZES); the offload executor runs one more.
+    """
+    scheduler = config.scheduler
+    primary = 1
+    if scheduler.consolidation or scheduler.continuous:
+        primary = scheduler.batch_size or max(BATCH_SIZES)
+    return primary + (1 if config.offload.enabled else 0)
 
 
 class Executor:
@@ -82,12 +97,7 @@ class Executor:
             try:
                 self._run(jobs)
             except Exception as exc:  # never let one goal end the thread that runs them all
-                self.log(f'executor {self.name}: goals {[j.goal_id for j in jobs]} failed: '
-                         f'{traceback.format_exc()}')
-                for job in jobs:  # those that already ended keep their result
-                    job.finish(JobResult(status=status.FAILED,
-                                         message=f'internal error: {type(exc).__name__}: '
-                                                 f'{exc}'))
+                self._fail_running(exc)
             finally:
                 self.running = []
             try:
@@ -95,6 +105,18 @@ class Executor:
             except Exception:
                 self.log(f'executor {self.name}: after-job hook failed: '
                          f'{traceback.format_exc()}')
+
+    def _fail_running(self, exc):
+        """End every goal of the failed run FAILED: its first goals and those that joined.
+
+        Goals that already ended keep their result (Job.finish delivers once).
+        """
+        running = list(self.running)
+        self.log(f'executor {self.name}: goals {[j.goal_id for j in running]} failed: '
+                 f'{traceback.format_exc()}')
+        for job in running:
+            job.finish(JobResult(status=status.FAILED, error_code=status.ERROR_INTERNAL,
+                                 message=f'internal error: {type(exc).__name__}: {exc}'))
 
     def _run(self, jobs):
         runnable = [job for job in jobs if not self._ended_before_start(job)]
@@ -115,7 +137,11 @@ class Executor:
         def cut(jobs, now_s):
             return self.join(jobs, now_s, room, members)
 
-        joining = self.queue.pop_batch(timeout_s=0.0, accept=self.accept, cut=cut)
+        try:
+            joining = self.queue.pop_batch(timeout_s=0.0, accept=self.accept, cut=cut)
+        except Exception:  # the join rule failed: the batch decodes on without joiners
+            self.log(f'executor {self.name}: joining goals failed: {traceback.format_exc()}')
+            return []
         for job in joining:
             job.executor = self.name
         self.running = self.running + joining

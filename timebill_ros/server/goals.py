@@ -251,6 +251,21 @@ def check_prompt(request: GoalRequest, max_chars: Optional[int] = None) -> tuple
     return messages
 
 
+def check_schema(request: GoalRequest, max_chars: Optional[int] = None) -> None:
+    """Reject a json_schema that is not a string, or longer than ``max_chars`` characters.
+
+    Checked before the schema is compiled, so an oversized one costs nothing (None: no cap).
+    """
+    text = request.json_schema
+    if not isinstance(text, str):
+        raise GoalRejected(f'json_schema must be a string, got {type(text).__name__}',
+                           error_code=status.ERROR_INVALID_SCHEMA)
+    if max_chars is not None and len(text) > max_chars:
+        raise GoalRejected(f'json_schema too large: {len(text)} characters, '
+                           f'queue.max_schema_chars={max_chars}',
+                           error_code=status.ERROR_INVALID_SCHEMA)
+
+
 def check_messages(request: GoalRequest) -> tuple:
     """Return the goal's ``messages`` as ``(role, content)`` pairs; reject bad ones.
 

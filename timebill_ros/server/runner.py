@@ -194,8 +194,15 @@ class JobRunner:
         scale: their step scale, that of a batch of ``size`` goals.
         """
         # A goal's decoding starts once the goals after it are prefilled: its budget says so.
-        prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED, n_cached=job.n_cached)
-                      for job in jobs]
+        try:
+            prefills_s = [self.time_model.prefill_s(job.n_x, EXPECTED, n_cached=job.n_cached)
+                          for job in jobs]
+        except Exception as exc:  # the time model failed: none of them can be budgeted
+            for job in jobs:
+                goal = self._start(job, batch_size=len(jobs))
+                goal.failed(exc)
+                finish(job, goal.ended())
+            return
         for index, job in enumerate(jobs):
             goal = self._start(job, batch_size=len(jobs), step_scale=scale,
                                wait_s=sum(prefills_s[index + 1:]), scale_size=size)

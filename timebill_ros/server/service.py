@@ -285,7 +285,40 @@ class TimeBillService:
                            min_time_s=getattr(exc, 'min_time_s', 0.0),
                            prompt_tokens=getattr(exc, 'n_x', 0)))
             return None
+        except Exception as exc:  # a fault before the goal was queued: it ends here
+            self.log(f'goal {goal_id}: admission failed: {traceback.format_exc()}')
+            done(JobResult(status=status.FAILED, goal_id=goal_id, stop_phase='admission',
+                           error_code=status.ERROR_INTERNAL, finish_reason=status.FINISH_ERROR,
+                           message=f'internal error at admission: {type(exc).__name__}: {exc}',
+                           total_time_s=self.clock() - received_s,
+                           budget_s=request.budget_s or 0.0))
+            return None
+        self._after_push(job, on_feedback, received_s)
         return job
+
+    def _after_push(self, job, on_feedback, received_s):
+        """Start u_J and send the QUEUED feedback of a queued goal; never raise.
+
+        The prediction failing to start (its pool shut down) is logged and the goal runs on
+        (its u_J stays N_max). A raising feedback callback ends the goal FAILED, as it does
+        while the goal runs (runner.py): stopped where it is, its result names the fault.
+        """
+        if job.must_wait:
+            try:
+                self._predict_uncertainty(job)
+            except Exception:
+                self.log(f'goal {job.goal_id}: the admission prediction failed to start: '
+                         f'{traceback.format_exc()}')
+        try:
+            on_feedback(goals.Feedback(phase=status.PHASE_QUEUED,
+                                       elapsed_s=self.clock() - received_s))
+        except Exception as exc:
+            self.log(f'goal {job.goal_id}: queued feedback failed: {traceback.format_exc()}')
+            job.cancel('feedback')
+            self.queue.remove(job)
+            job.finish(JobResult(status=status.FAILED, error_code=status.ERROR_INTERNAL,
+                                 stop_phase='queue', message=f'feedback failed: '
+                                 f'{type(exc).__name__}: {exc}'))
 
     def cancel(self, job):
         """Cancel a goal: at once when queued, at the engine's next check when running."""
@@ -303,13 +336,15 @@ class TimeBillService:
         messages = goals.check_prompt(request, self.config.queue.max_prompt_chars)
         goals.check_stop(request)
         sampling = goals.resolve_sampling(request)
-        grammar = self._compile_schema(request)
+        goals.check_schema(request, self.config.queue.max_schema_chars)
         deadline_s = goals.resolve_deadline(request, received_s)
         policy = overrun.policy_by_name(
             goals.resolve_policy(request, self.config.overrun.default_policy))
         n_max = goals.resolve_max_new_tokens(request, self.config.engine.max_new_tokens,
                                              self.config.engine.max_model_new_tokens)
-        _rejecting(self.queue.check_room)  # before the tokenizer's work, again at the push
+        # Before the grammar compiler's and the tokenizer's work; again at the push.
+        _rejecting(self.queue.check_room)
+        grammar = self._compile_schema(request)
         input_ids = self._encode(request, messages)
         # The answer cannot outgrow the context: N_x + N_max <= context tokens.
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))
@@ -323,19 +358,15 @@ class TimeBillService:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
         self._apply(job, verdict)
         job.estimated_time_s = self.estimated_time_s(job)
-        must_wait = self.busy or self.queue_depth > 0
+        job.must_wait = self.busy or self.queue_depth > 0
         with self._live_lock:
             self._live.add(goal_id)
         try:
             _rejecting(self.queue.push, job)
-        except GoalRejected:
+        except BaseException:
             with self._live_lock:
                 self._live.discard(goal_id)
             raise
-        if must_wait:
-            self._predict_uncertainty(job)
-        on_feedback(goals.Feedback(phase=status.PHASE_QUEUED,
-                                   elapsed_s=self.clock() - received_s))
         return job
 
     # --- executors ---------------------------------------------------------------------
@@ -449,9 +480,6 @@ class TimeBillService:
     def _compile_schema(self, request):
         """Return the goal's compiled json_schema, None without one; GoalRejected if bad."""
         text = request.json_schema
-        if not isinstance(text, str):
-            raise GoalRejected(f'json_schema must be a string, got {text!r}',
-                               error_code=status.ERROR_INVALID_SCHEMA)
         if not text:
             return None
         try:
