@@ -301,7 +301,8 @@ def test_a_bf16_prefill_is_close_and_its_steps_are_fp32(written, arch):
     ids = PROMPT + [3, 9, 27]
     ours = _ours(decoder, ids, len(PROMPT))
     ref = _reference(model, ids)[len(PROMPT) - 1:]
-    assert REL_TOL < _rel(ours, ref) < 3e-2
+    # bf16-rounded weights move a tiny random model's logits by a few percent of the largest.
+    assert REL_TOL < _rel(ours, ref) < 5e-2
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
     caches = [decoder.new_cache(), decoder.new_cache()]
     with torch.inference_mode():

@@ -51,11 +51,12 @@ class EngineConfig:
         fp32 and gguf, unless fp16 is >= 10 % faster still (engine/step_format.py): all three
         answer like fp32 on held-out prompts, bf16 and int8 do not (docs/engine.md).
     prefill_dtype: a GGUF model's prefill GEMMs (more than 16 tokens): ``float32`` (exact
-        against gguf's dequantization), ``bfloat16`` (weights and activations rounded to bf16,
-        sums in fp32: ~4x the GEMM speed where the CPU has bf16 dot products; greedy answers
-        as fp32's on held-out prompts, docs/own_model.md) or ``auto`` (bfloat16 where a probe
-        at load finds bf16 GEMMs >= 1.5x as fast as fp32, else float32). Decoding steps are
-        fp32 either way. A transformers model prefills in ``dtype``: leave it ``auto``.
+        against gguf's dequantization), ``bfloat16`` (weights rounded to bf16, activations
+        as two bf16 parts, fp32 sums: ~2x the GEMM speed where the CPU has bf16 dot products;
+        greedy answers as fp32's on held-out prompts, docs/own_model.md) or ``auto``
+        (bfloat16 where a probe at load finds bf16 GEMMs >= 1.5x as fast as fp32, else
+        float32). Decoding steps are fp32 either way. A transformers model prefills in
+        ``dtype``: leave it ``auto``.
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
         max_new_tokens 0.
