@@ -7,7 +7,7 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks examples) setup.py scripts/timebill
 
-.PHONY: venv build test lint run bench bench-deps predictor fuzz clean
+.PHONY: venv build test lint run bench bench-deps predictor fuzz soak clean
 
 venv:
 	scripts/setup_venv.sh
@@ -24,6 +24,20 @@ test: build
 # run of the same test is 30 sequences); prints the goals sent and the results by status.
 fuzz: build
 	$(ENV) && TIMEBILL_FUZZ_EXAMPLES=2200 python -m pytest -q -s test/test_ros_load.py -k fuzzed
+
+# The soak (docs/reliability.md, "Soak"): `timebill serve` under seeded mixed load from
+# another process for SOAK_MINUTES minutes (1 h by default; the CI runs SOAK_MINUTES=3), a
+# per-minute table and PNG; fails on a lost goal or a dead node. The 1-hour run writes
+# benchmarks/results/soak, shorter ones log/soak_<N>min (SOAK_OUT overrides). A first start
+# calibrates the node (~4 min on 2 cores) before the load begins.
+SOAK_MINUTES ?= 60
+ifeq ($(SOAK_MINUTES),60)
+SOAK_OUT ?= benchmarks/results/soak
+else
+SOAK_OUT ?= log/soak_$(SOAK_MINUTES)min
+endif
+soak: build
+	$(ENV) && timebill soak --minutes $(SOAK_MINUTES) --out $(SOAK_OUT)
 
 lint: venv
 	$(ENV) && flake8 $(LINT_PATHS)

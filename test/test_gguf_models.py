@@ -343,3 +343,15 @@ def test_the_prefill_dtype_resolves_and_keys_the_calibration(
                   tokenizer=smollm2_tokenizer)
     with pytest.raises(ValueError, match='engine.prefill_dtype'):
         EngineConfig(prefill_dtype='int8')
+
+
+def test_a_gguf_engine_has_a_twin_on_its_weights(bpe_file):
+    """The offload executor's engine (LlmEngine.twin) shares the decoder's blocks."""
+    engine = LlmEngine(EngineConfig(model_path=str(bpe_file)), EvictionConfig())
+    twin = engine.twin(engine.engine_config)
+    assert twin.forward.layers is engine.forward.layers and twin.forward is not engine.forward
+    ids = engine.encode('the or the or the')
+    with torch.inference_mode():
+        answers = [each.decode(each.prefill(ids, StopCriteria([])), 6, StopCriteria([]))
+                   .token_ids for each in (engine, twin)]
+    assert answers[0] == answers[1]

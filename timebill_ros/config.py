@@ -145,7 +145,9 @@ class PrefixCacheConfig:
         rest, and its time estimates (admission, alpha*, t^_WCET, the scheduler) count that.
     max_mb: the most the store holds, MiB (KV of every layer plus pooled sums); the least
         recently used blocks go first, pinned ones never. SmolLM2-135M keeps 45 KiB a token
-        in fp32 (a 3,600-token context: 162 MiB).
+        in fp32 (a 3,600-token context: 162 MiB). The node's memory grows to it while the
+        store fills (each new goal's unique tail adds blocks), so the default of 256 MiB
+        (~5,800 tokens of SmolLM2) suits a robot's shared RAM; it was 1024.
     min_tokens: a shared head shorter than this is not reused, and prompts shorter than this
         are not stored, tokens.
     block_tokens: the store's granularity, tokens: prompts are matched and stored in whole
@@ -155,7 +157,7 @@ class PrefixCacheConfig:
     """
 
     enabled: bool = True
-    max_mb: float = 1024.0
+    max_mb: float = 256.0
     min_tokens: int = 128
     block_tokens: int = 32
     pin: tuple = ()

@@ -1,7 +1,7 @@
 """The ``timebill`` command: one module per verb group (offline side; never run by the node).
 
 serve / send (``server``), monitor / record (``monitor``), plot, profile, demo, bench /
-enginebench / schedbench (``bench``), predictor, latency, params-doc (``params_doc``).
+enginebench / schedbench (``bench``), soak, predictor, latency, params-doc (``params_doc``).
 """
 
 import argparse
@@ -19,12 +19,12 @@ def _split_ros_args(argv):
 def build_parser():
     """Return the argparse parser of the ``timebill`` command."""
     from timebill_ros.cli import (bench, demo, latency, monitor, params_doc, plot, predictor,
-                                  profile, server)
+                                  profile, server, soak)
     parser = argparse.ArgumentParser(
         prog='timebill', description='timebill_ros: serve, send, monitor, record, plot, '
-        'profile, demo, bench, enginebench, schedbench, predictor, latency, params-doc.')
+        'profile, demo, bench, enginebench, schedbench, soak, predictor, latency, params-doc.')
     sub = parser.add_subparsers(dest='command', required=True)
-    for module in (server, monitor, plot, profile, demo, bench, predictor, latency,
+    for module in (server, monitor, plot, profile, demo, bench, soak, predictor, latency,
                    params_doc):
         module.add_parser(sub)
     return parser

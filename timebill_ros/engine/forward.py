@@ -9,6 +9,7 @@ readout pools (:class:`HiddenPool`).
 """
 
 import contextlib
+import copy
 import dataclasses
 from typing import Optional, Sequence
 
@@ -199,6 +200,10 @@ class Forward:
 
     name = 'base'
 
+    def twin(self) -> 'Forward':
+        """Return a forward sharing this one's weights (KvCacheForward does)."""
+        raise NotImplementedError(f'the {self.name} forward does not share its weights')
+
     @property
     def n_layers(self) -> int:
         """Decoder layers (the granularity of interrupts)."""
@@ -277,6 +282,16 @@ class KvCacheForward(Forward):
 
     The cache and hook methods the lean Llama forward and the GGUF decoder share.
     """
+
+    def twin(self) -> 'KvCacheForward':
+        """Return a forward on this one's weights with its own pass state (its hooks).
+
+        The weights (and every table made at load) are read-only in passes: two engines, each
+        on its own thread, can run their passes at once on one copy (the offload executor).
+        """
+        twin = copy.copy(self)
+        twin._hooks = PassHooks()
+        return twin
 
     def hooked(self, hooks: PassHooks):
         """Context manager: passes inside it call ``hooks``."""

@@ -20,6 +20,7 @@ the time model); the observation window is captured across chunk edges, so any c
 Not thread-safe: one caller at a time. Never imports rclpy.
 """
 
+import copy
 import dataclasses
 import statistics
 import time
@@ -160,6 +161,33 @@ class LlmEngine:
         # Decoder layers (1-based) whose outputs each prefill pools into PrefillState.pooled:
         # the last by default; the server sets those its length readout was trained on.
         self._pool_layers = (self.n_layers,)
+
+    def twin(self, engine_config: EngineConfig) -> 'LlmEngine':
+        """Return a second engine on this one's weights, for another thread of the same device.
+
+        The model, its blocks, the tokenizer and the prefix store (it has its own lock) are
+        held once; the twin has its own forward pass state, eviction scorer, counters and
+        ``engine_config.threads``. What the offload executor uses when it runs on the
+        primary's device: a second load held a second copy of the weights (~650 MB for the
+        embedded model) and a second store, which admission (on the primary's store) did not
+        see. ValueError when ``engine_config`` differs from this engine's in more than
+        ``threads``; NotImplementedError for a forward that cannot share (transformers'
+        modules).
+        """
+        changed = [field.name for field in dataclasses.fields(EngineConfig)
+                   if field.name != 'threads'
+                   and getattr(engine_config, field.name) != getattr(self.engine_config,
+                                                                     field.name)]
+        if changed:
+            raise ValueError(f'a twin engine differs only in threads; {", ".join(changed)} '
+                             'differ: load an engine of its own')
+        twin_forward = self.forward.twin()  # NotImplementedError before anything is copied
+        twin = copy.copy(self)
+        twin.engine_config, twin.forward = engine_config, twin_forward
+        twin.scorer = make_scorer(self.eviction_config)
+        twin.step_format_probe = dict(self.step_format_probe)
+        twin.n_forward_passes, twin._schemas = 0, None
+        return twin
 
     def _load_gguf(self, tokenizer) -> None:
         """Serve ``engine.model_path``'s GGUF file on its own blocks (engine/models).

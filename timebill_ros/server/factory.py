@@ -3,6 +3,7 @@
 import pathlib
 
 from timebill_ros.predictors import make_predictor, make_readout
+from timebill_ros.server.heap import release_free_heap, resident_mb
 from timebill_ros.server.service import TimeBillService
 
 
@@ -19,33 +20,57 @@ def build_service(config, log=print):
     from timebill_ros.timing.profiler import format_report
     from timebill_ros.timing.startup import load_or_calibrate, online_state_path
 
+    memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
     config = resolved_engine(config, engine, log)
+    memory.mark('the model')
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
     calibration = with_prefix_points(config, engine, calibration, log)
     calibration = with_mask_cost(config, engine, calibration, log)
     log(format_report(calibration))
+    memory.mark('the calibration')
     predictor = build_predictor(config, engine, calibration.coefficients, log=log)
     readout = make_readout(config.predictor, engine.model_key,
                            config.engine.model_cache_dir or None, log, engine.n_layers)
     time_model = build_time_model(config, calibration, _beside_prefill(predictor, readout),
                                   online_state_path(config.engine, config.timing), log)
+    memory.mark('the predictors')
     batch_step, config = build_batch_step(config, engine, calibration, log)
     offload, tau = None, None
     if config.offload.enabled:
         offload, tau = build_offload(config, engine, predictor, log, readout)
+        memory.mark('the offload executor')
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
                               offload=offload, tau_tokens=tau,
                               batch_step=batch_step, readout=readout,
                               mask_step_s=calibration.mask_step_s or 0.0)
     # After the service set the pooled layers (a change clears a store).
-    for each in [engine] + ([offload[0]] if offload is not None else []):
+    twins = offload is not None and offload[0].prefix_store is engine.prefix_store
+    for each in [engine] + ([offload[0]] if offload is not None and not twins else []):
         pin_prefixes(config, each, log)
     if config.timing.warm_up:
         service.warm_up()
+    memory.mark('the warm-up')
+    release_free_heap()  # what loading, calibrating and warming up freed (~400 MB here)
+    memory.mark('giving the freed heap back')
     return service
+
+
+class StartupMemory:
+    """Log the resident memory after each start-up stage (where a node's memory goes)."""
+
+    def __init__(self, log):
+        self.log, self.last_mb = log, resident_mb()
+
+    def mark(self, stage: str) -> None:
+        """Log the resident MB now and the change since the last mark, after ``stage``."""
+        now_mb = resident_mb()
+        if now_mb is not None and self.last_mb is not None:
+            self.log(f'memory: {now_mb:.0f} MB resident after {stage} '
+                     f'({now_mb - self.last_mb:+.0f} MB)')
+        self.last_mb = now_mb
 
 
 def with_mask_cost(config, engine, calibration, log=print):
@@ -196,25 +221,37 @@ def _beside_prefill(predictor, readout):
     return None if readout is not None else predictor
 
 
+def _offload_engine(engine, engine_config, config, log):
+    """Return the offload executor's engine: the primary's twin on its device, else loaded."""
+    from timebill_ros.engine import LlmEngine
+    try:
+        twin = engine.twin(engine_config)
+    except (ValueError, NotImplementedError) as why:
+        log(f'loading the offload engine ({engine_config.device}, '
+            f'{engine_config.threads} threads): {why}')
+        return LlmEngine.load(engine_config, config.eviction, config.prefix_cache)
+    log(f'the offload engine shares the primary\'s weights and prefix store '
+        f'({engine_config.device}, {engine_config.threads} threads)')
+    return twin
+
+
 def build_offload(config, engine, predictor, log=print, readout=None):
     """Return ((engine, TimeModel), tau) of the offload executor (``offload.*``).
 
-    Its engine is a second instance on ``offload.device`` with ``offload.threads`` threads,
-    with its own calibration (the cache entry of that device and thread count, profiled at
+    Its engine runs on ``offload.device`` with ``offload.threads`` threads (the primary's
+    twin, on the same weights, when the devices match: LlmEngine.twin), with its own
+    calibration (the cache entry of that device and thread count, profiled at
     start-up when missing; never the primary's ``timing.calibration_file``) and online state.
     """
     import dataclasses
 
-    from timebill_ros.engine import LlmEngine
     from timebill_ros.predictors.threshold import offload_threshold
     from timebill_ros.predictors.contract import default_onnx_path
     from timebill_ros.timing.startup import load_or_calibrate, online_state_path
     engine_config = dataclasses.replace(config.engine, device=config.offload.device,
                                         threads=config.offload.threads)
     timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
-    log(f'loading the offload engine ({engine_config.device}, '
-        f'{engine_config.threads} threads)')
-    offload_engine = LlmEngine.load(engine_config, config.eviction, config.prefix_cache)
+    offload_engine = _offload_engine(engine, engine_config, config, log)
     engine_config = offload_engine.engine_config  # decode_weights auto resolved
     offload_engine.bind_thread()  # the calibration below runs on this thread
     try:

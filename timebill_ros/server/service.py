@@ -15,6 +15,7 @@ from timebill_ros.engine.prefix_store import PrefixStoreStats
 from timebill_ros.server import goals, overrun, status
 from timebill_ros.server.admission import make_admission
 from timebill_ros.server.executor import Executor
+from timebill_ros.server.heap import HeapTrimmer
 from timebill_ros.server.goals import GoalRejected, JobResult
 from timebill_ros.server.job import Job
 from timebill_ros.server.runner import JobRunner, timed_predict
@@ -141,6 +142,7 @@ class TimeBillService:
                                            accept=lambda job: self._accepts(OFFLOAD, job)))
         self.state_path = state_path
         self._last_save_s = clock()
+        self.heap = HeapTrimmer()  # the freed heap goes back to the system after goals
         self._save_lock = threading.Lock()
         self._closed = False
         self._accepting = True  # False while paused (the node's lifecycle: inactive)
@@ -518,6 +520,7 @@ class TimeBillService:
     def _after_job(self, job):
         if self.clock() - self._last_save_s >= self.config.timing.persist_period_s:
             self.save_state()
+        self.heap.maybe_release(idle=self.idle)
 
     def _reap_loop(self):
         """End queued goals that expired: can no longer fit (Kill, Partial) or came due.
