@@ -302,6 +302,21 @@ def test_load_or_calibrate_recalibrates_over_corrupt_cache():
     assert any('unreadable' in line for line in log)
 
 
+def test_a_cache_that_cannot_be_written_still_gives_a_calibration(tmp_path, monkeypatch):
+    """A read-only or unusable cache folder: the start-up calibration is used, not saved.
+
+    (The cache path lies under a plain file, so creating it fails even for root.)
+    """
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('not a folder')
+    monkeypatch.setenv(CACHE_ENV, str(blocker / 'cache'))
+    log = []
+    calibration = startup.load_or_calibrate(FakeEngine(), EngineConfig(), TimingConfig(),
+                                            log=log.append)
+    assert calibration.coefficients is not None
+    assert any('could not cache the timing calibration' in line for line in log)
+
+
 def test_key_fields_follow_model_source():
     """The key's model id is model_source.model_key, as engine.model_key and the CLI use."""
     config = EngineConfig(dtype='bfloat16', threads=3, decode_weights='float16')
