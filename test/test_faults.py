@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from test_service import LONG, make_service, PromptLengthPredictor, Recorder, submit  # noqa
+from test_service import hold_first, LONG, make_service, PromptLengthPredictor, submit  # noqa
 from timebill_ros.config import BudgetConfig, SchedulerConfig
 from timebill_ros.engine.decode_batch import DecodeBatch
 from timebill_ros.server import status
@@ -68,9 +68,7 @@ def _inject(service, point, fault, monkeypatch):
 
 def _run_held(service, prompts):
     """Hold a first goal in its decode phase, queue ``prompts``, release; return recorders."""
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     recorders = [submit(service, GoalRequest(p, budget_s=LONG)) for p in prompts]
     for rec in recorders:
         try:

@@ -112,6 +112,17 @@ def submit(service, request, recorder=None):
     return recorder
 
 
+def hold_first(service):
+    """Submit a first goal and hold it in its decode phase; return its Recorder.
+
+    Goals sent next wait behind it until ``first.release.set()``.
+    """
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    return first
+
+
 def test_good_goal_completes_with_all_fields(make_service):
     service = make_service()
     result = submit(service, GoalRequest('Plan a path to the dock.', budget_s=LONG)).wait()
@@ -204,9 +215,7 @@ def test_skip_next_finishes_late_and_skips_goals_due_meanwhile(make_service):
 def test_queued_kill_goal_is_rejected_once_it_can_no_longer_fit(make_service):
     """A Kill goal waiting behind another ends REJECTED (infeasible) before its deadline."""
     service = make_service()
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     rec = submit(service, GoalRequest('Quick?', budget_s=0.2))
     expired = rec.wait()
     first.release.set()
@@ -219,9 +228,7 @@ def test_queued_kill_goal_is_rejected_once_it_can_no_longer_fit(make_service):
 
 def test_queued_skip_next_goal_expires_killed_when_nothing_overruns(make_service):
     service = make_service()
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     expired = submit(service, GoalRequest('Quick?', budget_s=0.2, overrun_policy=2)).wait()
     first.release.set()
     assert expired.status == status.KILLED and 'while queued' in expired.message
@@ -243,9 +250,7 @@ def test_cancel_while_running(make_service, phase, where):
 
 def test_cancel_before_start(make_service):
     service = make_service()
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     queued = submit(service, GoalRequest('Later.', budget_s=LONG))
     service.cancel(queued.job)
     result = queued.wait()
@@ -257,9 +262,7 @@ def test_cancel_before_start(make_service):
 
 def test_flood_beyond_queue_bound_is_rejected(make_service):
     service = make_service(max_depth=2)
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     flood = [submit(service, GoalRequest(f'Goal {i}', budget_s=LONG)) for i in range(6)]
     rejected = [r for r in flood if r.done.is_set()]
     assert len(rejected) == 4
@@ -335,9 +338,7 @@ def test_a_paused_service_refuses_new_goals_and_finishes_the_others(make_service
 
 def test_fifo_follows_receipt_time_not_queue_arrival(make_service):
     service = make_service()
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     now = service.clock()
     order = []
     late, early = Recorder(), Recorder()
@@ -369,9 +370,7 @@ class PromptLengthPredictor(LengthPredictor):
 
 def _run_in_order(service, prompts):
     """Hold the executor on a first goal, queue ``prompts``, release; return the run order."""
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     order, recorders = [], []
     for prompt in prompts:
         rec = Recorder()
@@ -463,9 +462,7 @@ def test_offload_route_counts_the_top_bucket_when_tau_sits_at_the_cap(make_servi
 
 def test_goals_ended_in_the_queue_report_their_queue_time(make_service):
     service = make_service()
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     queued = submit(service, GoalRequest('Hi.', budget_s=LONG))
     service.cancel(queued.job)
     result = queued.wait()
@@ -554,9 +551,7 @@ def test_a_raising_feedback_callback_fails_only_its_goal(make_service):
 def test_the_reaper_and_the_executor_outlive_faults_of_their_own(make_service):
     service = make_service()
     lines = _capture_logs(service)
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     real_expired, real_select = service.queue.expired, service.queue.policy.select
     faults = {'reaper': 0, 'select': 0}
 
@@ -634,9 +629,7 @@ def test_consolidation_leaves_out_a_goal_the_batch_would_make_late(make_service)
 
 def _batch_of_two(service, second):
     """Hold the executor, queue a goal and ``second`` (a Recorder) of similar u_J, release."""
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     other = submit(service, GoalRequest('Count to 6.', budget_s=LONG))
     return first, other
 
@@ -691,9 +684,7 @@ def test_a_goal_that_comes_due_mid_batch_is_killed_and_the_other_completes(make_
 def test_goals_routed_to_the_offload_executor_never_join_a_batch(make_service):
     service = _consolidating(make_service, tau_tokens=8)
     # Both executors held: the primary by a first goal, the offload one by a long goal.
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     held = submit(service, GoalRequest('Count to 15.', budget_s=LONG),
                   Recorder(block_phase=status.PHASE_DECODE))
     held.job.prediction.result(timeout=30)
@@ -757,9 +748,7 @@ def test_a_prediction_that_cannot_start_leaves_the_queued_goal_running(make_serv
     an empty result.)
     """
     service = make_service(predictor=PromptLengthPredictor())
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
 
     def refuse(*args, **kwargs):
         raise RuntimeError('cannot schedule new futures after shutdown')
@@ -776,9 +765,7 @@ def test_a_prediction_that_cannot_start_leaves_the_queued_goal_running(make_serv
 def test_a_raising_queued_feedback_fails_its_goal_once(make_service):
     """As a raising feedback callback does while the goal runs (it raised out of submit)."""
     service = make_service()
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     rec = submit(service, GoalRequest('Count to 3.', budget_s=LONG), _RaisingFeedback())
     result = rec.wait()
     assert rec.job is not None and len(rec.results) == 1
@@ -810,9 +797,7 @@ def test_an_admission_fault_ends_the_goal_failed_once(make_service, monkeypatch)
 
 def test_a_full_queue_refuses_a_schema_goal_before_compiling_it(make_service, monkeypatch):
     service = make_service(max_depth=1)
-    first = Recorder(block_phase=status.PHASE_DECODE)
-    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
-    assert first.blocked.wait(30)
+    first = hold_first(service)
     waiting = submit(service, GoalRequest('Say hi.', budget_s=LONG))
     compiled = []
     monkeypatch.setattr(service.engine, '_schemas', _Recording(compiled))  # engine.schemas

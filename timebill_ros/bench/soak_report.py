@@ -15,6 +15,8 @@ import math
 import os
 import platform
 
+import numpy as np
+
 from timebill_ros.server.status import (CANCELED, COMPLETED, ERROR_INACTIVE, KILLED, REJECTED,
                                         SKIPPED, STATUS_NAMES)
 
@@ -31,13 +33,8 @@ def percentile(values, q):
     """Return the ``q`` quantile (0..1) of ``values``, linearly interpolated; None if empty."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f'q must be in [0, 1], got {q!r}')
-    data = sorted(values)
-    if not data:
-        return None
-    pos = q * (len(data) - 1)
-    low = math.floor(pos)
-    high = min(low + 1, len(data) - 1)
-    return data[low] + (data[high] - data[low]) * (pos - low)
+    data = list(values)
+    return float(np.quantile(data, q)) if data else None
 
 
 def loss_state(record, end_s, grace_s):
@@ -167,12 +164,10 @@ def growth_mb_per_h(samples, start_s, stop_s):
     points = [(s['t_s'] / 3600.0, s['rss_mb']) for s in samples if start_s <= s['t_s'] <= stop_s]
     if len(points) < 2:
         return None
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_y = sum(y for _, y in points) / len(points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread == 0:
+    hours, rss_mb = np.array(points).T
+    if np.ptp(hours) == 0:
         return None
-    return sum((t - mean_t) * (y - mean_y) for t, y in points) / spread
+    return float(np.polyfit(hours, rss_mb, 1)[0])
 
 
 def _first_last(samples, key):

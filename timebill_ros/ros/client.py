@@ -104,23 +104,34 @@ def client_session(action_name='/timebill/instruct', node_name='timebill_client'
 
     Sessions may nest (one per server): they share the rclpy context of the outermost.
     """
+    with spinning(lambda: InstructClient(action_name, node_name)) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def spinning(make_node, threads=4, thread_name=None):
+    """Yield the node ``make_node()`` spun by a MultiThreadedExecutor of ``threads`` threads.
+
+    rclpy is initialised here when it is not yet (and shut down on exit then); on exit the
+    executor is shut down, its thread joined and the node destroyed.
+    """
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
 
     own_context = not rclpy.ok()
     if own_context:
         rclpy.init()
-    client = InstructClient(action_name, node_name)
-    executor = MultiThreadedExecutor(num_threads=4)
-    executor.add_node(client)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
+    node = make_node()
+    executor = MultiThreadedExecutor(num_threads=threads)
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, name=thread_name, daemon=True)
     spinner.start()
     try:
-        yield client
+        yield node
     finally:
         executor.shutdown(timeout_sec=5.0)
         spinner.join(timeout=5.0)
-        client.destroy_node()
+        node.destroy_node()
         if own_context:
             rclpy.try_shutdown()
 

@@ -22,6 +22,7 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 
 from timebill_ros.action import Instruct
 from timebill_ros.msg import ChatMessage
+from timebill_ros.ros.client import spinning
 from timebill_ros.ros.conversions import NS_PER_S
 
 REQUEST_QUEUE_DEPTH = 1000  # goal / cancel / result responses kept before the oldest is lost
@@ -151,22 +152,6 @@ def soak_session(server_name, node_name='timebill_soak_client', threads=4):
 
     rclpy is initialised here when it is not yet, and shut down on exit then.
     """
-    import rclpy
-    from rclpy.executors import MultiThreadedExecutor
-
-    own_context = not rclpy.ok()
-    if own_context:
-        rclpy.init()
-    client = SoakClient(server_name, node_name)
-    executor = MultiThreadedExecutor(num_threads=threads)
-    executor.add_node(client)
-    spinner = threading.Thread(target=executor.spin, name='soak-spin', daemon=True)
-    spinner.start()
-    try:
+    with spinning(lambda: SoakClient(server_name, node_name), threads,
+                  thread_name='soak-spin') as client:
         yield client
-    finally:
-        executor.shutdown(timeout_sec=5.0)
-        spinner.join(timeout=5.0)
-        client.destroy_node()
-        if own_context:
-            rclpy.try_shutdown()

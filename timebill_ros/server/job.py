@@ -53,7 +53,6 @@ class Job:
     admission_note: str = ''
     expires_s: Optional[float] = None
     cancel_reason: str = ''
-    must_wait: bool = False  # other goals were queued or running when it was admitted
     predicted_tokens: Optional[int] = None
     prediction: Optional[object] = None
     estimated_time_s: float = 0.0

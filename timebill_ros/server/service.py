@@ -295,17 +295,16 @@ class TimeBillService:
                            total_time_s=self.clock() - received_s,
                            budget_s=request.budget_s or 0.0))
             return None
-        self._after_push(job, on_feedback, received_s)
         return job
 
-    def _after_push(self, job, on_feedback, received_s):
+    def _after_push(self, job, must_wait, on_feedback, received_s):
         """Start u_J and send the QUEUED feedback of a queued goal; never raise.
 
         The prediction failing to start (its pool shut down) is logged and the goal runs on
         (its u_J stays N_max). A raising feedback callback ends the goal FAILED, as it does
         while the goal runs (runner.py): stopped where it is, its result names the fault.
         """
-        if job.must_wait:
+        if must_wait:
             try:
                 self._predict_uncertainty(job)
             except Exception:
@@ -360,7 +359,7 @@ class TimeBillService:
             raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
         self._apply(job, verdict)
         job.estimated_time_s = self.estimated_time_s(job)
-        job.must_wait = self.busy or self.queue_depth > 0
+        must_wait = self.busy or self.queue_depth > 0
         with self._live_lock:
             self._live.add(goal_id)
         try:
@@ -369,6 +368,7 @@ class TimeBillService:
             with self._live_lock:
                 self._live.discard(goal_id)
             raise
+        self._after_push(job, must_wait, on_feedback, received_s)  # never raises
         return job
 
     # --- executors ---------------------------------------------------------------------
