@@ -243,10 +243,29 @@ def test_layers_with_biases_are_not_fused(tiny_qwen2, quantize_model):
     assert forward.layers[0].qkv.kernel.startswith('gguf')
 
 
-def test_auto_probes_gguf_on_the_embedded_model():
-    """The server's default (auto) times gguf beside fp32 and fp16 on the embedded model."""
+def test_the_default_serves_the_embedded_gguf_on_its_blocks():
+    """The server's default (embedded model, CPU, fp32, auto): the GGUF file, no fp32 copy."""
     engine = LlmEngine.load(EngineConfig(), EvictionConfig())
-    assert engine.embedded_model and engine.gguf_skipped is None
+    assert engine.embedded_model and engine.model is None
+    assert engine.gguf_file is not None and engine.engine_config.decode_weights == 'gguf'
+    assert engine.engine_config.model_path == ''  # the model key stays the embedded one
+    assert engine.model_key == 'smollm2-135m-instruct'
+
+
+@pytest.mark.parametrize('change', [{'device': 'cuda'}, {'dtype': 'float16'},
+                                    {'forward': 'transformers'}, {'decode_weights': 'float16'},
+                                    {'model_path': '/some/dir'}])
+def test_the_embedded_gguf_is_served_only_where_its_kernels_apply(change):
+    from timebill_ros.engine import model_source
+    assert model_source.gguf_to_serve(EngineConfig()) == model_source.embedded_gguf_path()
+    assert model_source.gguf_to_serve(EngineConfig(), transformers_model=True) is None
+    assert model_source.gguf_to_serve(EngineConfig(**change)) is None
+
+
+def test_auto_probes_gguf_on_the_embedded_transformers_model():
+    """Asked for transformers modules, auto times gguf beside fp32 and fp16."""
+    engine = LlmEngine.load(EngineConfig(), EvictionConfig(), transformers_model=True)
+    assert engine.embedded_model and engine.model is not None and engine.gguf_skipped is None
     assert set(engine.step_format_probe) == {'float32', 'float16', 'gguf'}
     assert engine.engine_config.decode_weights in engine.step_format_probe
 

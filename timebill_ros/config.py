@@ -35,7 +35,9 @@ class EngineConfig:
 
     model_path: a GGUF file (``.gguf``: llama, qwen2, qwen3, gemma3 or phi3, served on its own
         blocks with its own tokenizer and chat template; docs/own_model.md), or a transformers
-        model directory; empty = the embedded SmolLM2-135M-Instruct GGUF.
+        model directory; empty = the embedded SmolLM2-135M-Instruct Q4_1 GGUF, served like a
+        ``.gguf`` path on the CPU in float32 with ``decode_weights`` auto or gguf, else converted
+        once to a transformers directory (CUDA, float16, a lean step format).
     model_cache_dir: where the converted embedded model is saved; empty = $TIMEBILL_CACHE,
         else ~/.cache/timebill_ros.
     device: torch device (``cpu``, ``cuda``, ``cuda:0``).

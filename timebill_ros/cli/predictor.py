@@ -18,7 +18,8 @@ def _config(args):
 def _engine(args, config=None):
     from timebill_ros.engine import LlmEngine
     config = config or _config(args)
-    return config, LlmEngine.load(config.engine, config.eviction)
+    # RlpModel and the readout train on the transformers modules (engine.model).
+    return config, LlmEngine.load(config.engine, config.eviction, transformers_model=True)
 
 
 def _paths(args, config):

@@ -117,7 +117,8 @@ class LlmEngine:
 
     def __init__(self, engine_config: EngineConfig, eviction_config: EvictionConfig,
                  model=None, tokenizer=None, clock: Callable[[], float] = time.perf_counter,
-                 step_blocks=None, prefix_cache: Optional[PrefixCacheConfig] = None):
+                 step_blocks=None, prefix_cache: Optional[PrefixCacheConfig] = None,
+                 transformers_model: bool = False):
         """Use ``model`` and ``tokenizer``, loading from ``engine_config`` those left None.
 
         clock: seconds (monotonic) for the prefill_s / decode_s this engine reports.
@@ -126,6 +127,9 @@ class LlmEngine:
         reads them from the embedded GGUF.
         prefix_cache: the prefix store's settings (engine/prefix_store.py); None or not
         enabled: no store, every prefill computes the whole prompt.
+        transformers_model: load the embedded model as transformers modules (``self.model``)
+        even where it would be served from its GGUF (model_source.gguf_to_serve): what the
+        offline tools that train on those modules ask for.
         """
         if not isinstance(engine_config, EngineConfig):
             raise TypeError(f'engine_config must be an EngineConfig, got {engine_config!r}')
@@ -143,10 +147,13 @@ class LlmEngine:
         self.step_format_probe = {}
         # Why ``auto`` did not probe ``gguf`` (None when it did or was not asked to choose).
         self.gguf_skipped = None
-        # The GGUF file of ``engine.model_path: <file>.gguf`` (engine/gguf), else None.
+        # The GGUF file served on its own blocks (engine/gguf): ``engine.model_path: <file>.gguf``
+        # or the embedded one on the CPU (model_source.gguf_to_serve); else None.
         self.gguf_file = None
-        if model is None and model_source.is_gguf_file(engine_config.model_path):
-            self._load_gguf(tokenizer)
+        gguf_path = (model_source.gguf_to_serve(engine_config, transformers_model)
+                     if model is None else None)
+        if gguf_path is not None:
+            self._load_gguf(gguf_path, tokenizer)
         else:
             self._load_transformers(model, tokenizer, step_blocks)
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
@@ -189,8 +196,8 @@ class LlmEngine:
         twin.n_forward_passes, twin._schemas = 0, None
         return twin
 
-    def _load_gguf(self, tokenizer) -> None:
-        """Serve ``engine.model_path``'s GGUF file on its own blocks (engine/models).
+    def _load_gguf(self, path, tokenizer) -> None:
+        """Serve the GGUF file at ``path`` on its own blocks (engine/models).
 
         No transformers model is built (``self.model`` stays None); the tokenizer and chat
         template come from the file. ``decode_weights`` becomes ``gguf`` (what every step
@@ -207,7 +214,7 @@ class LlmEngine:
                              'CPU kernels; use engine.device cpu')
         if config.threads > 0:
             torch.set_num_threads(config.threads)
-        self.gguf_file = GgufFile(config.model_path)
+        self.gguf_file = GgufFile(path)
         self.forward = load_decoder(self.gguf_file)
         gemm_dtype = prefill_dtype(config.prefill_dtype)
         self.forward.prefill_dtype = getattr(torch, gemm_dtype)
@@ -275,16 +282,19 @@ class LlmEngine:
 
     @classmethod
     def load(cls, engine_config: EngineConfig, eviction_config: EvictionConfig,
-             prefix_cache: Optional[PrefixCacheConfig] = None) -> 'LlmEngine':
+             prefix_cache: Optional[PrefixCacheConfig] = None,
+             transformers_model: bool = False) -> 'LlmEngine':
         """Resolve, load and return the engine of ``engine_config`` (no network).
 
         This is the server's and the CLI's path: it also turns off transformers' per-weight
         progress bar, which otherwise floods server logs (a process-wide setting).
-        prefix_cache: the prefix store's settings (None: no store).
+        prefix_cache: the prefix store's settings (None: no store). transformers_model: as
+        in ``__init__``.
         """
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
-        return cls(engine_config, eviction_config, prefix_cache=prefix_cache)
+        return cls(engine_config, eviction_config, prefix_cache=prefix_cache,
+                   transformers_model=transformers_model)
 
     @property
     def schemas(self):

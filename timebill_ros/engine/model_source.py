@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import tempfile
 import time
+from typing import Optional
 
 from timebill_ros import paths
 from timebill_ros.config import EngineConfig
@@ -62,6 +63,28 @@ def model_key(engine_config: EngineConfig) -> str:
 def is_gguf_file(model_path: str) -> bool:
     """Return whether ``model_path`` names a GGUF file (``.gguf``) rather than a directory."""
     return bool(model_path) and str(model_path).lower().endswith('.gguf')
+
+
+def gguf_to_serve(engine_config: EngineConfig,
+                  transformers_model: bool = False) -> Optional[pathlib.Path]:
+    """Return the GGUF file the engine serves on its own blocks, or None for transformers.
+
+    ``model_path`` when it names a ``.gguf`` file. With ``model_path`` empty, the embedded
+    GGUF on the CPU in ``dtype`` float32 when ``decode_weights`` is ``auto`` or ``gguf``: no
+    transformers copy of the weights is built (it held ~520 MB of fp32 for the embedded model,
+    docs/reliability.md). Otherwise None, and the embedded model is converted to a transformers
+    directory (:func:`resolve_model_dir`): a CUDA device, another dtype, ``forward:
+    transformers``, a lean step format such as ``float16`` asked for, or ``transformers_model``
+    (an offline tool that trains on the transformers modules).
+    """
+    if is_gguf_file(engine_config.model_path):
+        return pathlib.Path(engine_config.model_path).expanduser()
+    if (engine_config.model_path or transformers_model or engine_config.forward == 'transformers'
+            or engine_config.decode_weights not in ('auto', 'gguf')):
+        return None
+    if not engine_config.device.startswith('cpu') or engine_config.dtype != 'float32':
+        return None
+    return embedded_gguf_path()
 
 
 def resolve_model_dir(engine_config: EngineConfig) -> pathlib.Path:

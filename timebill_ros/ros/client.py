@@ -20,6 +20,7 @@ from rclpy.node import Node
 from timebill_ros.action import Instruct
 from timebill_ros.msg import ChatMessage
 from timebill_ros.ros.conversions import s_to_duration
+from timebill_ros.ros.goal_sender import GoalSender
 
 
 def make_goal(prompt, budget_s=0.0, deadline=None, max_new_tokens=0, policy=0,
@@ -51,6 +52,7 @@ class InstructClient(Node):
     def __init__(self, action_name='/timebill/instruct', node_name='timebill_client'):
         super().__init__(node_name)
         self.action = ActionClient(self, Instruct, action_name)
+        self.sender = GoalSender(self.action)
         self._results = {}
 
     def wait_for_server(self, timeout_s=30.0):
@@ -74,8 +76,7 @@ class InstructClient(Node):
             ready.set()
 
         callback = (lambda msg: on_feedback(msg.feedback)) if on_feedback else None
-        self.action.send_goal_async(goal, feedback_callback=callback).add_done_callback(
-            accepted)
+        self.sender.send(goal, feedback_callback=callback).add_done_callback(accepted)
         if not ready.wait(timeout_s):
             return None
         return holder['handle']

@@ -24,6 +24,7 @@ from timebill_ros.action import Instruct
 from timebill_ros.msg import ChatMessage
 from timebill_ros.ros.client import spinning
 from timebill_ros.ros.conversions import NS_PER_S
+from timebill_ros.ros.goal_sender import GoalSender
 
 REQUEST_QUEUE_DEPTH = 1000  # goal / cancel / result responses kept before the oldest is lost
 TRANSITIONS = {'activate': Transition.TRANSITION_ACTIVATE,
@@ -82,6 +83,7 @@ class SoakClient(Node):
         self.action = ActionClient(
             self, Instruct, f'/{server_name}/instruct', callback_group=group,
             **{f'{name}_service_qos_profile': profile for name in ('goal', 'cancel', 'result')})
+        self.sender = GoalSender(self.action)
         self.lifecycle = self.create_client(ChangeState, f'/{server_name}/change_state',
                                             callback_group=group)
 
@@ -115,7 +117,7 @@ class SoakClient(Node):
             if cancel:
                 handle.cancel_goal_async()
 
-        self.action.send_goal_async(goal).add_done_callback(response_arrived)
+        self.sender.send(goal).add_done_callback(response_arrived)
         return sent
 
     def cancel(self, sent):
