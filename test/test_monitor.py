@@ -5,6 +5,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from rclpy.parameter import Parameter
@@ -65,6 +67,40 @@ def test_record_then_plot_writes_the_pngs(served, tmp_path):
         empty = tmp_path / 'empty.jsonl'
         empty.write_text('')
         plot.plot_recording(empty, tmp_path / 'none')
+
+
+def test_record_on_a_full_disk_stops_with_a_message(served, capsys):
+    """/dev/full fails every flush with ENOSPC: record ends at once, exit 1, no traceback."""
+    started = time.monotonic()
+    code = monitor.cmd_record(argparse.Namespace(node='/robot4/timebill', out='/dev/full',
+                                                 duration=30.0), [])
+    err = capsys.readouterr().err
+    assert code == 1 and 'No space left on device' in err and 'Traceback' not in err, err
+    assert time.monotonic() - started < 20  # stopped by the error, not the duration
+    with TimebillClient('/robot4/timebill/instruct', 'monitor_after_full', wait_s=20) as llm:
+        assert llm.ask('Plan step 4.', budget_s=60.0).status == status.COMPLETED
+
+
+def test_record_of_an_unwritable_path_says_so(capsys):
+    code = monitor.cmd_record(argparse.Namespace(node='/robot4/timebill',
+                                                 out='/proc/no/such/file', duration=1.0), [])
+    assert code == 1 and 'cannot open /proc/no/such/file' in capsys.readouterr().err
+
+
+def test_the_recorder_keeps_the_first_write_error_and_drops_the_rest():
+    stop = threading.Event()
+    with open('/dev/full', 'a', encoding='utf-8') as out:
+        recorder = monitor.JsonLinesRecorder(out, stop, clock=lambda: 1.0)
+        on_event = recorder.callback('events')
+        on_event({'goal_id': 'a'})
+        first = recorder.error
+        on_event({'goal_id': 'b'})
+        assert isinstance(first, OSError) and recorder.error is first and stop.is_set()
+        assert recorder.count == {}
+        try:
+            out.close()
+        except OSError:
+            pass
 
 
 def test_the_example_client_runs_against_the_node(served):

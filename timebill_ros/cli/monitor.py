@@ -255,37 +255,75 @@ def cmd_monitor(args, ros_args):
     return 0
 
 
+class JsonLinesRecorder:
+    """Appends messages to an open text file as JSON lines, one per message, flushed.
+
+    A write that fails (a full disk: ENOSPC, a revoked mount) is not raised into the ROS
+    callback that called it: the first OSError is kept in ``error``, ``stop`` is set and later
+    messages are dropped, so ``timebill record`` ends with a message instead of a traceback.
+    """
+
+    def __init__(self, out, stop, clock=time.time):
+        self.out, self.stop, self.clock = out, stop, clock
+        self.count = collections.Counter()
+        self.error = None
+        self._lock = threading.Lock()
+
+    def callback(self, topic):
+        """Return the on-message function of ``topic`` (it takes the message's dict)."""
+        def on_message(fields):
+            with self._lock:
+                if self.error is not None:
+                    return
+                try:
+                    self.out.write(json.dumps({'topic': topic, 'received_s': self.clock(),
+                                               **fields}) + '\n')
+                    self.out.flush()
+                except OSError as exc:
+                    self.error = exc
+                    self.stop.set()
+                    return
+                self.count[topic] += 1
+        return on_message
+
+
 def cmd_record(args, ros_args):
-    """Write the node's ~/events and ~/stats to a JSON-lines file (for timebill plot)."""
+    """Write the node's ~/events and ~/stats to a JSON-lines file (for timebill plot).
+
+    Exit code 0, or 1 when the file cannot be opened or written (a full disk), said on stderr.
+    """
     stop = threading.Event()
-    count = collections.Counter()
-    with open(args.out, 'a', encoding='utf-8') as out:
-        lock = threading.Lock()
-
-        def write(topic):
-            def on_message(fields):
-                with lock:
-                    out.write(json.dumps({'topic': topic, 'received_s': time.time(),
-                                          **fields}) + '\n')
-                    out.flush()
-                    count[topic] += 1
-            return on_message
-
-        thread = threading.Thread(target=watch, args=(args.node, write('events'),
-                                                      write('stats'), lambda m: None, stop),
-                                  daemon=True)
-        thread.start()
-        end = time.monotonic() + args.duration if args.duration else None
+    try:
+        out = open(args.out, 'a', encoding='utf-8')
+    except OSError as exc:
+        print(f'timebill record: cannot open {args.out}: {exc.strerror or exc}', file=sys.stderr)
+        return 1
+    recorder = JsonLinesRecorder(out, stop)
+    thread = threading.Thread(target=watch, args=(args.node, recorder.callback('events'),
+                                                  recorder.callback('stats'), lambda m: None,
+                                                  stop), daemon=True)
+    thread.start()
+    end = time.monotonic() + args.duration if args.duration else None
+    try:
+        while (thread.is_alive() and not stop.is_set()
+               and (end is None or time.monotonic() < end)):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        thread.join(5.0)
         try:
-            while thread.is_alive() and (end is None or time.monotonic() < end):
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            stop.set()
-            thread.join(5.0)
+            out.close()
+        except OSError as exc:  # the last flush of a full disk
+            recorder.error = recorder.error or exc
+    count = recorder.count
     print(f'recorded {count["events"]} events and {count["stats"]} stats into {args.out}',
           file=sys.stderr)
+    if recorder.error is not None:
+        print(f'timebill record: stopped, cannot write {args.out}: '
+              f'{recorder.error.strerror or recorder.error}', file=sys.stderr)
+        return 1
     return 0
 
 
