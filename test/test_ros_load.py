@@ -33,23 +33,17 @@ RESULT_TIMEOUT_S = 2
 MAX_PROMPT_CHARS = 4096
 LONG_TOKENS = 3000
 FUZZ_EXAMPLES = int(os.environ.get('TIMEBILL_FUZZ_EXAMPLES', '30'))
+SCHEMA = ('{"type": "object", "properties": {"action": {"enum": ["pick", "place"]}}, '
+          '"required": ["action"]}')
 
 
-@pytest.fixture(scope='module')
-def load(slow_model, smollm2_tokenizer):
-    """Yield the node (namespace /load), two client nodes and what the clients heard."""
-    from timebill_ros.engine import LlmEngine
-
-    def factory(config, log):
-        engine = LlmEngine(config.engine, config.eviction, model=slow_model,
-                           tokenizer=smollm2_tokenizer)
-        return TimeBillService(config, engine, FallbackPredictor(), COEFFS, log=log)
-
+def _serving(namespace, factory, more_overrides=()):
+    """Yield the node in ``/<namespace>``, two client nodes and what the clients heard."""
     overrides = [Parameter('engine.max_new_tokens', value=4),
                  Parameter('engine.max_model_new_tokens', value=LONG_TOKENS),
                  Parameter('queue.max_depth', value=16),
                  Parameter('queue.max_prompt_chars', value=MAX_PROMPT_CHARS),
-                 Parameter('ros.result_timeout_s', value=RESULT_TIMEOUT_S)]
+                 Parameter('ros.result_timeout_s', value=RESULT_TIMEOUT_S), *more_overrides]
     heard = {'events': collections.Counter(), 'lock': threading.Lock()}
 
     def on_event(msg):
@@ -57,22 +51,36 @@ def load(slow_model, smollm2_tokenizer):
             heard['events'][msg.goal_id] += 1
 
     tally = collections.Counter()
-    with node_and_client(factory, 'load', overrides, 'load_client', extra_threads=4,
+    action_name = f'/{namespace}/timebill/instruct'
+    with node_and_client(factory, namespace, overrides, f'{namespace}_client', extra_threads=4,
                          through_faults=True) as (server, client, spinner):
-        other = rclpy.create_node('load_client_b')
+        other = rclpy.create_node(f'{namespace}_client_b')
         spinner_executor = server.executor
         spinner_executor.add_node(other)
-        action = ActionClient(client, Instruct, '/load/timebill/instruct')
-        other_action = ActionClient(other, Instruct, '/load/timebill/instruct')
-        client.create_subscription(GoalEvent, '/load/timebill/events', on_event, 100)
+        action = ActionClient(client, Instruct, action_name)
+        other_action = ActionClient(other, Instruct, action_name)
+        client.create_subscription(GoalEvent, f'/{namespace}/timebill/events', on_event, 100)
         assert action.wait_for_server(timeout_sec=20)
         assert other_action.wait_for_server(timeout_sec=20)
         yield {'server': server, 'action': action, 'other': other_action, 'heard': heard,
                'spinner': spinner, 'tally': tally}
         if tally:
-            print(f'\nfuzz figures: {dict(tally)}')
+            print(f'\nfuzz figures ({namespace}): {dict(tally)}')
         spinner_executor.remove_node(other)
         other.destroy_node()
+
+
+@pytest.fixture(scope='module')
+def load(slow_model, smollm2_tokenizer):
+    """Yield the node (namespace /load, one goal at a time), its clients and what they heard."""
+    from timebill_ros.engine import LlmEngine
+
+    def factory(config, log):
+        engine = LlmEngine(config.engine, config.eviction, model=slow_model,
+                           tokenizer=smollm2_tokenizer)
+        return TimeBillService(config, engine, FallbackPredictor(), COEFFS, log=log)
+
+    yield from _serving('load', factory)
 
 
 # --- item 5: fuzz ------------------------------------------------------------------------
@@ -103,9 +111,11 @@ any_specs = st.fixed_dictionaries({
     'cancel': st.sampled_from(['no', 'now', 'later']),
     'cancel_after_s': st.floats(0, 0.02),
     'duplicate': st.sampled_from([False, True]),
+    'json_schema': st.sampled_from(['', SCHEMA, '{"type": "object", "properties": ', '[]']),
 })
 valid_specs = st.fixed_dictionaries({  # goals that run (unless canceled or killed)
-    'prompt': st.sampled_from(['Is the gripper open?', 'Plan a route to the dock.']),
+    'prompt': st.sampled_from(['Is the gripper open?', 'Plan a route to the dock.',
+                               'Count to 12.', 'Count to 3.']),
     'system_prompt': st.just(''),
     'budget': budgets,
     'deadline_offset_s': st.just(0.0),
@@ -115,13 +125,15 @@ valid_specs = st.fixed_dictionaries({  # goals that run (unless canceled or kill
     'cancel': st.sampled_from(['no', 'now', 'later']),
     'cancel_after_s': st.floats(0, 0.02),
     'duplicate': st.just(False),
+    'json_schema': st.sampled_from(['', SCHEMA]),
 })
 goal_specs = st.one_of(valid_specs, any_specs)
 
 
 def _fuzz_goal(spec, now_s):
     goal = Instruct.Goal(prompt=spec['prompt'], system_prompt=spec['system_prompt'],
-                         max_new_tokens=spec['max_new_tokens'], overrun_policy=spec['policy'])
+                         max_new_tokens=spec['max_new_tokens'], overrun_policy=spec['policy'],
+                         json_schema=spec['json_schema'])
     if spec['timing'] in ('budget', 'both'):
         goal.time_budget = spec['budget']
     if spec['timing'] in ('deadline', 'both'):
@@ -151,6 +163,10 @@ def _send_spec(load, spec, accepted_ids, now_s):
 @given(sequence=st.lists(goal_specs, min_size=2, max_size=10))
 def test_fuzzed_goal_sequences_end_each_accepted_goal_exactly_once(load, sequence):
     """Every accepted handle: one result, a consistent status pair, one event; no crash."""
+    _run_sequence(load, sequence)
+
+
+def _run_sequence(load, sequence):
     server, tally = load['server'], load['tally']
     now_s = server.get_clock().now().nanoseconds / 1e9
     handles, cancels, accepted_ids = [], [], []
@@ -173,6 +189,7 @@ def test_fuzzed_goal_sequences_end_each_accepted_goal_exactly_once(load, sequenc
         pair = (response.status, response.result.status)
         assert CONSISTENT.get(response.result.status) == response.status, pair
         tally[f'result {response.result.status}'] += 1
+        tally[f'executor {response.result.executor or "none"}'] += 1
     heard = load['heard']
     wait_for(lambda: all(heard['events'][k] >= n for k, n in expected.items()), 10,
              'a terminal event is missing')
