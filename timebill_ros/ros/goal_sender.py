@@ -13,12 +13,16 @@ has no such orphan (a fixed release, another layout) it drops nothing.
 
 import threading
 
+# The ActionClient's dicts of requests in flight, sequence number -> future.
+PENDING_DICTS = ('_pending_goal_requests', '_pending_cancel_requests', '_pending_result_requests')
+
 
 class GoalSender:
     """Sends goals on one ``rclpy.action.ActionClient``; all goals of that client go through it.
 
-    Sends are serialized (one lock), so the futures a send adds are known exactly: the one
-    it returns, and an orphan that is not done and that rclpy does not track as pending.
+    Sends are serialized (one lock). The futures that appear during a send are the one it
+    returns, an orphan (not done, in none of rclpy's pending-request dicts), and futures other
+    threads add meanwhile (results, cancels), which are pending and kept.
     """
 
     def __init__(self, action):
@@ -38,7 +42,11 @@ class GoalSender:
     def _drop_orphans(self, before, returned):
         action = self.action
         with action._lock:
-            pending = {id(f) for f in getattr(action, '_pending_goal_requests', {}).values()}
+            # A cancel or result future another thread adds meanwhile (a response callback
+            # asking for the result) is in its pending dict: keep it. rclpy removes those
+            # itself when they complete, and raises (killing the executor) if one is gone.
+            pending = {id(f) for name in PENDING_DICTS
+                       for f in getattr(action, name, {}).values()}
             orphans = [f for f in action._futures
                        if id(f) not in before and f is not returned and not f.done()
                        and id(f) not in pending]
