@@ -157,10 +157,15 @@ def _send_spec(load, spec, accepted_ids, now_s):
     return handle
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
-          derandomize='TIMEBILL_FUZZ_EXAMPLES' not in os.environ,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(sequence=st.lists(goal_specs, min_size=2, max_size=10))
+# The fuzz's hypothesis settings and sequences (test_ros_load_modes.py uses them too).
+fuzz_settings = settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+                         derandomize='TIMEBILL_FUZZ_EXAMPLES' not in os.environ,
+                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+given_sequences = given(sequence=st.lists(goal_specs, min_size=2, max_size=10))
+
+
+@fuzz_settings
+@given_sequences
 def test_fuzzed_goal_sequences_end_each_accepted_goal_exactly_once(load, sequence):
     """Every accepted handle: one result, a consistent status pair, one event; no crash."""
     _run_sequence(load, sequence)

@@ -3,13 +3,10 @@
 Its own module: the node fixtures of one module hold rclpy's context while they live.
 """
 
-import os
-
-from hypothesis import given, HealthCheck, settings, strategies as st
 import pytest
 from rclpy.parameter import Parameter
 from ros_helpers import COEFFS
-from test_ros_load import _run_sequence, _serving, FUZZ_EXAMPLES, goal_specs
+from test_ros_load import _run_sequence, _serving, fuzz_settings, given_sequences
 
 from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.server.service import TimeBillService
@@ -42,15 +39,13 @@ def batched_load(request, slow_model, smollm2_tokenizer):
     session = next(served)
     session['mode'] = request.param
     yield session
+    next(served, None)  # the node down first, whatever the check below says
     if request.param == 'offload':  # the fuzz did reach the offload executor
         assert session['tally']['executor offload'] > 0, dict(session['tally'])
-    next(served, None)
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
-          derandomize='TIMEBILL_FUZZ_EXAMPLES' not in os.environ,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(sequence=st.lists(goal_specs, min_size=2, max_size=10))
+@fuzz_settings
+@given_sequences
 def test_fuzzed_sequences_in_continuous_batching_and_with_offload(batched_load, sequence):
     """The same property with goals batched mid-answer, or split between two executors."""
     _run_sequence(batched_load, sequence)
