@@ -24,6 +24,7 @@ from timebill_ros.training.metrics import length_metrics
 from timebill_ros.training.models.base import true_lengths
 from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
 from timebill_ros.training.prefill_features import default_features_path, prefill_features
+from timebill_ros.training.target import final_norm_weight
 
 LENGTHS = 'data/rlp/lengths_1024.jsonl'
 ALL_LAYERS = (8, 15, 22, 30)  # decoder layers pooled once (1-based; 30 = the last)
@@ -54,8 +55,8 @@ def run(layer_sets, seeds, out):
         features = {pid: _subset(states, layers, hidden) for pid, states in pooled.items()}
         maes, r2s = [], []
         for seed in range(seeds):
-            model = PrefillReadoutModel(engine.model, features, seed=seed, pool_layers=layers,
-                                        log=lambda line: None)
+            model = PrefillReadoutModel(final_norm_weight(engine), engine.n_layers, features,
+                                        seed=seed, pool_layers=layers, log=lambda line: None)
             model.fit(splits['train'], splits['val'])
             metrics = length_metrics(truth, model.predict_tokens(splits['test']))
             maes.append(metrics['mae'])

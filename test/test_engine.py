@@ -1,5 +1,8 @@
 """Tests of LlmEngine on a tiny random Llama, and one on the real embedded SmolLM2."""
 
+import hashlib
+import json
+import os
 import threading
 
 import pytest
@@ -316,6 +319,30 @@ def test_model_path_and_key(tmp_path):
     assert model_source.model_key(config) == tmp_path.name
     with pytest.raises(ValueError, match='no-such-model'):
         model_source.resolve_model_dir(EngineConfig(model_path=str(tmp_path / 'no-such-model')))
+
+
+def test_a_gguf_file_is_keyed_on_its_content(tmp_path):
+    """A .gguf model_path keys on its name and content, the digest remembered in the cache.
+
+    A file replaced under the same name gets another key; size + mtime unchanged: the stored
+    digest is read back.
+    """
+    model = tmp_path / 'models' / 'robot-q4_k_m.gguf'
+    model.parent.mkdir()
+    model.write_bytes(b'GGUF' + bytes(range(256)) * 64)
+    config = EngineConfig(model_path=str(model), model_cache_dir=str(tmp_path / 'cache'))
+    key = model_source.model_key(config)
+    assert key == 'robot-q4_k_m-' + hashlib.sha256(model.read_bytes()).hexdigest()[:12]
+    store = json.loads((tmp_path / 'cache' / model_source.FINGERPRINTS_FILE).read_text())
+    assert store[str(model.resolve())]['sha256'].startswith(key[-12:])
+    # The stored digest is what a later call reads while size and mtime are unchanged.
+    store[str(model.resolve())]['sha256'] = 'f' * 64
+    (tmp_path / 'cache' / model_source.FINGERPRINTS_FILE).write_text(json.dumps(store))
+    assert model_source.model_key(config) == 'robot-q4_k_m-' + 'f' * 12
+    model.write_bytes(b'GGUF' + bytes(range(255, -1, -1)) * 64)  # requantized, same name
+    os.utime(model, ns=(1, 1))
+    changed = model_source.model_key(config)
+    assert changed.startswith('robot-q4_k_m-') and changed not in (key, 'robot-q4_k_m-' + 'f' * 12)
 
 
 def test_cache_root(monkeypatch, tmp_path):

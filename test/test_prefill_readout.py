@@ -23,6 +23,7 @@ from timebill_ros.training.export import export_onnx, export_readout_onnx
 from timebill_ros.training.models.prefill_readout import PrefillReadoutModel, ReadoutNet
 from timebill_ros.training.models.rlp import RlpModel, RlpNet
 from timebill_ros.training.prefill_features import prefill_features
+from timebill_ros.training.target import final_norm_weight
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
 from timebill_ros.server.service import TimeBillService
@@ -93,8 +94,9 @@ def trained_readout(tiny_model, smollm2_tokenizer, splits, tmp_path_factory):
     assert any('ETA' in line for line in lines)
     again = prefill_features(engine, examples, cache, log=lines.append)  # all cached now
     assert all(torch.equal(again[k], features[k]) for k in features)
-    model = PrefillReadoutModel(tiny_model, features, bucket_tokens=16, n_model=64, epochs=30,
-                                seed=0, log=lambda s: None)
+    model = PrefillReadoutModel(final_norm_weight(engine), engine.n_layers, features,
+                                bucket_tokens=16, n_model=64, epochs=30, seed=0,
+                                log=lambda s: None)
     model.head_lr = 3e-3
     model.fit(splits['train'], splits['val'])
     return engine, model

@@ -103,7 +103,7 @@ def run_demo(params_file=None, wait_s=600.0, build_predictors=True):
         print(exc, file=sys.stderr)
         return 1
     if build_predictors:
-        from timebill_ros.cli.predictor import start_background_build
+        from timebill_ros.cli.predictor_build import start_background_build
         from timebill_ros.params import load_config
         common = ['--params', params_file] if params_file else []
         print(start_background_build(load_config(params_file), common))

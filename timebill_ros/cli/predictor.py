@@ -4,21 +4,37 @@ import argparse
 import pathlib
 import sys
 
-DEFAULT_LENGTHS = 'data/rlp/lengths_1024_guard.jsonl'  # collected with the loop guard on
 ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
 ONNX_ATOL = 1e-3  # fp32 export vs torch: bucket probabilities (or the scaled length)
 INT8_AGREEMENT = 0.9  # int8-embedding export: share of check prompts with torch's N^
 
 
 def _config(args):
+    """Return the ServerConfig of ``--params`` / ``--set``, ``--model`` as engine.model_path."""
+    import dataclasses
     from timebill_ros.params import load_config
-    return load_config(args.params, args.set)
+    config = load_config(args.params, args.set)
+    if getattr(args, 'model', None):
+        model = pathlib.Path(args.model).expanduser().resolve()
+        if not model.exists():
+            raise ValueError(f'--model {args.model}: no such file or directory')
+        config = dataclasses.replace(
+            config, engine=dataclasses.replace(config.engine, model_path=str(model)))
+    return config
+
+
+def _lengths(args, config):
+    """Return the lengths JSONL: ``--lengths``, else the model's (predictor_build)."""
+    from timebill_ros.cli.predictor_build import lengths_path
+    return lengths_path(config, getattr(args, 'lengths', None))
 
 
 def _engine(args, config=None):
     from timebill_ros.engine import LlmEngine
     config = config or _config(args)
-    # RlpModel and the readout train on the transformers modules (engine.model).
+    # The RLP trains on transformers modules: the embedded model is loaded as such; a GGUF
+    # file is served on its own blocks and the RLP gets transformers' copy of it
+    # (training.target.load_target_model).
     return config, LlmEngine.load(config.engine, config.eviction, transformers_model=True)
 
 
@@ -33,20 +49,35 @@ def _paths(args, config):
 
 
 def cmd_collect(args, ros_args):
-    """Run the target LLM over the corpus and append response lengths (resumable)."""
+    """Run the target LLM over the corpus and append response lengths (resumable).
+
+    The pooled prefill states of the readout's layers are kept on the way (the prefill
+    features cache), so the readout needs no second pass over the corpus.
+    """
     from timebill_ros.training.collect import collect
-    from timebill_ros.training.corpus import build_corpus
-    config, engine = _engine(args)
+    from timebill_ros.training.corpus import build_corpus, quick_subset
+    from timebill_ros.training.prefill_features import default_features_path, FeatureSink
+    config = _config(args)
+    out = _lengths(args, config)
+    config, engine = _engine(args, config)
     items = build_corpus()
     if args.split:
         items = [it for it in items if it.split == args.split]
+    if args.prompts:
+        items = quick_subset(items, args.prompts)
     cfg = config.engine
     guard_on = cfg.loop_guard if args.loop_guard is None else args.loop_guard
     loop_guard = ((cfg.loop_guard_max_period, cfg.loop_guard_min_repeats,
                    cfg.loop_guard_min_span) if guard_on else None)
-    n = collect(engine, items, pathlib.Path(args.out), n_model=args.n_model,
-                max_batch=args.batch, limit=args.limit or None, loop_guard=loop_guard)
-    print(f'collected {n} prompts into {args.out}')
+    engine.pool_layers = _pool_layers(args, engine)
+    sink = FeatureSink(engine, default_features_path(engine.model_key,
+                                                     cfg.model_cache_dir or None))
+    try:
+        n = collect(engine, items, out, n_model=args.n_model, max_batch=args.batch,
+                    limit=args.limit or None, loop_guard=loop_guard, on_prefill=sink.add)
+    finally:
+        sink.close()
+    print(f'collected {n} prompts into {out}')
     return 0
 
 
@@ -54,8 +85,8 @@ def cmd_verify(args, ros_args):
     """Re-measure some collected lengths unbatched, through the server's decode path."""
     from timebill_ros.training.collect import verify
     from timebill_ros.training.corpus import build_corpus
-    _, engine = _engine(args)
-    rows = verify(engine, build_corpus(), args.lengths, args.n)
+    config, engine = _engine(args)
+    rows = verify(engine, build_corpus(), _lengths(args, config), args.n)
     same = sum(b == s for _, b, s in rows)
     within = sum(abs(b - s) <= 16 for _, b, s in rows)
     print(f'{same}/{len(rows)} identical, {within}/{len(rows)} within 16 tokens '
@@ -63,86 +94,10 @@ def cmd_verify(args, ros_args):
     return 0
 
 
-def predictor_files(config):
-    """Return {name: path} of the RLP and the readout files the server would load."""
-    from timebill_ros.engine import model_source
-    from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
-    key = model_source.model_key(config.engine)
-    cache = config.engine.model_cache_dir or None
-    return {'RLP': pathlib.Path(config.predictor.model_file or default_onnx_path(key, cache)),
-            'readout': pathlib.Path(config.predictor.readout_file
-                                    or default_readout_path(key, cache))}
-
-
 def cmd_build(args, ros_args):
-    """Build the missing RLP and readout; --background: in a niced process, return at once."""
-    import subprocess
-    config = _config(args)
-    common = ['--params', args.params] if args.params else []
-    for item in args.set:
-        common += ['--set', item]
-    if args.background:
-        print(start_background_build(config, common, args.nice))
-        return 0
-    files = predictor_files(config)
-    if all(path.is_file() for path in files.values()):
-        print(f'predictors built: {", ".join(str(p) for p in files.values())}')
-        return 0
-    for command in _build_commands(common):
-        subprocess.run(command, check=True)
-    return 0
-
-
-def _build_commands(common):
-    steps = [['train', '--export', '--if-missing'], ['readout', '--export', '--if-missing']]
-    return [[sys.executable, '-m', 'timebill_ros.cli', 'predictor', *step, *common]
-            for step in steps]
-
-
-def start_background_build(config, common=(), nice=10):
-    """Start building the missing RLP / readout in a niced process of its own; return a line.
-
-    ``common``: the ``--params`` / ``--set`` arguments the build commands get. Nothing starts
-    when both files exist or a build is running (a lock file beside them); the process outlives
-    the caller, its log is ``build.log`` beside the files.
-    """
-    import os
-    import subprocess
-    files = predictor_files(config)
-    missing = [name for name, path in files.items() if not path.is_file()]
-    if not missing:
-        return f'predictors built: {", ".join(str(p) for p in files.values())}'
-    log_path = files['RLP'].parent / 'build.log'
-    lock_path = files['RLP'].parent / 'build.lock'
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    if _build_running(lock_path):
-        return f'predictors are being built already (log: {log_path})'
-    script = ' && '.join(' '.join(_quote(part) for part in command)
-                         for command in _build_commands(list(common)))
-    with open(log_path, 'a', encoding='utf-8') as log:
-        proc = subprocess.Popen(['nice', '-n', str(nice), 'sh', '-c', script],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=dict(os.environ))
-    lock_path.write_text(str(proc.pid))
-    return (f'building the {" and the ".join(missing)} in the background (pid {proc.pid}, '
-            f'log: {log_path}; ~20 min on 2 cores); a server started later loads them, a '
-            'running one switches to them when they are ready (predictor.reload_check_s)')
-
-
-def _build_running(lock_path):
-    """Return True while the process named in ``lock_path`` is alive."""
-    import os
-    try:
-        pid = int(lock_path.read_text())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _quote(text):
-    import shlex
-    return shlex.quote(str(text))
+    """Build the model's own RLP and readout: collect its lengths if needed, train, export."""
+    from timebill_ros.cli.predictor_build import cmd_build as build
+    return build(args, _config(args))
 
 
 def _rlp_settings(args, n_model):
@@ -157,18 +112,21 @@ def cmd_train(args, ros_args):
     import torch
     from timebill_ros.training.dataset import load_examples
     from timebill_ros.training.models.rlp import RlpModel
+    from timebill_ros.cli.predictor_build import built_on
+    from timebill_ros.training.target import load_target_model
     config = _config(args)
     onnx_path, pt_path = _paths(args, config)
-    if args.if_missing and onnx_path.is_file():
-        print(f'RLP already built: {onnx_path}')
+    splits = load_examples(_lengths(args, config), args.split_view)
+    if args.if_stale and built_on(onnx_path) >= len(splits['train']):
+        print(f'RLP already built on every collected training prompt: {onnx_path}')
         return _train_lengths_if_missing(args, config, onnx_path)
     _, engine = _engine(args, config)
-    splits = load_examples(args.lengths, args.split_view)
     settings = _rlp_settings(args, splits['train'][0].n_model)
-    model = RlpModel(engine.model, engine.encode, **settings)
+    model = RlpModel(load_target_model(engine), engine.encode, **settings)
     model.fit(splits['train'], splits['val'])
     pt_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({'settings': settings, 'state_dict': model.net.state_dict()}, pt_path)
+    torch.save({'settings': settings, 'state_dict': model.net.state_dict(),
+                'n_train': model.n_train}, pt_path)
     print(f'saved {pt_path}')
     if args.export:
         return _export(model, engine, splits, onnx_path, args.embedding, config.predictor)
@@ -198,13 +156,13 @@ def _export(model, engine, splits, onnx_path, embedding, predictor_config):
                                               export_train_lengths)
     export_onnx(model, onnx_path, engine.model_key, embedding)
     session = onnxruntime.InferenceSession(str(onnx_path), providers=['CPUExecutionProvider'])
-    by_length = sorted(splits['test'], key=lambda e: e.n_prompt_tokens)
+    by_length = sorted(_check_examples(splits), key=lambda e: e.n_prompt_tokens)
     picks = sorted({round(i * (len(by_length) - 1) / (ONNX_CHECK_PROMPTS - 1))
                     for i in range(ONNX_CHECK_PROMPTS)})  # shortest to longest, evenly
     ids = [model.input_ids(by_length[i].prompt) for i in picks]
     diff, same = compare_with_torch(model, session, ids)
     lengths = sorted(len(i) for i in ids)
-    print(f'ONNX ({embedding} embedding) vs torch on {len(ids)} test prompts '
+    print(f'ONNX ({embedding} embedding) vs torch on {len(ids)} held-out prompts '
           f'({lengths[0]}..{lengths[-1]} tokens): max |difference| {diff:.2e}, '
           f'same N^ on {same}/{len(ids)}')
     if embedding == 'float32' and diff > ONNX_ATOL:
@@ -224,6 +182,7 @@ def cmd_export(args, ros_args):
     import torch
     from timebill_ros.training.dataset import load_examples
     from timebill_ros.training.models.rlp import RlpModel
+    from timebill_ros.training.target import load_target_model
     config = _config(args)
     onnx_path, pt_path = _paths(args, config)
     if not pt_path.is_file():
@@ -231,9 +190,11 @@ def cmd_export(args, ros_args):
         return 2
     _, engine = _engine(args, config)
     saved = torch.load(pt_path, weights_only=True)
-    model = RlpModel(engine.model, engine.encode, **saved['settings'])
+    model = RlpModel(load_target_model(engine), engine.encode, **saved['settings'])
     model.net.load_state_dict(saved['state_dict'])
-    return _export(model, engine, load_examples(args.lengths, args.split_view), onnx_path,
+    model.n_train = saved.get('n_train', 0)
+    return _export(model, engine, load_examples(_lengths(args, config), args.split_view),
+                   onnx_path,
                    args.embedding, config.predictor)
 
 
@@ -270,25 +231,32 @@ def cmd_readout(args, ros_args):
     import torch
     from timebill_ros.training.dataset import load_examples
     from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+    from timebill_ros.cli.predictor_build import built_on
+    from timebill_ros.training.target import final_norm_weight
     config = _config(args)
     path = _readout_path(args, config)
-    if args.if_missing and path.is_file():
-        print(f'prefill readout already built: {path}')
+    splits = load_examples(_lengths(args, config), args.split_view)
+    if args.if_stale and built_on(path) >= len(splits['train']):
+        print(f'prefill readout already built on every collected training prompt: {path}')
         return 0
     _, engine = _engine(args, config)
-    splits = load_examples(args.lengths, args.split_view)
     layers = _pool_layers(args, engine)
-    model = PrefillReadoutModel(engine.model, _features(engine, config, splits, layers),
+    model = PrefillReadoutModel(final_norm_weight(engine), engine.n_layers,
+                                _features(engine, config, splits, layers),
                                 bucket_tokens=args.bucket or None,
                                 n_model=splits['train'][0].n_model, epochs=args.epochs,
                                 seed=args.seed, head=args.head, pool_layers=layers)
     model.fit(splits['train'], splits['val'])
-    print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
-          f'({args.split_view} view, {len(splits["test"])} prompts)')
+    if splits['test']:
+        print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
+              f'({args.split_view} view, {len(splits["test"])} prompts)')
+    else:
+        print(f'{model.name}: no test prompts collected (a quick build); val MAE '
+              f'{model.mae(splits["val"]):.1f} tokens')
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({'state_dict': model.net.state_dict()}, path.with_suffix('.pt'))
     if args.export:
-        return _export_readout(model, engine, splits['test'], path)
+        return _export_readout(model, engine, _check_examples(splits), path)
     return 0
 
 
@@ -304,7 +272,7 @@ def _export_readout(model, engine, test, path):
         str(path), providers=['CPUExecutionProvider']))
     worst, same = compare_with_torch(model, readout.session,
                                      [model.features[e.prompt_id] for e in test], POOLED_NAME)
-    print(f'ONNX vs torch on {len(test)} test prompts: max |difference| '
+    print(f'ONNX vs torch on {len(test)} held-out prompts: max |difference| '
           f'{worst:.2e}, same N^ on {same}/{len(test)}; {readout.time_s * 1e3:.2f} ms a call')
     if worst > ONNX_ATOL:
         print(f'ONNX output differs from torch: {worst} > {ONNX_ATOL}', file=sys.stderr)
@@ -329,7 +297,7 @@ def cmd_eval(args, ros_args):
     import json
     from timebill_ros.training import report
     from timebill_ros.training.dataset import load_examples
-    splits = load_examples(args.lengths, args.split_view)
+    splits = load_examples(_lengths(args, _config(args)), args.split_view)
     if args.report_only:  # rewrite the tables and the plot from a saved run
         rows = json.loads((pathlib.Path(args.out) / 'rlp_eval.json').read_text())
         print(f'saved {report.save_report(rows, splits, args.out)}')
@@ -376,11 +344,21 @@ def cmd_overlap(args, ros_args):
     return 0
 
 
+def _check_examples(splits):
+    """Return the held-out prompts exports are checked on: test, else val (a quick build)."""
+    return splits['test'] or splits['val'] or splits['train']
+
+
 def _common(parser, lengths=True):
     parser.add_argument('--params', help='ROS 2 params YAML for the engine settings')
     parser.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE')
+    parser.add_argument('--model', metavar='FILE',
+                        help='the model (a .gguf file or a transformers folder): '
+                        'engine.model_path; default: the params, else the embedded model')
     if lengths:
-        parser.add_argument('--lengths', default=DEFAULT_LENGTHS, help='lengths JSONL')
+        parser.add_argument('--lengths', default=None,
+                            help="lengths JSONL (default: the embedded model's committed "
+                            'file, or <cache>/rlp/<model key>__lengths.jsonl)')
         parser.add_argument('--split-view', choices=('prompt', 'family'), default='prompt',
                             help='prompt: each prompt its own split (templates shared); '
                             'family: whole template families held out for val and test')
@@ -415,7 +393,11 @@ def add_parser(sub):
     psub = parser.add_subparsers(dest='predictor_command', required=True)
     col = psub.add_parser('collect', help=cmd_collect.__doc__)
     _common(col, lengths=False)
-    col.add_argument('--out', default=DEFAULT_LENGTHS, help='lengths JSONL (appended)')
+    col.add_argument('--out', dest='lengths', default=None,
+                     help='lengths JSONL, appended (default: as --lengths of train)')
+    col.add_argument('--prompts', type=int, default=0,
+                     help='a quick start: only this many train / val prompts (0 = all)')
+    _pool_layers_arg(col)
     col.add_argument('--n-model', type=int, default=N_MODEL, help='N_model, tokens')
     col.add_argument('--batch', type=int, default=MAX_BATCH, help='prompts per batch')
     col.add_argument('--split', choices=('train', 'val', 'test'), help='only this split')
@@ -428,6 +410,8 @@ def add_parser(sub):
     _common(build, lengths=False)
     build.add_argument('--background', action='store_true',
                        help='in a niced process of its own; return at once')
+    build.add_argument('--prompts', type=int, default=0,
+                       help='a quick start: collect only this many train / val prompts')
     build.add_argument('--nice', type=int, default=10, help='--background: nice level')
     build.set_defaults(func=cmd_build)
     ver = psub.add_parser('verify', help=cmd_verify.__doc__)
@@ -440,7 +424,8 @@ def add_parser(sub):
     train.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
     train.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')
     train.add_argument('--export', action='store_true', help='also export to ONNX and check')
-    train.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    train.add_argument('--if-stale', action='store_true',
+                       help='skip if the ONNX was trained on every collected training prompt')
     _embedding_arg(train)
     train.set_defaults(func=cmd_train)
     readout = psub.add_parser('readout', help=cmd_readout.__doc__)
@@ -452,7 +437,8 @@ def add_parser(sub):
     readout.add_argument('--onnx', help='ONNX path (default: predictor.readout_file or the '
                          'cache)')
     readout.add_argument('--export', action='store_true', help='also export to ONNX and check')
-    readout.add_argument('--if-missing', action='store_true', help='skip if the ONNX exists')
+    readout.add_argument('--if-stale', action='store_true',
+                         help='skip if the ONNX was trained on every collected training prompt')
     _pool_layers_arg(readout)
     readout.set_defaults(func=cmd_readout)
     export = psub.add_parser('export', help=cmd_export.__doc__)

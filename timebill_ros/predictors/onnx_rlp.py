@@ -84,6 +84,8 @@ class OnnxRlpPredictor(LengthPredictor):
         meta = read_metadata(session)
         self.format = OutputFormat.from_metadata(meta)
         self.model_key = meta.get('model_key', '')
+        # Token ids the embedding takes (files exported before it was stored: >= 1000).
+        self.vocab_size = int(meta.get('vocab_size') or 1000)
         self.prefill_s = prefill_s
         self.min_input_tokens = min_input_tokens
         self.max_input_tokens = max_input_tokens
@@ -129,9 +131,10 @@ class OnnxRlpPredictor(LengthPredictor):
         rng = np.random.default_rng(0)
         lengths = [n for n in lengths if n <= self.max_input_tokens] or [self.max_input_tokens]
         n_points, t_points = [], []
-        self.run(rng.integers(100, 1000, size=8))  # warm-up
+        high = min(1000, self.vocab_size)  # ids any vocabulary holds
+        self.run(rng.integers(high // 10, high, size=8))  # warm-up
         for n_p in sorted(set(lengths) | {2, self.max_input_tokens}):
-            ids = rng.integers(100, 1000, size=n_p)
+            ids = rng.integers(high // 10, high, size=n_p)
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()

@@ -30,6 +30,15 @@ N_MODEL = 1024  # most tokens collected per answer; the RLP's top bucket means "
 MAX_BATCH = 8  # answers decoding together (the aggregate token rate flattens past 8 here)
 
 
+def progress_bar(done: int, total: int, elapsed_s: float, width: int = 24) -> str:
+    """Return ``[#####-----] done/total 42 % 3.1 min, ETA 4.2 min`` (times in minutes)."""
+    share = done / total if total else 1.0
+    filled = round(width * share)
+    eta_s = elapsed_s / done * (total - done) if done else float('nan')
+    return (f'[{"#" * filled}{"-" * (width - filled)}] {done}/{total} {share:4.0%} '
+            f'{elapsed_s / 60:.1f} min, ETA {eta_s / 60:.1f} min')
+
+
 def prompt_sha(prompt: str) -> str:
     """Return a short hash of a prompt text, to detect a corpus that changed under a file."""
     return hashlib.sha256(prompt.encode()).hexdigest()[:12]
@@ -85,10 +94,12 @@ def finish_of(result) -> str:
             stopping.REPETITION: FINISH_REPETITION}.get(result.stop_reason, FINISH_LENGTH)
 
 
-def _join(engine, batch, item, encoded, n_model, rows, loop_guard):
+def _join(engine, batch, item, encoded, n_model, rows, loop_guard, on_prefill=None):
     """Prefill ``item`` and add it to ``batch``; ``rows`` maps its row id to (item, guard)."""
     from timebill_ros.engine import stopping
     state = engine.prefill(encoded[item.prompt_id], stopping.StopCriteria())
+    if on_prefill is not None:
+        on_prefill(item, encoded[item.prompt_id], state)
     criteria = [stopping.EosStop(engine.eos_token_ids)]
     guard = stopping.LoopGuard(*loop_guard) if loop_guard else None
     if guard is not None:
@@ -98,7 +109,8 @@ def _join(engine, batch, item, encoded, n_model, rows, loop_guard):
 
 
 def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]],
-                   n_model: int, max_batch: int, loop_guard: Optional[tuple] = None):
+                   n_model: int, max_batch: int, loop_guard: Optional[tuple] = None,
+                   on_prefill: Optional[Callable] = None):
     """Yield ``(item, n_tokens, capped, finish)`` as each item's greedy answer ends.
 
     The server's own path: :meth:`LlmEngine.prefill` (no eviction) and the engine's batched
@@ -106,12 +118,15 @@ def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]
     leaves the batch at its EOS, when ``loop_guard`` ((max_period, min_repeats, min_span) of
     a :class:`LoopGuard`, or None) fires, or at ``n_model`` tokens, and the next prompt joins,
     so no answer waits for a longer one (continuous batching; no padding). ``n_tokens``
-    counts the decoding steps the server runs (the EOS included).
+    counts the decoding steps the server runs (the EOS included). ``on_prefill(item, ids,
+    state)`` sees each prefill (its PrefillState: the pooled layer states the prefill readout
+    trains on come with it at no extra pass).
     """
     batch, pending, rows = engine.new_batch(), list(items), {}
     while pending or len(batch):
         while pending and len(batch) < max_batch:
-            _join(engine, batch, pending.pop(0), encoded, n_model, rows, loop_guard)
+            _join(engine, batch, pending.pop(0), encoded, n_model, rows, loop_guard,
+                  on_prefill)
         for row_id, result in batch.step():
             item, guard = rows.pop(row_id)
             yield (item, *result_length(result, n_model, guard), finish_of(result))
@@ -138,7 +153,7 @@ def _check_done(out_path, done, items, n_model, loop_guard):
 def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
             max_batch: int = MAX_BATCH, limit: Optional[int] = None,
             log: Callable[[str], None] = print, clock=time.monotonic,
-            loop_guard: Optional[tuple] = None) -> int:
+            loop_guard: Optional[tuple] = None, on_prefill: Optional[Callable] = None) -> int:
     """Append the response length of every item not yet in ``out_path``; return how many.
 
     ``limit`` caps the prompts done in this call (for a quick run). ``loop_guard``:
@@ -146,7 +161,8 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
     or N_model. A record whose prompt text or settings changed since it was written is an
     error: delete the file to recollect. Each record is
     written (and flushed) as its answer ends, so a stopped run resumes where it stopped;
-    progress lines every ``max_batch`` answers give the rate and an ETA.
+    progress lines every ``max_batch`` answers give a bar, the rate and an ETA.
+    ``on_prefill``: as :func:`decode_lengths`.
     """
     out_path = pathlib.Path(out_path)
     done = load_records(out_path)
@@ -160,7 +176,7 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
     start, n_done, n_capped, n_loops, n_answer_tokens = clock(), 0, 0, 0, 0
     with out_path.open('a') as out:
         for item, n_tokens, capped, finish in decode_lengths(
-                engine, pending, encoded, n_model, max_batch, loop_guard):
+                engine, pending, encoded, n_model, max_batch, loop_guard, on_prefill):
             record = {
                 'prompt_id': item.prompt_id, 'category': item.category,
                 'split': item.split, 'n_prompt_tokens': len(encoded[item.prompt_id]),
@@ -175,11 +191,9 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
             n_answer_tokens += n_tokens
             if n_done % max_batch == 0 or n_done == len(pending):
                 elapsed = clock() - start
-                eta = elapsed / n_done * (len(pending) - n_done)
-                log(f'{n_done}/{len(pending)} prompts ({n_capped} reached N_model, '
-                    f'{n_loops} ended by the loop guard), '
-                    f'{n_answer_tokens / max(elapsed, 1e-9):.0f} answer tokens/s, '
-                    f'{elapsed:.0f} s, ETA {eta:.0f} s')
+                log(f'{progress_bar(n_done, len(pending), elapsed)} prompts '
+                    f'({n_capped} reached N_model, {n_loops} ended by the loop guard, '
+                    f'{n_answer_tokens / max(elapsed, 1e-9):.0f} answer tokens/s)')
                 sys.stdout.flush()
     return n_done
 

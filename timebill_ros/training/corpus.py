@@ -357,3 +357,19 @@ def iter_split(items, split: str) -> Iterator[CorpusItem]:
     if split not in SPLITS:
         raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
     return (it for it in items if it.split == split)
+
+
+def quick_subset(items, n_prompts: int) -> List[CorpusItem]:
+    """Return ``n_prompts`` train and val items spread evenly over the corpus order.
+
+    What ``timebill predictor build --prompts N`` collects for a quick start: every category
+    (the corpus is ordered by category) in its share, the test split kept out, so the quick
+    build and the full one are judged on the same held-out prompts. The full corpus resumes
+    from these.
+    """
+    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
+        raise ValueError(f'n_prompts must be an int >= 1, got {n_prompts!r}')
+    pool = [it for it in items if it.split != 'test']
+    if n_prompts >= len(pool):
+        return pool
+    return [pool[round(i * len(pool) / n_prompts)] for i in range(n_prompts)]

@@ -35,7 +35,14 @@ def rlp_metadata(model, model_key: str, embedding: str = 'float32') -> Dict[str,
         'n_layers': str(model.n_layers), 'max_input_tokens': str(model.max_input_tokens),
         'model_key': model_key, 'name': model.name,
         'readout': getattr(model, 'readout', 'argmax'), 'head': getattr(model, 'head', 'softmax'),
-        'embedding': embedding}
+        'embedding': embedding, 'train_prompts': str(getattr(model, 'n_train', 0)),
+        'vocab_size': str(_vocab_size(model))}
+
+
+def _vocab_size(model) -> int:
+    """Return the token ids ``model``'s embedding takes (0: it reads no token ids)."""
+    embedding = getattr(model.net, 'embed_tokens', None)
+    return int(embedding.num_embeddings) if embedding is not None else 0
 
 
 def export_onnx(model, path, model_key: str, embedding: str = 'int8') -> pathlib.Path:

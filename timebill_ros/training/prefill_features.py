@@ -15,6 +15,7 @@ from typing import Callable, Dict, Sequence
 import torch
 
 from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.training.collect import progress_bar
 from timebill_ros import paths
 
 SAVE_EVERY = 50
@@ -63,10 +64,40 @@ def prefill_features(engine, examples: Sequence, path=None,
         if index % SAVE_EVERY == 0 or index == len(todo):
             if path is not None:
                 _save(cache, path)
-            spent = time.perf_counter() - start
-            log(f'prefill features: {index}/{len(todo)}, {spent:.0f} s, ETA '
-                f'{spent / index * (len(todo) - index):.0f} s')
+            log(f'prefill features: {progress_bar(index, len(todo), time.perf_counter() - start)}')
     return out
+
+
+class FeatureSink:
+    """Keeps the pooled states of prefills run elsewhere (the length collection) in the cache.
+
+    ``add(item, ids, state)`` is :func:`timebill_ros.training.collect.collect`'s
+    ``on_prefill``: the states land under the key :func:`prefill_features` looks up, so the
+    readout's features cost no second prefill of the corpus. Saved every SAVE_EVERY prompts
+    and at :meth:`close`.
+    """
+
+    def __init__(self, engine, path):
+        """Store into the cache file ``path`` of ``engine``'s pooled prefill states."""
+        self.engine, self.path = engine, pathlib.Path(path)
+        self.cache = (torch.load(self.path, weights_only=True) if self.path.is_file() else {})
+        self.n_unsaved = 0
+
+    def add(self, item, ids, state) -> None:
+        """Keep ``state.pooled`` (1, 2 x layers x hidden) of the prompt ``ids``."""
+        if state.pooled is None:
+            return
+        key = ids_key(ids, self.engine.forward.name, self.engine.pool_layers)
+        self.cache[key] = state.pooled
+        self.n_unsaved += 1
+        if self.n_unsaved >= SAVE_EVERY:
+            self.close()
+
+    def close(self) -> None:
+        """Write what was added since the last save."""
+        if self.n_unsaved:
+            _save(self.cache, self.path)
+            self.n_unsaved = 0
 
 
 def _save(cache, path: pathlib.Path) -> None:

@@ -39,8 +39,10 @@ def readout_variants(engine, n_model, features, log, buckets=(64,), head='ordina
                      **kwargs) -> list:
     """Return untrained prefill readouts (one per B) on pooled prefill ``features``."""
     from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
-    return [PrefillReadoutModel(engine.model, features, bucket_tokens=b, n_model=n_model,
-                                log=log, head=head if b is not None else 'softmax', **kwargs)
+    from timebill_ros.training.target import final_norm_weight
+    return [PrefillReadoutModel(final_norm_weight(engine), engine.n_layers, features,
+                                bucket_tokens=b, n_model=n_model, log=log,
+                                head=head if b is not None else 'softmax', **kwargs)
             for b in buckets]
 
 

@@ -57,7 +57,9 @@ class PrefillReadoutModel(RlpModel):
     """Trains a :class:`ReadoutNet` on pooled prefill states (rlp.prefill_features).
 
     Args:
-        target_model: the target LLM (its final norm's weight is copied).
+        final_norm: the target model's final norm multiplier (hidden,), as its forward applies
+            it (training.target.final_norm_weight): the last layer's starting weights.
+        n_layers: the target model's decoder layers.
         features: prompt id -> pooled states (1, 2 x layers x hidden), from the engine's
             prefill with ``pool_layers``.
         pool_layers: the decoder layers pooled, 1-based (default_pool_layers when None).
@@ -66,17 +68,17 @@ class PrefillReadoutModel(RlpModel):
 
     """
 
-    def __init__(self, target_model, features: Dict[str, torch.Tensor],
+    def __init__(self, final_norm: torch.Tensor, n_layers: int,
+                 features: Dict[str, torch.Tensor],
                  bucket_tokens: Optional[int] = 64, n_model: int = 1024, epochs: int = 6,
                  seed: int = 0, readout: str = 'median', head: str = 'ordinal',
                  log: Callable[[str], None] = print,
                  pool_layers: Optional[Sequence[int]] = None):
-        n_layers = len(target_model.model.layers)
         pool_layers = tuple(pool_layers or default_pool_layers(n_layers))
         if not pool_layers or any(not 1 <= n <= n_layers for n in pool_layers):
             raise ValueError(f'pool_layers must be in 1..{n_layers}, got {pool_layers!r}')
         self.pool_layers = pool_layers
-        super().__init__(target_model, encode=None, bucket_tokens=bucket_tokens,
+        super().__init__(final_norm, encode=None, bucket_tokens=bucket_tokens,
                          n_model=n_model, n_layers=n_layers, n_trainable_layers=0,
                          epochs=epochs, seed=seed, feature_cache=features, log=log,
                          readout=readout, head=head)
@@ -94,8 +96,8 @@ class PrefillReadoutModel(RlpModel):
         head = ' ordinal' if self.head == 'ordinal' else ''
         return f'prefill readout{layers} B={self.bucket_tokens}{head} {self.readout}'
 
-    def _build_net(self, target_model) -> nn.Module:
-        final = target_model.model.norm.weight.detach().float()
+    def _build_net(self, final_norm) -> nn.Module:
+        final = final_norm.detach().float()
         weight = torch.cat([final if n == self.n_layers else torch.ones_like(final)
                             for n in self.pool_layers])
         return ReadoutNet(weight, self.n_classes, self.head == 'ordinal')

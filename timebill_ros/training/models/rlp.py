@@ -66,8 +66,10 @@ class RlpNet(nn.Module):
     def __init__(self, target_model, n_layers: int, n_outputs: int, ordinal: bool = False):
         """Copy the embedding, the first ``n_layers`` layers and the norm of ``target_model``.
 
-        target_model: a transformers ``LlamaForCausalLM`` (or any model whose ``.model`` has
-        ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``). The copies are independent.
+        target_model: a transformers causal LM whose ``.model`` has ``embed_tokens``,
+        ``layers``, ``norm``, ``rotary_emb`` (Llama, Qwen 2 / 3, Phi-3, Gemma 3; a GGUF file's
+        via :func:`timebill_ros.training.target.load_target_model`). The copies are
+        independent.
         ordinal: the output is :func:`ordinal_log_probs` of the head (classification only).
         """
         super().__init__()
@@ -84,12 +86,22 @@ class RlpNet(nn.Module):
         self.ordinal = ordinal
 
     def run_layers(self, hidden: torch.Tensor, first: int, last: int) -> torch.Tensor:
-        """Run layers ``first`` .. ``last - 1`` on hidden states (1, n, hidden); causal."""
+        """Run layers ``first`` .. ``last - 1`` on hidden states (1, n, hidden); causal.
+
+        A layer with an ``attention_type`` (Gemma 3: ``sliding_attention`` /
+        ``full_attention``, each with its own RoPE base) gets that type's rotary embedding.
+        No mask is passed, so every layer attends causally over the whole input: a sliding
+        layer's window is not applied (the predictor reads at most ``max_input_tokens``).
+        """
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        position_embeddings = self.rotary_emb(hidden, positions)
+        by_type = {}
         for layer in self.layers[first:last]:
+            layer_type = getattr(layer, 'attention_type', None)
+            if layer_type not in by_type:
+                by_type[layer_type] = (self.rotary_emb(hidden, positions) if layer_type is None
+                                       else self.rotary_emb(hidden, positions, layer_type))
             hidden = layer(hidden, attention_mask=None, position_ids=positions,
-                           position_embeddings=position_embeddings)
+                           position_embeddings=by_type[layer_type])
         return hidden
 
     def trunk(self, input_ids: torch.Tensor, n_frozen: int) -> torch.Tensor:
@@ -245,6 +257,7 @@ class RlpModel(LengthModel):
         """Train on ``train``; keep the epoch with the best MAE on ``val``."""
         if not train:
             raise ValueError('train must hold at least one example, got none')
+        self.n_train = len(train)  # stored in the export's metadata (train_prompts)
         rng = random.Random(self.seed)
         body, head = self._trainable()
         params = [{'params': body, 'lr': self.lr}, {'params': head, 'lr': self.head_lr}]

@@ -1,0 +1,173 @@
+"""Deadlines on a robot's own model, through the node, with the predictors built for it.
+
+    python benchmarks/own_model_deadlines.py --model FILE [--out DIR] [--goals N] [--kills N]
+
+Starts ``timebill serve`` on ``engine.model_path: FILE`` (its calibration and its own RLP and
+readout from the cache: ``timebill predictor build --model FILE`` first) with a fresh online
+state, and sends, from a planner-like client over ROS:
+
+1. **Unseen goals**: the RLP test split of the corpus (prompts no predictor trained on) and
+   robot logs of 800-3,000 tokens, ``max_new_tokens`` 256, generous budgets, one after
+   another. Per goal: the execution time (total - queue) against the t^_WCET the node
+   reported, and N^ against the tokens the answer took. The constant mean is the model's own
+   mean training length (capped at N_max as the answers are), on the same goals.
+2. **Kill**: goals of phase 1 that ran >= 64 tokens, again, under Kill, with a budget of half
+   their phase-1 execution time. The overshoot of a KILLED goal is its total time minus the
+   budget, in its own decoding steps (decode time / tokens).
+
+Writes DIR/<model key>.md and .json; the server log goes to log/.
+"""
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+N_MAX = 256
+LOG_LINES = (60, 90, 120, 150, 180, 210)
+KILL_MIN_TOKENS = 64
+
+
+def _goals(n_test):
+    from timebill_ros import prompts
+    from timebill_ros.bench.timebill import rlp_test_prompts
+    goals = rlp_test_prompts(n_test)
+    logs = [(f'log{n}', prompts.long_prompt(n, seed=9000 + n)) for n in LOG_LINES]
+    step = max(1, len(goals) // len(logs))
+    for i, log in enumerate(logs):
+        goals.insert(min(len(goals), i * (step + 1)), log)
+    return goals
+
+
+def _params(model, state_file, cache_dir=''):
+    from timebill_ros import params
+    from timebill_ros.config import EngineConfig, ServerConfig, TimingConfig
+    config = ServerConfig(engine=EngineConfig(model_path=str(model), max_new_tokens=N_MAX,
+                                              model_cache_dir=cache_dir),
+                          timing=TimingConfig(state_file=str(state_file)))
+    path = pathlib.Path('log') / 'own_model_deadlines_params.yaml'
+    path.write_text(params.to_yaml(config))
+    return config, str(path)
+
+
+def _row(name, budget_s, result):
+    from timebill_ros.ros.conversions import duration_to_s
+    total_s = duration_to_s(result.total_time)
+    return {'name': name, 'status': result.status, 'budget_s': budget_s,
+            'n_x': result.prompt_tokens, 'n_hat': result.predicted_tokens,
+            'n_w': result.pessimistic_tokens, 'n': result.response_tokens,
+            'alpha': float(result.eviction_ratio), 'total_s': total_s,
+            'exec_s': total_s - duration_to_s(result.queue_time),
+            'wcet_s': duration_to_s(result.predicted_wcet),
+            'prefill_s': duration_to_s(result.prefill_time),
+            'decode_s': duration_to_s(result.decode_time), 'predictor': result.predictor,
+            'finish': result.finish_reason, 'message': result.message}
+
+
+def _run(client, goals, policy, budgets, label):
+    from timebill_ros.ros.client import make_goal
+    rows = []
+    for i, ((name, prompt), budget_s) in enumerate(zip(goals, budgets)):
+        result, _ = client.run(make_goal(prompt, budget_s=budget_s, max_new_tokens=N_MAX,
+                                         policy=policy), timeout_s=900.0)
+        row = _row(name, budget_s, result)
+        rows.append(row)
+        print(f'{label} [{i + 1}/{len(goals)}] {name:24s} status {row["status"]} '
+              f'N_x={row["n_x"]:5d} N^={row["n_hat"]:3d} N={row["n"]:3d} exec '
+              f'{row["exec_s"]:6.2f} s WCET {row["wcet_s"]:6.2f} s', flush=True)
+    return rows
+
+
+def summarize(unseen, kills, constant_tokens):
+    """Return the figures of both phases (COMPLETED unseen goals; KILLED kill goals)."""
+    from timebill_ros.server.status import COMPLETED, KILLED
+    done = [r for r in unseen if r['status'] == COMPLETED]
+    covered = [r for r in done if r['exec_s'] <= r['wcet_s']]
+    mae = statistics.mean(abs(r['n_hat'] - r['n']) for r in done)
+    constant = statistics.mean(abs(min(constant_tokens, N_MAX) - r['n']) for r in done)
+    killed = [r for r in kills if r['status'] == KILLED]
+    steps = [max(0.0, r['total_s'] - r['budget_s']) / (r['decode_s'] / r['n'])
+             for r in killed if r['n'] > 0 and r['decode_s'] > 0]
+    return {'unseen': len(unseen), 'completed': len(done), 'covered': len(covered),
+            'coverage': len(covered) / len(done), 'n_hat_mae': mae, 'constant_mae': constant,
+            'mae_ratio': mae / constant, 'constant_tokens': constant_tokens,
+            'predictors': sorted({r['predictor'] for r in unseen}),
+            'kill_goals': len(kills), 'killed': len(killed),
+            'kill_statuses': sorted({r['status'] for r in kills}),
+            'overshoot_steps_max': max(steps) if steps else None,
+            'overshoot_steps_p50': statistics.median(steps) if steps else None,
+            'overshoot_ms_max': max(max(0.0, r['total_s'] - r['budget_s']) * 1e3
+                                    for r in killed) if killed else None}
+
+
+def _report(key, summary, command):
+    s = summary
+    overshoot = ('-' if s['overshoot_steps_max'] is None else
+                 f"max {s['overshoot_steps_max']:.2f} steps ({s['overshoot_ms_max']:.0f} ms), "
+                 f"median {s['overshoot_steps_p50']:.2f}")
+    return '\n'.join([
+        f'# Deadlines on {key}, through the node', '',
+        f'Command: `{command}`; host {platform.node()} ({platform.machine()}), '
+        f'{time.strftime("%Y-%m-%d %H:%M", time.gmtime())} UTC.', '',
+        '| figure | value |', '|---|---|',
+        f"| unseen goals (test split + robot logs), COMPLETED | {s['completed']} of "
+        f"{s['unseen']} |",
+        f"| t^_WCET covers the execution time | {s['covered']} of {s['completed']} "
+        f"({s['coverage']:.1%}) |",
+        f"| N^ MAE (tokens) | {s['n_hat_mae']:.1f} |",
+        f"| constant mean MAE (tokens; mean {s['constant_tokens']:.1f} capped at {N_MAX}) | "
+        f"{s['constant_mae']:.1f} |",
+        f"| N^ MAE / constant mean MAE | {s['mae_ratio']:.0%} |",
+        f"| Kill goals (half their unseen execution time) KILLED | {s['killed']} of "
+        f"{s['kill_goals']} |",
+        f'| Kill overshoot (total - budget) | {overshoot} |',
+        f"| predictor named in results | {', '.join(s['predictors'])} |"]) + '\n'
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--model', required=True, help='the .gguf file')
+    parser.add_argument('--out', default='benchmarks/results/own_predictor')
+    parser.add_argument('--goals', type=int, default=10_000, help='at most N test prompts')
+    parser.add_argument('--kills', type=int, default=30, help='at most N Kill goals')
+    parser.add_argument('--cache', default='', help='engine.model_cache_dir (default: the '
+                        'user cache)')
+    args = parser.parse_args(argv)
+    from timebill_ros.bench.server_process import served
+    from timebill_ros.cli.predictor_build import lengths_path
+    from timebill_ros.engine import model_source
+    from timebill_ros.server.status import POLICY_KILL
+    from timebill_ros.training.dataset import load_examples
+    pathlib.Path('log').mkdir(exist_ok=True)
+    state_file = pathlib.Path('log') / 'own_model_deadlines.online.yaml'
+    state_file.unlink(missing_ok=True)
+    config, params_file = _params(pathlib.Path(args.model).resolve(), state_file,
+                                  args.cache)
+    key = model_source.model_key(config.engine)
+    train = load_examples(lengths_path(config))['train']
+    constant_tokens = statistics.mean(e.n_tokens for e in train)
+    goals = _goals(args.goals)
+    with served(params_file, pathlib.Path('log') / 'own_model_deadlines_server.log',
+                wait_s=1800.0) as client:
+        unseen = _run(client, goals, POLICY_KILL, [600.0] * len(goals), 'unseen')
+        long = [(g, r) for g, r in zip(goals, unseen) if r['n'] >= KILL_MIN_TOKENS]
+        long = long[:args.kills]
+        kills = _run(client, [g for g, _ in long], POLICY_KILL,
+                     [round(r['exec_s'] / 2, 3) for _, r in long], 'kill')
+    summary = summarize(unseen, kills, constant_tokens)
+    text = _report(key, summary, 'python benchmarks/own_model_deadlines.py '
+                   + ' '.join(sys.argv[1:]))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f'{key}_deadlines.md').write_text(text)
+    (out / f'{key}_deadlines.json').write_text(json.dumps(
+        {'summary': summary, 'unseen': unseen, 'kills': kills}, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
