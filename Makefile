@@ -44,9 +44,12 @@ lint: venv
 
 # The RLP and the prefill readout are built from the committed lengths
 # (data/rlp/lengths_1024_guard.jsonl) when the cache has none (~5 min and ~15 min on 2 cores: the
-# readout's features are one prefill of every corpus prompt, cached).
+# readout's features are one prefill of every corpus prompt, cached). MODEL=FILE.gguf builds that
+# model's own: its lengths are collected first (docs/own_model.md); PROMPTS=N for a quick start.
+MODEL ?=
+PROMPTS ?= 0
 predictor: build
-	$(ENV) && timebill predictor build
+	$(ENV) && timebill predictor build $(if $(MODEL),--model $(MODEL)) --prompts $(PROMPTS)
 
 # The demo does not wait for the predictors: its goals get the fallback N^ = N_max when they
 # are missing, and afterwards it starts building them in a niced background process (a server
