@@ -81,13 +81,25 @@ def _run(client, goals, policy, budgets, label):
     return rows
 
 
-def summarize(unseen, kills, constant_tokens):
-    """Return the figures of both phases (COMPLETED unseen goals; KILLED kill goals)."""
+def summarize(unseen, kills, constant_tokens, steps=None):
+    """Return the figures of both phases (COMPLETED unseen goals; KILLED kill goals).
+
+    steps: prompt id -> the decoding steps its answer took in the collection (the predictors'
+    label: where the loop guard fired, before it cut the repeated tail), capped at N_MAX here;
+    the node's ``response_tokens`` count the answer after the cut. None: no such comparison.
+    """
     from timebill_ros.server.status import COMPLETED, KILLED
     done = [r for r in unseen if r['status'] == COMPLETED]
     covered = [r for r in done if r['exec_s'] <= r['wcet_s']]
     mae = statistics.mean(abs(r['n_hat'] - r['n']) for r in done)
     constant = statistics.mean(abs(min(constant_tokens, N_MAX) - r['n']) for r in done)
+    labelled = [r for r in done if steps and r['name'] in steps]
+    by_steps = ({'labelled': len(labelled),
+                 'n_hat_mae_steps': statistics.mean(
+                     abs(r['n_hat'] - min(steps[r['name']], N_MAX)) for r in labelled),
+                 'constant_mae_steps': statistics.mean(
+                     abs(min(constant_tokens, N_MAX) - min(steps[r['name']], N_MAX))
+                     for r in labelled)} if labelled else {})
     killed = [r for r in kills if r['status'] == KILLED]
     steps = [max(0.0, r['total_s'] - r['budget_s']) / (r['decode_s'] / r['n'])
              for r in killed if r['n'] > 0 and r['decode_s'] > 0]
@@ -100,7 +112,7 @@ def summarize(unseen, kills, constant_tokens):
             'overshoot_steps_max': max(steps) if steps else None,
             'overshoot_steps_p50': statistics.median(steps) if steps else None,
             'overshoot_ms_max': max(max(0.0, r['total_s'] - r['budget_s']) * 1e3
-                                    for r in killed) if killed else None}
+                                    for r in killed) if killed else None, **by_steps}
 
 
 def _report(key, summary, command):
@@ -121,6 +133,11 @@ def _report(key, summary, command):
         f"| constant mean MAE (tokens; mean {s['constant_tokens']:.1f} capped at {N_MAX}) | "
         f"{s['constant_mae']:.1f} |",
         f"| N^ MAE / constant mean MAE | {s['mae_ratio']:.0%} |",
+        *([f"| against the decoding steps each answer took in the collection (before the "
+           f"loop guard's cut; {s['labelled']} test prompts): N^ MAE / constant MAE | "
+           f"{s['n_hat_mae_steps']:.1f} / {s['constant_mae_steps']:.1f} = "
+           f"{s['n_hat_mae_steps'] / s['constant_mae_steps']:.0%} |"]
+          if 'labelled' in s else []),
         f"| Kill goals (half their unseen execution time) KILLED | {s['killed']} of "
         f"{s['kill_goals']} |",
         f'| Kill overshoot (total - budget) | {overshoot} |',
@@ -135,6 +152,8 @@ def main(argv=None):
     parser.add_argument('--kills', type=int, default=30, help='at most N Kill goals')
     parser.add_argument('--cache', default='', help='engine.model_cache_dir (default: the '
                         'user cache)')
+    parser.add_argument('--report-only', action='store_true',
+                        help='rewrite the report from the saved JSON (no node)')
     args = parser.parse_args(argv)
     from timebill_ros.bench.server_process import served
     from timebill_ros.cli.predictor_build import lengths_path
@@ -147,8 +166,16 @@ def main(argv=None):
     config, params_file = _params(pathlib.Path(args.model).resolve(), state_file,
                                   args.cache)
     key = model_source.model_key(config.engine)
-    train = load_examples(lengths_path(config))['train']
-    constant_tokens = statistics.mean(e.n_tokens for e in train)
+    splits = load_examples(lengths_path(config))
+    constant_tokens = statistics.mean(e.n_tokens for e in splits['train'])
+    steps = {e.prompt_id: e.n_tokens for e in splits['test']}
+    out = pathlib.Path(args.out)
+    if args.report_only:
+        saved = json.loads((out / f'{key}_deadlines.json').read_text())
+        summary = summarize(saved['unseen'], saved['kills'], constant_tokens, steps)
+        (out / f'{key}_deadlines.md').write_text(_report(key, summary, saved['command']))
+        print(_report(key, summary, saved['command']))
+        return 0
     goals = _goals(args.goals)
     with served(params_file, pathlib.Path('log') / 'own_model_deadlines_server.log',
                 wait_s=1800.0) as client:
@@ -157,14 +184,13 @@ def main(argv=None):
         long = long[:args.kills]
         kills = _run(client, [g for g, _ in long], POLICY_KILL,
                      [round(r['exec_s'] / 2, 3) for _, r in long], 'kill')
-    summary = summarize(unseen, kills, constant_tokens)
-    text = _report(key, summary, 'python benchmarks/own_model_deadlines.py '
-                   + ' '.join(sys.argv[1:]))
-    out = pathlib.Path(args.out)
+    summary = summarize(unseen, kills, constant_tokens, steps)
+    command = 'python benchmarks/own_model_deadlines.py ' + ' '.join(sys.argv[1:])
+    text = _report(key, summary, command)
     out.mkdir(parents=True, exist_ok=True)
     (out / f'{key}_deadlines.md').write_text(text)
     (out / f'{key}_deadlines.json').write_text(json.dumps(
-        {'summary': summary, 'unseen': unseen, 'kills': kills}, indent=1))
+        {'command': command, 'summary': summary, 'unseen': unseen, 'kills': kills}, indent=1))
     print(text)
     return 0
 

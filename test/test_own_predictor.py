@@ -148,10 +148,13 @@ def test_run_steps_logs_every_line_and_stops_at_a_failure(tmp_path):
     bad = [sys.executable, '-c', 'import sys; print("broken"); sys.exit(3)']
     never = [sys.executable, '-c', 'print("never runs")']
     log = tmp_path / 'build.log'
-    assert predictor_build.run_steps([ok, bad, never], log, out=Out()) == 3
+    assert predictor_build.run_steps([ok, bad, never], log, out=Out(), needed=('python',)) == 3
     for text in (Out.text, log.read_text()):
         assert 'step one done' in text and 'broken' in text and 'exit code 3' in text
         assert 'never runs' not in text
+    # A step others do not need: the next one still runs, the build still fails.
+    assert predictor_build.run_steps([bad, ok], log, out=Out(), needed=()) == 3
+    assert log.read_text().count('step one done') == 2 and '--- ended:' in log.read_text()
     assert predictor_build.run_steps([ok], log, out=Out()) == 0
     assert '--- built:' in log.read_text()
 

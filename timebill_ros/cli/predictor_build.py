@@ -86,15 +86,21 @@ def build_steps(config, common, prompts=0):
             for step in steps]
 
 
-def run_steps(commands, log_file, out=sys.stdout, clock=time.monotonic) -> int:
+NEEDED_STEPS = ('collect',)  # the steps after these cannot run without them
+
+
+def run_steps(commands, log_file, out=sys.stdout, clock=time.monotonic,
+              needed=NEEDED_STEPS) -> int:
     """Run ``commands`` in order, each line to ``out`` and ``log_file``; return the exit code.
 
-    Stops at the first step that fails (its code is returned); a summary line gives each
+    A failing step named in ``needed`` ends the build; another (the RLP, where transformers
+    cannot read the file) is logged and the next step runs (the readout needs only the
+    engine). Returns the first failing step's code (0: all ran); a summary line gives each
     step's minutes.
     """
     log_file = pathlib.Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    spent = []
+    spent, failed = [], 0
     with open(log_file, 'a', encoding='utf-8') as log:
         def say(line):
             out.write(line)
@@ -116,9 +122,11 @@ def run_steps(commands, log_file, out=sys.stdout, clock=time.monotonic) -> int:
             spent.append(f'{name} {(clock() - start) / 60:.1f} min')
             if code:
                 say(f'--- {name} failed (exit code {code}); log: {log_file}\n')
-                return code
-        say(f'--- built: {", ".join(spent)}; log: {log_file}\n')
-    return 0
+                failed = failed or code
+                if name in needed:
+                    return failed
+        say(f'--- {"built" if not failed else "ended"}: {", ".join(spent)}; log: {log_file}\n')
+    return failed
 
 
 def common_args(args):
