@@ -148,16 +148,17 @@ def test_predictor_build_reports_built_files_and_sees_a_running_build(tmp_path, 
     import os
 
     from timebill_ros.cli import predictor as cli_predictor
+    from timebill_ros.cli import predictor_build
     rlp, readout = tmp_path / 'rlp.onnx', tmp_path / 'readout.onnx'
     rlp.write_bytes(b'x')
     readout.write_bytes(b'y')
     args = argparse.Namespace(params=None, set=[f'predictor.model_file={rlp}',
                                                 f'predictor.readout_file={readout}'],
-                              background=True, nice=10)
+                              background=True, nice=10, prompts=0, model=None)
     assert cli_predictor.cmd_build(args, []) == 0
     assert 'predictors built' in capsys.readouterr().out
     lock = tmp_path / 'build.lock'
     lock.write_text(str(os.getpid()))  # a live process: a build is running
-    assert cli_predictor._build_running(lock)
+    assert predictor_build._build_running(lock)
     lock.write_text('999999999')
-    assert not cli_predictor._build_running(lock)
+    assert not predictor_build._build_running(lock)
