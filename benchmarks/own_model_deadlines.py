@@ -13,7 +13,7 @@ state, and sends, from a planner-like client over ROS:
    mean training length (capped at N_max as the answers are), on the same goals.
 2. **Kill**: goals of phase 1 that ran >= 64 tokens, again, under Kill, with a budget of half
    their phase-1 execution time. The overshoot of a KILLED goal is its total time minus the
-   budget, in its own decoding steps (decode time / tokens).
+   budget, in its own decoding steps (its phase-1 decode time per token after the first).
 
 Writes DIR/<model key>.md and .json; the server log goes to log/.
 """
@@ -42,12 +42,14 @@ def _goals(n_test):
     return goals
 
 
-def _params(model, state_file, cache_dir=''):
+def _params(model, state_file, cache_dir='', upper_quantile=None):
     from timebill_ros import params
-    from timebill_ros.config import EngineConfig, ServerConfig, TimingConfig
+    from timebill_ros.config import BudgetConfig, EngineConfig, ServerConfig, TimingConfig
+    budget = BudgetConfig() if upper_quantile is None else BudgetConfig(
+        upper_quantile=upper_quantile)
     config = ServerConfig(engine=EngineConfig(model_path=str(model), max_new_tokens=N_MAX,
                                               model_cache_dir=cache_dir),
-                          timing=TimingConfig(state_file=str(state_file)))
+                          timing=TimingConfig(state_file=str(state_file)), budget=budget)
     path = pathlib.Path('log') / 'own_model_deadlines_params.yaml'
     path.write_text(params.to_yaml(config))
     return config, str(path)
@@ -101,8 +103,11 @@ def summarize(unseen, kills, constant_tokens, steps=None):
                      abs(min(constant_tokens, N_MAX) - min(steps[r['name']], N_MAX))
                      for r in labelled)} if labelled else {})
     killed = [r for r in kills if r['status'] == KILLED]
-    steps = [max(0.0, r['total_s'] - r['budget_s']) / (r['decode_s'] / r['n'])
-             for r in killed if r['n'] > 0 and r['decode_s'] > 0]
+    # A goal's step: its unseen run's decode time per token after the first (which comes
+    # from the prefill's logits), on the same prompt and cache length.
+    step_s = {r['name']: r['decode_s'] / (r['n'] - 1) for r in unseen if r['n'] >= 2}
+    steps = [max(0.0, r['total_s'] - r['budget_s']) / step_s[r['name']]
+             for r in killed if r['name'] in step_s]
     return {'unseen': len(unseen), 'completed': len(done), 'covered': len(covered),
             'coverage': len(covered) / len(done), 'n_hat_mae': mae, 'constant_mae': constant,
             'mae_ratio': mae / constant, 'constant_tokens': constant_tokens,
@@ -152,6 +157,9 @@ def main(argv=None):
     parser.add_argument('--kills', type=int, default=30, help='at most N Kill goals')
     parser.add_argument('--cache', default='', help='engine.model_cache_dir (default: the '
                         'user cache)')
+    parser.add_argument('--upper-quantile', type=float, default=None,
+                        help='budget.upper_quantile (default: the parameter\'s default)')
+    parser.add_argument('--tag', default='deadlines', help='output name: <model key>_<tag>')
     parser.add_argument('--report-only', action='store_true',
                         help='rewrite the report from the saved JSON (no node)')
     args = parser.parse_args(argv)
@@ -164,16 +172,16 @@ def main(argv=None):
     state_file = pathlib.Path('log') / 'own_model_deadlines.online.yaml'
     state_file.unlink(missing_ok=True)
     config, params_file = _params(pathlib.Path(args.model).resolve(), state_file,
-                                  args.cache)
+                                  args.cache, args.upper_quantile)
     key = model_source.model_key(config.engine)
     splits = load_examples(lengths_path(config))
     constant_tokens = statistics.mean(e.n_tokens for e in splits['train'])
     steps = {e.prompt_id: e.n_tokens for e in splits['test']}
     out = pathlib.Path(args.out)
     if args.report_only:
-        saved = json.loads((out / f'{key}_deadlines.json').read_text())
+        saved = json.loads((out / f'{key}_{args.tag}.json').read_text())
         summary = summarize(saved['unseen'], saved['kills'], constant_tokens, steps)
-        (out / f'{key}_deadlines.md').write_text(_report(key, summary, saved['command']))
+        (out / f'{key}_{args.tag}.md').write_text(_report(key, summary, saved['command']))
         print(_report(key, summary, saved['command']))
         return 0
     goals = _goals(args.goals)
@@ -188,8 +196,8 @@ def main(argv=None):
     command = 'python benchmarks/own_model_deadlines.py ' + ' '.join(sys.argv[1:])
     text = _report(key, summary, command)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f'{key}_deadlines.md').write_text(text)
-    (out / f'{key}_deadlines.json').write_text(json.dumps(
+    (out / f'{key}_{args.tag}.md').write_text(text)
+    (out / f'{key}_{args.tag}.json').write_text(json.dumps(
         {'command': command, 'summary': summary, 'unseen': unseen, 'kills': kills}, indent=1))
     print(text)
     return 0

@@ -1,5 +1,6 @@
 """The RLP pipeline on a tiny random Llama: corpus, collect, dataset, train, ONNX, predictor."""
 
+import dataclasses
 import json
 import threading
 
@@ -442,3 +443,30 @@ def test_family_view_holds_whole_families_out(tmp_path):
     assert {e.category for e in by_prompt['test']} & seen['train']  # shared templates
     with pytest.raises(ValueError, match='view must be one of'):
         load_examples(path, 'random')
+
+
+def test_quantile_levels_are_calibrated_on_held_out_prompts(trained_rlp):
+    """Each q gets the lowest level whose N^ covers a share q of held-out answers (>= q)."""
+    from timebill_ros.predictors.readout import OutputFormat, parse_quantile_levels
+    from timebill_ros.training.export import calibrate_quantiles, LEVEL_GRID
+    # Held-out answers longer than the planted ones: the plain q-levels cover too few.
+    held_out = [dataclasses.replace(e, n_tokens=min(64, e.n_tokens + 30))
+                for e in planted(16, 'val')]
+    levels = parse_quantile_levels(calibrate_quantiles(trained_rlp, held_out))
+    assert [q for q, _ in levels] == [0.8, 0.9, 0.95, 0.99]
+    truth = np.array([e.n_tokens for e in held_out], dtype=float)
+    for q, level in levels:
+        assert level >= q
+        covered = (trained_rlp.predict_tokens(held_out, q=level) >= truth).mean()
+        assert covered >= q or level == LEVEL_GRID[-1]
+        lower = [lv for lv in LEVEL_GRID if q <= lv < level]
+        assert all((trained_rlp.predict_tokens(held_out, q=lv) >= truth).mean() < q
+                   for lv in lower)
+    fmt = OutputFormat('classification', 16, 64, 'median', levels)
+    assert fmt.level(0.9) == dict(levels)[0.9] and fmt.level(0.85) == dict(levels)[0.9]
+    assert fmt.level(0.995) == 0.995  # beyond the calibrated ones: q itself
+    assert OutputFormat('classification', 16, 64, 'median').level(0.9) == 0.9
+    assert calibrate_quantiles(trained_rlp, []) == ''
+    for bad in ('0.9', '0.9:x', '1.5:0.9'):
+        with pytest.raises(ValueError, match='quantile_levels'):
+            parse_quantile_levels(bad)

@@ -124,9 +124,10 @@ def cmd_train(args, ros_args):
     settings = _rlp_settings(args, splits['train'][0].n_model)
     model = RlpModel(load_target_model(engine), engine.encode, **settings)
     model.fit(splits['train'], splits['val'])
+    _calibrate(model, splits)
     pt_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({'settings': settings, 'state_dict': model.net.state_dict(),
-                'n_train': model.n_train}, pt_path)
+                'n_train': model.n_train, 'quantile_levels': model.quantile_levels}, pt_path)
     print(f'saved {pt_path}')
     if args.export:
         return _export(model, engine, splits, onnx_path, args.embedding, config.predictor)
@@ -193,6 +194,7 @@ def cmd_export(args, ros_args):
     model = RlpModel(load_target_model(engine), engine.encode, **saved['settings'])
     model.net.load_state_dict(saved['state_dict'])
     model.n_train = saved.get('n_train', 0)
+    model.quantile_levels = saved.get('quantile_levels', '')
     return _export(model, engine, load_examples(_lengths(args, config), args.split_view),
                    onnx_path,
                    args.embedding, config.predictor)
@@ -247,6 +249,7 @@ def cmd_readout(args, ros_args):
                                 n_model=splits['train'][0].n_model, epochs=args.epochs,
                                 seed=args.seed, head=args.head, pool_layers=layers)
     model.fit(splits['train'], splits['val'])
+    _calibrate(model, splits)
     if splits['test']:
         print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
               f'({args.split_view} view, {len(splits["test"])} prompts)')
@@ -342,6 +345,14 @@ def cmd_overlap(args, ros_args):
     out.write_text('Regenerate: `timebill predictor overlap`\n\n' + text + '\n')
     print(f'saved {out}')
     return 0
+
+
+def _calibrate(model, splits):
+    """Set ``model.quantile_levels`` from the val prompts (export.calibrate_quantiles)."""
+    from timebill_ros.training.export import calibrate_quantiles
+    model.quantile_levels = calibrate_quantiles(model, splits['val'])
+    print(f'{model.name}: N^_q levels calibrated on {len(splits["val"])} val prompts (q:level): '
+          f'{model.quantile_levels or "none"}')
 
 
 def _check_examples(splits):

@@ -43,19 +43,39 @@ def read_bucket(logits, readout: str) -> int:
     raise ValueError(f'readout must be one of {READOUTS}, got {readout!r}')
 
 
+def parse_quantile_levels(text: str) -> tuple:
+    """Parse ``0.9:0.95,0.99:0.999`` (q:level pairs) into ((0.9, 0.95), ...) sorted by q.
+
+    ValueError names a malformed pair or a value outside (0, 1].
+    """
+    pairs = []
+    for part in filter(None, (p.strip() for p in str(text).split(','))):
+        try:
+            q, level = (float(v) for v in part.split(':'))
+        except ValueError:
+            raise ValueError(f'quantile_levels: {part!r} is not q:level') from None
+        if not (0.0 < q <= 1.0 and 0.0 < level <= 1.0):
+            raise ValueError(f'quantile_levels: {part!r} is outside (0, 1]')
+        pairs.append((q, level))
+    return tuple(sorted(pairs))
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputFormat:
     """How an exported predictor's output becomes tokens (its ONNX ``timebill.*`` metadata).
 
     kind: ``classification`` (bucket logits or log-probabilities, (C,)) or ``regression``
     (one value, the length / N_model). bucket_tokens: B, tokens. n_model: N_model, tokens.
-    readout: ``argmax`` or ``median``.
+    readout: ``argmax`` or ``median``. quantile_levels: ((q, level), ...) sorted by q: the
+    distribution's level to read when N^_q is asked for, calibrated at the build on held-out
+    prompts (the lowest level whose N^ covered a share q of them, never below q); empty: q.
     """
 
     kind: str
     bucket_tokens: int
     n_model: int
     readout: str
+    quantile_levels: tuple = ()
 
     @classmethod
     def from_metadata(cls, meta: Dict[str, str]) -> 'OutputFormat':
@@ -63,7 +83,8 @@ class OutputFormat:
         try:
             # Files exported before the readout was stored read the argmax, as they were trained.
             return cls(meta['kind'], int(meta['bucket_tokens']), int(meta['n_model']),
-                       meta.get('readout', 'argmax'))
+                       meta.get('readout', 'argmax'),
+                       parse_quantile_levels(meta.get('quantile_levels', '')))
         except (KeyError, ValueError) as exc:
             raise ValueError(f'not a timebill RLP export (metadata {meta!r})') from exc
 
@@ -85,7 +106,21 @@ class OutputFormat:
             return n_max
         return int(min(n_max, n_hat))
 
+    def level(self, q: float) -> float:
+        """Return the distribution level read for N^_q (never below ``q``).
+
+        The calibrated level of the smallest calibrated q' >= q, else ``q`` itself.
+        """
+        for calibrated_q, level in self.quantile_levels:
+            if calibrated_q >= q - 1e-9:
+                return max(q, level)
+        return q
+
     def bounds(self, output, n_max: int, q: Optional[float] = None) -> tuple:
-        """Return (N^, N^_q) of one output, tokens; N^_q None without ``q`` or a distribution."""
-        upper = None if not q or self.kind == 'regression' else self.to_tokens(output, n_max, q)
+        """Return (N^, N^_q) of one output, tokens; N^_q None without ``q`` or a distribution.
+
+        N^_q reads the calibrated level of ``q`` (:meth:`level`).
+        """
+        upper = (None if not q or self.kind == 'regression'
+                 else self.to_tokens(output, n_max, self.level(q)))
         return self.to_tokens(output, n_max), upper

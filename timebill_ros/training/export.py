@@ -36,7 +36,34 @@ def rlp_metadata(model, model_key: str, embedding: str = 'float32') -> Dict[str,
         'model_key': model_key, 'name': model.name,
         'readout': getattr(model, 'readout', 'argmax'), 'head': getattr(model, 'head', 'softmax'),
         'embedding': embedding, 'train_prompts': str(getattr(model, 'n_train', 0)),
-        'vocab_size': str(_vocab_size(model))}
+        'vocab_size': str(_vocab_size(model)),
+        'quantile_levels': getattr(model, 'quantile_levels', '')}
+
+
+CALIBRATED_QUANTILES = (0.8, 0.9, 0.95, 0.99)  # the budget.upper_quantile values calibrated
+LEVEL_GRID = tuple(round(0.8 + 0.005 * i, 3) for i in range(40)) + (0.999,)  # levels tried
+
+
+def calibrate_quantiles(model, held_out, quantiles=CALIBRATED_QUANTILES) -> str:
+    """Return ``q:level`` pairs: per q, the lowest level whose N^ covers a share q of held-out.
+
+    model: a trained classifier (RlpModel or PrefillReadoutModel); held_out: Examples it did
+    not train on (the val split). An answer is covered when the level's N^ (N_model for the
+    top bucket) is >= its length (capped at N_model). The level is never below q; where no
+    level of LEVEL_GRID reaches q the largest is kept. '' for the regression variant or no
+    held-out prompts (the server then reads q itself).
+    """
+    import numpy as np
+    if model.bucket_tokens is None or not held_out:
+        return ''
+    truth = np.array([min(e.n_tokens, model.n_model) for e in held_out], dtype=float)
+    covered = {level: float((model.predict_tokens(held_out, q=level) >= truth).mean())
+               for level in LEVEL_GRID}
+    pairs = []
+    for q in quantiles:
+        level = next((lv for lv in LEVEL_GRID if lv >= q and covered[lv] >= q), LEVEL_GRID[-1])
+        pairs.append(f'{q}:{max(q, level)}')
+    return ','.join(pairs)
 
 
 def _vocab_size(model) -> int:
