@@ -65,9 +65,8 @@ class Row:
 
 def _file_engines(model_path, threads):
     """Return the engines of ``--model``: ours on the file, transformers' fp32 reference."""
-    from transformers import AutoModelForCausalLM
-
     from timebill_ros.engine import LlmEngine
+    from timebill_ros.training.target import transformers_model_of
     ours = LlmEngine.load(EngineConfig(model_path=str(model_path), threads=threads),
                           EvictionConfig())
     engines = {'timebill gguf': ours}
@@ -75,9 +74,7 @@ def _file_engines(model_path, threads):
         engines[PREFILL_ONLY] = LlmEngine.load(EngineConfig(
             model_path=str(model_path), threads=threads, prefill_dtype='float32'),
             EvictionConfig())
-    path = pathlib.Path(model_path).expanduser().resolve()
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 local_files_only=True, dtype=torch.float32)
+    model = transformers_model_of(model_path)
     reference = LlmEngine(EngineConfig(threads=threads, forward='transformers'),
                           EvictionConfig(), model=model, tokenizer=ours.tokenizer)
     return {AGREEMENT_ONLY[0]: reference, **engines}

@@ -23,15 +23,23 @@ def load_target_model(engine):
         return engine.model
     if engine.gguf_file is None:
         raise ValueError('the engine has neither a transformers model nor a GGUF file')
-    from transformers import AutoModelForCausalLM
-    path = pathlib.Path(engine.gguf_file.path).resolve()
+    path = pathlib.Path(engine.gguf_file.path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                     local_files_only=True,
-                                                     dtype=torch.float32)
+        return transformers_model_of(path)
     except (ValueError, KeyError, OSError) as exc:
         raise ValueError(f'transformers cannot load {path.name} for the RLP: {exc}') from exc
-    return model.eval()
+
+
+def transformers_model_of(gguf_path):
+    """Return transformers' fp32 model of the GGUF file's dequantized weights (eval).
+
+    Also enginebench's reference for greedy agreement (bench/engine.py).
+    """
+    from transformers import AutoModelForCausalLM
+    path = pathlib.Path(gguf_path).expanduser().resolve()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                local_files_only=True,
+                                                dtype=torch.float32).eval()
 
 
 def final_norm_weight(engine) -> torch.Tensor:
