@@ -57,8 +57,8 @@ def calibrate_quantiles(model, held_out, quantiles=CALIBRATED_QUANTILES) -> str:
     if model.bucket_tokens is None or not held_out:
         return ''
     truth = np.array([min(e.n_tokens, model.n_model) for e in held_out], dtype=float)
-    covered = {level: float((model.predict_tokens(held_out, q=level) >= truth).mean())
-               for level in LEVEL_GRID}
+    tokens = model.quantile_tokens(held_out, LEVEL_GRID)  # (levels, prompts)
+    covered = dict(zip(LEVEL_GRID, (tokens >= truth).mean(axis=1).tolist()))
     pairs = []
     for q in quantiles:
         level = next((lv for lv in LEVEL_GRID if lv >= q and covered[lv] >= q), LEVEL_GRID[-1])

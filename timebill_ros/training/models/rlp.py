@@ -283,6 +283,17 @@ class RlpModel(LengthModel):
         self.net.load_state_dict(best[1])
         self.net.eval()
 
+    def quantile_tokens(self, examples: Sequence, levels: Sequence[float]) -> np.ndarray:
+        """Return (len(levels), len(examples)) tokens: each example's level-quantile lengths.
+
+        One forward pass per example, read at every level (classification only).
+        """
+        self.net.eval()
+        with torch.inference_mode():
+            outputs = [self._output(example) for example in examples]
+        return np.array([[self.output_tokens(output, level) for output in outputs]
+                         for level in levels], dtype=np.float64)
+
     def predict_tokens(self, examples: Sequence, q: Optional[float] = None) -> np.ndarray:
         """Return predicted lengths in tokens (bucket upper edge, or the regression value).
 
