@@ -164,12 +164,14 @@ def start_background_build(config, common=(), nice=10, prompts=0):
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if _build_running(lock_path):
         return f'predictors are being built already (log: {log_file})'
-    script = ' && '.join(' '.join(_quote(part) for part in command)
-                         for command in build_steps(config, list(common), prompts))
+    # The foreground build in a niced session of its own: its steps write the log
+    # (run_steps); what fails before them (stderr) goes there too.
+    command = [sys.executable, '-m', 'timebill_ros.cli', 'predictor', 'build', *common,
+               '--prompts', str(prompts)]
     with open(log_file, 'a', encoding='utf-8') as log:
-        proc = subprocess.Popen(['nice', '-n', str(nice), 'sh', '-c', script],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=dict(os.environ))
+        proc = subprocess.Popen(['nice', '-n', str(nice), *command], stdout=subprocess.DEVNULL,
+                                stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=dict(os.environ))
     lock_path.write_text(str(proc.pid))
     return (f'building the {" and the ".join(missing)} in the background (pid {proc.pid}, '
             f'log: {log_file}); a server started later loads them, a running one switches '
@@ -184,8 +186,3 @@ def _build_running(lock_path):
     except (OSError, ValueError):
         return False
     return True
-
-
-def _quote(text):
-    import shlex
-    return shlex.quote(str(text))
