@@ -7,7 +7,7 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks examples) setup.py scripts/timebill
 
-.PHONY: venv build test lint run bench bench-deps predictor fuzz soak clean
+.PHONY: venv build test lint run bench bench-deps predictor fuzz soak gpu-check clean
 
 venv:
 	scripts/setup_venv.sh
@@ -72,6 +72,13 @@ bench-deps: venv
 	$(ENV) && if grep -qw amx_int8 /proc/cpuinfo; then \
 		CMAKE_ARGS="$(LLAMA_NO_AMX)" pip install llama-cpp-python==0.3.36; \
 	else pip install llama-cpp-python==0.3.36; fi
+
+# The CUDA path on a machine with an NVIDIA GPU and CUDA torch (docs/gpu.md): refused formats,
+# stop latency and chunked prefill, enginebench --device cuda, the demo's goals on
+# config/jetson_orin.yaml; writes GPU_OUT/gpu_check.md. Nothing else depends on it.
+GPU_OUT ?= log/gpu_check
+gpu-check: build
+	$(ENV) && scripts/gpu_check.sh $(GPU_OUT)
 
 clean:
 	rm -rf build install log

@@ -143,6 +143,31 @@ def test_interrupt_in_decode_abandons_the_step_in_flight(make_tiny_engine):
     assert all(not layer._forward_pre_hooks for layer in engine.model.model.layers)
 
 
+def test_each_layer_check_first_waits_for_the_device(make_tiny_engine):
+    """On a GPU the layers are queued: each check waits for them first (Forward.layer_wait).
+
+    On the CPU there is nothing to wait for. A stand-in wait records where it runs: before
+    every layer's check of the prefill and of each decoding step.
+    """
+    engine = make_tiny_engine()
+    assert engine.forward.layer_wait() is None
+    order = []
+    engine.forward.layer_wait = lambda: (lambda: order.append('wait'))
+
+    class Check(_Recorder):
+        def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+            order.append('check')
+            return super().should_stop(n_generated, last_token_id, n_prefilled)
+
+    ids = engine.encode(PROMPT)
+    state = engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(len(ids)),
+                           interrupt=StopCriteria([Check()]))
+    assert order == ['wait', 'check'] * engine.n_layers
+    order.clear()
+    engine.decode(state, 3, StopCriteria(), interrupt=StopCriteria([Check()]))
+    assert order == ['wait', 'check'] * engine.n_layers * 2  # two steps after token 1
+
+
 def test_interrupt_during_eviction(make_tiny_engine):
     """Eviction checks the interrupt criteria between layers."""
     engine = make_tiny_engine()

@@ -262,3 +262,27 @@ def test_threads_of_their_own_and_any_thread_count(gemm):
     for worker in workers:
         worker.join()
     assert failures == []
+
+
+def test_a_tensor_off_the_cpu_is_refused_not_dereferenced(gemm):
+    """Each entry point checks its tensors' device (a GPU tensor's pointer would crash).
+
+    ``meta`` tensors stand in for CUDA ones: not on the CPU, no memory behind them.
+    """
+    qtype = GGMLQuantizationType.Q4_1
+    blocks, _ = _blocks(qtype, 64, 256, seed=3)
+    packed = gemm.pack(blocks, int(qtype), 256)
+    x = torch.randn(1, 256)
+    off = {'x': x.to('meta'), 'packed': packed.to('meta'), 'blocks': blocks.to('meta')}
+    with pytest.raises(RuntimeError, match='x must be a CPU tensor'):
+        gemm.gemm(off['x'], packed, int(qtype), 64, False)
+    with pytest.raises(RuntimeError, match='blocks must be a CPU tensor'):
+        gemm.gemm(x, off['packed'], int(qtype), 64, False)
+    with pytest.raises(RuntimeError, match='blocks must be a CPU tensor'):
+        gemm.pack(off['blocks'], int(qtype), 256)
+    with pytest.raises(RuntimeError, match='blocks must be a CPU tensor'):
+        gemm.dequantize(off['blocks'], int(qtype), 256)
+    with pytest.raises(RuntimeError, match='q must be a CPU tensor'):
+        gemm.attention_step(torch.empty(1, 64, device='meta'), [torch.empty(1, 1, 4, 64)],
+                            [torch.empty(1, 1, 4, 64)], [0], [1], 1, 0.125)
+    assert gemm.gemm(x, packed, int(qtype), 64, False).shape == (1, 64)

@@ -266,6 +266,19 @@ def test_a_gguf_file_on_another_device_is_refused(bpe_file):
         LlmEngine(EngineConfig(model_path=str(bpe_file), device='cuda'), EvictionConfig())
 
 
+@pytest.mark.parametrize('fields', [{'decode_weights': 'gguf', 'device': 'cuda'},
+                                    {'decode_weights': 'gguf', 'device': 'cuda:1'},
+                                    {'model_path': 'my.Q4_K_M.GGUF', 'device': 'cuda:0'}])
+def test_a_format_the_gpu_cannot_run_is_refused_at_configure(fields):
+    """The GGUF kernels read host memory: refused before any model loads (issue 41)."""
+    with pytest.raises(ValueError, match=r"engine.device 'cuda(:\d)?'.*CPU kernels"):
+        EngineConfig(**fields)
+    assert EngineConfig(**{**fields, 'device': 'cpu'}).device == 'cpu'
+    assert EngineConfig(device='cuda', decode_weights='float16').device == 'cuda'
+    with pytest.raises(TypeError, match='engine.device'):
+        EngineConfig(device=None)
+
+
 def test_a_base_model_gets_plain_text_with_bos(spm_file):
     engine = LlmEngine(EngineConfig(model_path=str(spm_file)), EvictionConfig())
     ids = engine.encode('ab', system_prompt='abc')

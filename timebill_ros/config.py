@@ -109,6 +109,7 @@ class EngineConfig:
         check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
         check_choice('engine.prefill_dtype', self.prefill_dtype, PREFILL_DTYPES)
         check_nonneg_real('engine.stop_bound_s', self.stop_bound_s)
+        self._check_device()
         if (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                 or self.threads < 0):
             raise ValueError(f'engine.threads must be an int >= 0, got {self.threads!r}')
@@ -119,6 +120,25 @@ class EngineConfig:
             raise ValueError(
                 f'engine.max_new_tokens ({self.max_new_tokens}) exceeds '
                 f'engine.max_model_new_tokens ({self.max_model_new_tokens})')
+
+    def _check_device(self):
+        """Refuse a device that the chosen weight format cannot run on (ValueError).
+
+        The GGUF kernels read host memory only: a ``.gguf`` model_path and ``decode_weights:
+        gguf`` run on the CPU (engine/kernels); on a GPU the embedded model is served from its
+        converted transformers copy, a user's model from a transformers directory.
+        """
+        if not isinstance(self.device, str) or not self.device:
+            raise TypeError(f'engine.device must be a torch device name, got {self.device!r}')
+        if self.device.split(':', 1)[0] == 'cpu':
+            return
+        if self.model_path.lower().endswith('.gguf'):
+            raise ValueError(f'engine.device {self.device!r}: a .gguf model_path runs on the '
+                             'CPU kernels; use engine.device cpu, or a transformers directory '
+                             'of the model on the GPU')
+        if self.decode_weights == 'gguf':
+            raise ValueError(f'engine.device {self.device!r}: decode_weights gguf runs on the '
+                             'CPU kernels; use float32, float16 or auto on the GPU')
 
 
 @dataclasses.dataclass(frozen=True)

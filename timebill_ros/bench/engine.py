@@ -39,6 +39,8 @@ from timebill_ros.engine.stopping import StopCriteria
 FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
            ('lean fp16', 'lean', 'float16'), ('lean int8', 'lean', 'int8'),
            ('lean gguf', 'lean', 'gguf'))
+# ``--device cuda``: the GGUF kernels run on the CPU only (EngineConfig refuses them there).
+GPU_FORMATS = tuple(f for f in FORMATS if f[2] != 'gguf')
 DECODE_KV = (100, 1000, 3000)
 BATCH_SIZES = (1, 2, 4, 8)
 BATCH_KV = 100  # prompt tokens of every row of a batch
@@ -80,13 +82,14 @@ def _file_engines(model_path, threads):
     return {AGREEMENT_ONLY[0]: reference, **engines}
 
 
-def _engines(formats, threads):
+def _engines(formats, threads, device='cpu'):
     from timebill_ros.engine import LlmEngine
-    first = LlmEngine.load(EngineConfig(threads=threads, forward='transformers'),
+    first = LlmEngine.load(EngineConfig(threads=threads, forward='transformers', device=device),
                            EvictionConfig())
     engines = {}
     for name, forward, decode_weights in formats:
-        config = EngineConfig(threads=threads, forward=forward, decode_weights=decode_weights)
+        config = EngineConfig(threads=threads, forward=forward, decode_weights=decode_weights,
+                              device=device)
         engines[name] = LlmEngine(config, EvictionConfig(), model=first.model,
                                   tokenizer=first.tokenizer)
     return engines
@@ -203,16 +206,25 @@ def _measure_agreement(engines, rows, n_prompts, n_tokens, progress, llama=None)
             f'{n}: {rows[n].agreement[-1]["same_prefix"]}' for n in answers))
 
 
-def copy_bandwidth_gbs(megabytes=256, repeats=5) -> float:
+def copy_bandwidth_gbs(megabytes=256, repeats=5, device='cpu') -> float:
     """Return the best of ``repeats`` copies of a ``megabytes`` buffer: read + write, GB/s."""
-    source = torch.empty(megabytes * 2 ** 20 // 4, dtype=torch.float32).uniform_()
+    source = torch.empty(megabytes * 2 ** 20 // 4, dtype=torch.float32,
+                         device=device).uniform_()
     target = torch.empty_like(source)
     best = float('inf')
     for _ in range(repeats):
+        _synchronize(device)
         start = time.perf_counter()
         target.copy_(source)
+        _synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * source.numel() * 4 / best / 1e9
+
+
+def _synchronize(device) -> None:
+    """Wait for a GPU's queued work before a clock read; nothing on the CPU."""
+    if torch.device(device).type == 'cuda':
+        torch.cuda.synchronize(device)
 
 
 def step_weight_bytes(engine) -> int:
@@ -237,7 +249,9 @@ def report(rows, meta) -> str:
     reference = next(iter(rows.values()))  # of the greedy agreement
     timed = {name: row for name, row in rows.items() if row.decode_s or row.prefill_s}
     speed_reference = next(row for row in timed.values() if row.decode_s)
-    lines = [f'# Engine speed ({meta["model"]}, {meta["threads"]} threads)', '',
+    where = (f'{meta["threads"]} threads' if meta.get('device', 'cpu') == 'cpu'
+             else f'{meta["device"]}, {meta["threads"]} CPU threads')
+    lines = [f'# Engine speed ({meta["model"]}, {where})', '',
              f'Command: `{meta["command"]}`; {meta["rounds"]} interleaved rounds, medians; '
              f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s.', '',
              '| engine | ' + ' | '.join(f'decode ms/token @{n} KV' for n in kvs)
@@ -333,14 +347,14 @@ def _write(out, rows, meta, progress):
     progress(text)
 
 
-def _auto_choice(threads) -> str:
+def _auto_choice(threads, device='cpu') -> str:
     """Return what ``decode_weights: auto`` chooses on this machine, with its step times.
 
     An engine of its own, loaded as the server loads it: ``gguf`` competes only on the
     embedded model loaded by the engine itself.
     """
     from timebill_ros.engine import LlmEngine
-    auto = LlmEngine.load(EngineConfig(threads=threads, decode_weights='auto'),
+    auto = LlmEngine.load(EngineConfig(threads=threads, decode_weights='auto', device=device),
                           EvictionConfig())
     probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms/step'
                       for name, seconds in auto.step_format_probe.items())
@@ -388,6 +402,8 @@ def _command(args) -> str:
     parts = ['timebill enginebench']
     if args.model:
         parts.append(f'--model {pathlib.Path(args.model).name}')
+    if args.device != 'cpu':
+        parts.append(f'--device {args.device}')
     if args.quick:
         parts.append('--quick')
     if args.agreement_prompts != AGREEMENT_PROMPTS and not args.quick:
@@ -412,13 +428,15 @@ def run_enginebench(args, progress=print) -> int:
         engines, auto = _file_engines(args.model, args.threads), ''
         prefill_dtype = _prefill_choice(engines['timebill gguf'])
     else:
-        engines = _engines(FORMATS, args.threads)
-        auto = _auto_choice(args.threads)
+        gpu = torch.device(args.device).type != 'cpu'
+        engines = _engines(GPU_FORMATS if gpu else FORMATS, args.threads, args.device)
+        auto = _auto_choice(args.threads, args.device)
         progress(f'decode_weights auto chooses {auto}')
     rows = {name: Row(name) for name in engines}
     kvs = DECODE_KV[:2] if args.quick else DECODE_KV
     xs = PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS
-    llama, llama_note = _llama(args, kvs, xs)
+    llama, llama_note = _llama(args, kvs, xs) if args.device == 'cpu' else (
+        None, f'not run: the engine is on {args.device}.')
     if llama is not None:
         rows[llama.name] = Row(llama.name)
     with torch.inference_mode():
@@ -427,10 +445,10 @@ def run_enginebench(args, progress=print) -> int:
         _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
     _measure_agreement(engines, rows, 2 if args.quick else args.agreement_prompts,
                        args.agreement_tokens, progress, llama)
-    bandwidth = copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth_gbs(device=args.device)
     floor_ms = _floors(engines, llama, bandwidth, args.model)
     first = list(engines.values())[-1]
-    meta = {'model': first.model_key, 'threads': torch.get_num_threads(),
+    meta = {'model': first.model_key, 'threads': torch.get_num_threads(), 'device': args.device,
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
             'agreement_tokens': args.agreement_tokens, 'llama_cpp': llama_note, 'auto': auto,
             'prefill_dtype': prefill_dtype,
@@ -454,5 +472,8 @@ def add_arguments(parser):
                         "fp32 on its weights as the agreement's reference")
     parser.add_argument('--agreement-tokens', type=int, default=AGREEMENT_TOKENS,
                         help='tokens of each greedy answer compared')
+    parser.add_argument('--device', default='cpu',
+                        help='torch device of the embedded model (cuda: no gguf row, no '
+                        'llama.cpp row; not with --model, whose kernels run on the CPU)')
     parser.add_argument('--from-json', default='', metavar='JSON',
                         help='only re-make the table and plot of a saved run')

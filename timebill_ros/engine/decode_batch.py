@@ -121,8 +121,8 @@ class DecodeBatch:
         first = state.first_token
         if sampler is not None and state.logits is not None:
             first = sampler(state.logits)
-        row = _Row(state, limit, stop, stream, PassHooks(interrupt), self.engine.clock(),
-                   [first], sampler)
+        hooks = PassHooks(interrupt, wait=self.engine.forward.layer_wait())
+        row = _Row(state, limit, stop, stream, hooks, self.engine.clock(), [first], sampler)
         stream.after_token(row.tokens)
         row_id, self._next_id = self._next_id, self._next_id + 1
         self._rows[row_id] = row

@@ -11,7 +11,7 @@ readout pools (:class:`HiddenPool`).
 import contextlib
 import copy
 import dataclasses
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -126,13 +126,16 @@ class PassHooks:
     ``n_generated`` / ``n_prefilled`` are set by the engine before each pass and handed to it.
     n_positions: > 0 keeps each attention layer's last ``n_positions`` inputs in ``inputs``
     (layer index -> ScorerInputs), across chunk edges. pool: a :class:`HiddenPool` the
-    prefill passes add its layers' outputs to (None: not pooled).
+    prefill passes add its layers' outputs to (None: not pooled). wait: called before each
+    interrupt check (a CUDA synchronize: the GPU runs the layers queued before it, so a check
+    at launch time alone would let a stop wait for the whole queued pass).
     """
 
     def __init__(self, interrupt: Optional[StopCriteria] = None, n_positions: int = 0,
-                 pool: Optional[HiddenPool] = None):
+                 pool: Optional[HiddenPool] = None, wait: Optional[Callable[[], None]] = None):
         """Check ``interrupt`` per layer; capture ``n_positions`` attention inputs (0: none)."""
         self.interrupt = interrupt if interrupt is not None and interrupt.criteria else None
+        self.wait = wait
         self.n_positions = n_positions
         self.pool = pool
         self.n_generated = 0
@@ -153,6 +156,8 @@ class PassHooks:
         """Raise :class:`Interrupted` when an interrupt criterion fires."""
         if self.interrupt is None:
             return
+        if self.wait is not None:
+            self.wait()
         reason = self.interrupt.check(self.n_generated, None, self.n_prefilled)
         if reason is not None:
             raise Interrupted(reason)
@@ -225,6 +230,19 @@ class Forward:
     def device(self) -> torch.device:
         """The torch device the passes run on."""
         return self.model.device
+
+    def synchronize(self) -> None:
+        """Wait until the device has run every queued pass (CUDA); nothing on the CPU.
+
+        Called before a clock read that times device work, and between layers where a stop
+        must land within one layer (:class:`PassHooks` ``wait``).
+        """
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize(self.device)
+
+    def layer_wait(self) -> Optional[Callable[[], None]]:
+        """Return what :class:`PassHooks` calls before each layer's check: None on the CPU."""
+        return self.synchronize if self.device.type == 'cuda' else None
 
     def new_cache(self):
         """Return an empty KV cache for one goal."""

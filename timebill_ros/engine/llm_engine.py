@@ -201,17 +201,14 @@ class LlmEngine:
 
         No transformers model is built (``self.model`` stays None); the tokenizer and chat
         template come from the file. ``decode_weights`` becomes ``gguf`` (what every step
-        runs) and ``prefill_dtype`` what ``auto`` resolved to. ValueError for a device other
-        than the CPU (the kernels run there).
+        runs) and ``prefill_dtype`` what ``auto`` resolved to. The device is the CPU: the
+        kernels run there, and EngineConfig refuses any other with a ``.gguf`` model_path.
         """
         from timebill_ros.engine.gguf.file import GgufFile
         from timebill_ros.engine.gguf.tokenizer import build_tokenizer
         from timebill_ros.engine.models import load_decoder
         from timebill_ros.engine.models.weights import prefill_dtype
-        config = self.engine_config
-        if torch.device(config.device).type != 'cpu':
-            raise ValueError(f'engine.device {config.device!r}: a .gguf model_path runs on the '
-                             'CPU kernels; use engine.device cpu')
+        config = self.engine_config  # a CPU device (EngineConfig refuses others)
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         self.gguf_file = GgufFile(path)
@@ -404,7 +401,7 @@ class LlmEngine:
                           store.block_tokens if store is not None else 0)
         begin = self._load_prefix(ids, prefix, cache, pool)
         n_cached, n_chunks = begin, 0
-        hooks = PassHooks(interrupt, window + 1, pool)
+        hooks = PassHooks(interrupt, window + 1, pool, self.forward.layer_wait())
         with torch.inference_mode(), self.forward.hooked(hooks):
             while begin < len(ids):
                 reason = stop.check(0, None, begin)

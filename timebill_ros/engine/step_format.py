@@ -56,8 +56,10 @@ def forward_step_s(forward, token_ids: Sequence[int], steps: int = PROBE_STEPS) 
     """
     cache = forward.new_cache()
     forward.run(list(token_ids), 0, cache, step=False)
+    forward.synchronize()
     position, token = len(token_ids), int(token_ids[-1])
     start = time.perf_counter()
     for offset in range(steps):
         forward.run([token], position + offset, cache, step=True)
+    forward.synchronize()  # a GPU's steps are queued: time their work, not their launches
     return (time.perf_counter() - start) / steps

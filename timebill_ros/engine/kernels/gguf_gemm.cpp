@@ -656,6 +656,13 @@ void gemm_raw(int64_t qtype, const uint8_t* w, const float* xp, int64_t M, int64
   (void)use_avx2;
 }
 
+// Every tensor these kernels read or write is host memory: a CUDA (or other device) tensor's
+// data_ptr would be dereferenced on the CPU, a crash rather than an error.
+void check_cpu(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be a CPU tensor (the GGUF kernels run on the "
+              "CPU), got one on ", t.device());
+}
+
 void check_type_and_k(int64_t qtype, int64_t K) {
   TORCH_CHECK(block_bytes(qtype) > 0, "unsupported GGML type ", qtype, TYPES_HELP);
   TORCH_CHECK(K > 0 && K % QK == 0, "K must be a positive multiple of 32, got ", K);
@@ -667,6 +674,7 @@ void check_type_and_k(int64_t qtype, int64_t K) {
 void check_packed(const torch::Tensor& packed, int64_t qtype, int64_t K, int64_t N,
                   const char* what) {
   check_type_and_k(qtype, K);
+  check_cpu(packed, what);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 &&
               packed.is_contiguous(), what, " must be a contiguous packed uint8 tensor");
   TORCH_CHECK(N > 0 && packed.size(0) == (N + GROUP - 1) / GROUP &&
@@ -680,6 +688,7 @@ void check_packed(const torch::Tensor& packed, int64_t qtype, int64_t K, int64_t
 torch::Tensor pack(torch::Tensor blocks, int64_t qtype, int64_t K) {
   check_type_and_k(qtype, K);
   const int64_t bb = block_bytes(qtype), nb = K / QK;
+  check_cpu(blocks, "blocks");
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
               blocks.is_contiguous() && blocks.size(1) == nb * bb,
               "blocks must be a contiguous (N, ", nb * bb, ") uint8 tensor for ", K,
@@ -709,6 +718,7 @@ torch::Tensor pack(torch::Tensor blocks, int64_t qtype, int64_t K) {
 // ``portable`` forces the scalar path (tests compare both).
 torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N,
                    bool portable) {
+  check_cpu(x, "x");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous (M, K) float32 tensor");
   const int64_t M = x.size(0), K = x.size(1);
@@ -1066,6 +1076,8 @@ Caches check_caches(const std::vector<torch::Tensor>& keys,
   for (int64_t r = 0; r < M; ++r) {
     const auto& k = keys[r];
     const auto& v = values[r];
+    check_cpu(k, "keys");
+    check_cpu(v, "values");
     TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == caches.n_kv_heads &&
                 k.size(3) == caches.dim && k.is_contiguous() && v.is_contiguous() &&
                 k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
@@ -1088,6 +1100,7 @@ Caches check_caches(const std::vector<torch::Tensor>& keys,
 torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
                              std::vector<torch::Tensor> values, std::vector<int64_t> first,
                              std::vector<int64_t> n_live, int64_t n_heads, double scaling) {
+  check_cpu(q, "q");
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
               "q must be a contiguous (M, n_heads * D) float32 tensor");
   const int64_t M = q.size(0);
@@ -1117,6 +1130,7 @@ torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
 torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, TYPES_HELP);
+  check_cpu(blocks, "blocks");
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
               blocks.is_contiguous() && blocks.size(1) == K / QK * bb && K % QK == 0,
               "blocks must be a contiguous (N, K / 32 * block bytes) uint8 tensor");
@@ -1141,6 +1155,7 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
 torch::Tensor unpack_rows(torch::Tensor packed, int64_t qtype, int64_t K, int64_t N,
                           torch::Tensor rows) {
   check_packed(packed, qtype, K, N, "blocks");
+  check_cpu(rows, "rows");
   TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(),
               "rows must be a contiguous 1-D int64 tensor");
   const int64_t R = rows.size(0), nb = K / QK, bb = block_bytes(qtype);
@@ -1213,6 +1228,7 @@ void gemm_parts(const Parts& parts, const float* x, int64_t M, int64_t K, float*
 // An optional norm weight: empty (numel 0) means none.
 const float* optional(const torch::Tensor& t, int64_t n, const char* what) {
   if (t.numel() == 0) return nullptr;
+  check_cpu(t, what);
   TORCH_CHECK(t.numel() == n && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
               what, " must be a contiguous float32 tensor of ", n, " values, or empty");
   return t.data_ptr<float>();
@@ -1237,6 +1253,9 @@ torch::Tensor decoder_step(
     torch::Tensor ffn_norm, std::vector<torch::Tensor> gate_up,
     std::vector<int64_t> gate_up_types, std::vector<int64_t> gate_up_rows, int64_t activation,
     torch::Tensor down, int64_t down_type, torch::Tensor post_ffn_norm) {
+  check_cpu(x, "x");
+  check_cpu(cos, "cos");
+  check_cpu(sin, "sin");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous (M, hidden) float32 tensor");
   const int64_t M = x.size(0), hidden = x.size(1);

@@ -1,0 +1,299 @@
+"""The CUDA path in one command (``make gpu-check``): what a Jetson user's GPU would run.
+
+    python benchmarks/gpu_check.py refusals --out DIR   # formats the GPU cannot run: refused
+    python benchmarks/gpu_check.py stops    --out DIR   # prefill cost of chunks, stop latency
+    python benchmarks/gpu_check.py demo     --out DIR   # the demo's goals through the core
+
+Each part appends its rows to ``DIR/gpu_check.jsonl`` and prints a short table;
+``report`` makes ``DIR/gpu_check.md`` of them. ``scripts/gpu_check.sh`` runs every part and
+``timebill enginebench --device cuda``. No ROS here: the node is a thin layer over the core
+service the demo part drives (``factory.build_service``, the node's own start-up), and rclpy
+never touches the GPU.
+
+``stops``: the embedded model on the GPU in float16 (config/jetson_orin.yaml), a robot-log
+prompt of ~4.7k tokens. Its prefill unchunked and in the default chunks; then a cancel set by
+a timer at 20 / 50 / 80 % of the prefill (and once mid-decode), with and without the per-layer
+synchronize of ``Forward.layer_wait``. Latency: the cancel's set time to the moment the engine
+stopped (``raised``) and to the moment the GPU was idle again (``idle``), against one decoder
+layer of a chunk (the chunk's time / layers).
+"""
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+from timebill_ros import prompts
+from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.engine.llm_engine import GenerationStopped, fixed_chunks
+from timebill_ros.engine.stopping import CancelStop, StopCriteria
+
+LONG_LINES = 260   # robot-log lines: 4,742 tokens with the embedded tokenizer
+CANCEL_AT = (0.2, 0.5, 0.8)   # of the prefill's time
+REPEATS = 3
+
+
+def _append(out, part, rows):
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / 'gpu_check.jsonl', 'a', encoding='utf-8') as f:
+        for row in rows:
+            f.write(json.dumps({'part': part, **row}) + '\n')
+
+
+DEVICE = ['cuda']  # --device: cpu only to try this script out on a machine without a GPU
+
+
+def _device():
+    if DEVICE[0] == 'cuda' and not torch.cuda.is_available():
+        sys.exit('gpu_check: torch sees no CUDA device')
+    return DEVICE[0]
+
+
+# --- refusals ------------------------------------------------------------------------------
+def run_refusals(out):
+    """Check that the formats that would crash on a GPU are refused with a ValueError."""
+    gpu = torch.cuda.get_device_name(0) if _device() == 'cuda' else 'no GPU'
+    rows = [{'what': 'env', 'torch': torch.__version__, 'cuda': torch.version.cuda,
+             'gpu': gpu, 'python': platform.python_version()}]
+    for name, kwargs in (('decode_weights gguf on cuda', {'decode_weights': 'gguf'}),
+                         ('a .gguf model_path on cuda', {'model_path': 'model.gguf'})):
+        try:
+            EngineConfig(device=_device(), **kwargs)
+            rows.append({'what': name, 'ok': False, 'error': 'accepted'})
+        except ValueError as exc:
+            rows.append({'what': name, 'ok': True, 'error': str(exc)})
+    _append(out, 'refusals', rows)
+    for row in rows:
+        print(row)
+
+
+# --- stops ---------------------------------------------------------------------------------
+def _prefill_s(engine, ids, chunk_tokens):
+    engine.forward.synchronize()
+    start = time.perf_counter()
+    state = engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(chunk_tokens))
+    engine.forward.synchronize()
+    return time.perf_counter() - start, state.n_chunks
+
+
+def _stop_latency(engine, run, at_s):
+    """Return (raised_s, idle_s, stopped) of a cancel set ``at_s`` seconds into ``run``."""
+    event, marks = threading.Event(), {}
+
+    def cancel():
+        marks['set'] = time.perf_counter()
+        event.set()
+
+    timer = threading.Timer(at_s, cancel)
+    engine.forward.synchronize()
+    timer.start()
+    stopped = run(StopCriteria([CancelStop(event)]))
+    raised = time.perf_counter()
+    engine.forward.synchronize()
+    idle = time.perf_counter()
+    timer.cancel()
+    if 'set' not in marks:
+        return None, None, stopped
+    return raised - marks['set'], idle - marks['set'], stopped
+
+
+def _prefill_run(engine, ids, chunk_tokens):
+    def run(interrupt):
+        try:
+            engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(chunk_tokens),
+                           interrupt=interrupt)
+        except GenerationStopped:
+            return True
+        return False
+    return run
+
+
+def _decode_run(engine, ids, n_tokens):
+    state = engine.prefill(ids, StopCriteria())  # a fresh cache a run
+
+    def run(interrupt):
+        out = engine.decode(state, n_tokens, StopCriteria(), interrupt=interrupt)
+        return len(out.token_ids) < n_tokens
+    return run
+
+
+def run_stops(out, lines=LONG_LINES):
+    """Prefill cost of chunking and cancel latency on the GPU, with and without layer waits."""
+    dtype = 'float16' if _device() == 'cuda' else 'float32'
+    # No loop guard: the decode cancel below must find the answer still running.
+    engine = LlmEngine.load(EngineConfig(device=_device(), dtype=dtype, loop_guard=False),
+                            EvictionConfig())
+    ids = engine.encode(prompts.long_prompt(lines, 7))
+    chunk = engine.engine_config.prefill_chunk_tokens
+    _prefill_s(engine, ids, len(ids))   # warm-up: kernels, allocator
+    rows = []
+    for chunk_tokens in (len(ids), chunk, 128):
+        times = [_prefill_s(engine, ids, chunk_tokens) for _ in range(REPEATS)]
+        seconds = statistics.median(t for t, _ in times)
+        rows.append({'what': 'prefill', 'n_x': len(ids), 'chunk_tokens': chunk_tokens,
+                     'n_chunks': times[0][1], 'prefill_s': seconds,
+                     'layer_of_chunk_s': seconds / times[0][1] / engine.n_layers})
+    base = rows[1]
+    decode_s = engine.measure_decode_step_s(512)
+    for wait in (True, False):
+        if not wait:
+            engine.forward.layer_wait = lambda: None
+        for fraction in CANCEL_AT:
+            raised, idle, stopped = _stop_latency(
+                engine, _prefill_run(engine, ids, chunk), fraction * base['prefill_s'])
+            rows.append({'what': 'cancel in prefill', 'layer_wait': wait, 'at': fraction,
+                         'stopped': stopped, 'raised_s': raised, 'idle_s': idle,
+                         'layer_s': base['layer_of_chunk_s']})
+        raised, idle, stopped = _stop_latency(engine, _decode_run(engine, ids[:512], 400),
+                                              8 * decode_s)
+        rows.append({'what': 'cancel in decode', 'layer_wait': wait, 'stopped': stopped,
+                     'raised_s': raised, 'idle_s': idle,
+                     'layer_s': decode_s / engine.n_layers, 'step_s': decode_s})
+        engine.forward.__dict__.pop('layer_wait', None)
+    _append(out, 'stops', rows)
+    for row in rows:
+        print({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()})
+
+
+# --- demo ----------------------------------------------------------------------------------
+def run_demo(out, params_file):
+    """Send the demo planner's goals through the core service the node runs, on the GPU."""
+    from timebill_ros.cli.demo import burst_goals, demo_goals
+    from timebill_ros.params import load_config
+    from timebill_ros.server.factory import build_service
+    from timebill_ros.server.goals import GoalRejected, GoalRequest
+    config = load_config(params_file)
+    start = time.perf_counter()
+    service = build_service(config)
+    service.start()
+    rows = [{'what': 'start-up', 'seconds': time.perf_counter() - start,
+             'decode_weights': service.engine.engine_config.decode_weights,
+             'device': str(service.engine.device), 'params': params_file}]
+    print(rows[0])
+    try:
+        for together, goals in ((False, demo_goals()), (True, burst_goals())):
+            rows += _run_goals(service, goals, together, GoalRequest, GoalRejected)
+    finally:
+        service.shutdown()
+    _append(out, 'demo', rows)
+
+
+def _run_goals(service, goals, together, request_type, rejected_type):
+    pending = []
+    for label, prompt, budget_s, n_max, policy in goals:
+        done, box = threading.Event(), []
+        request = request_type(prompt=prompt, budget_s=budget_s, max_new_tokens=n_max,
+                               overrun_policy=policy, goal_id=label)
+        try:
+            service.submit(request, lambda feedback: None,
+                           lambda result, box=box, done=done: (box.append(result), done.set()))
+        except rejected_type as exc:
+            box.append(None)
+            done.set()
+            pending.append((label, budget_s, done, box, f'refused: {exc}'))
+            continue
+        pending.append((label, budget_s, done, box, ''))
+        if not together:
+            done.wait(120.0)
+    rows = []
+    for label, budget_s, done, box, refused in pending:
+        finished = done.wait(120.0)
+        result = box[0] if box else None
+        row = {'what': 'goal', 'label': label, 'budget_s': budget_s, 'finished': finished}
+        if result is None:
+            row['status'] = refused or 'no result'
+        else:
+            row.update(status=result.status_name, total_s=result.total_time_s,
+                       wcet_s=result.predicted_wcet_s, execution_s=result.execution_time_s,
+                       kill_latency_s=result.kill_latency_s, tokens=result.response_tokens,
+                       deadline_met=result.deadline_met, alpha=result.eviction_ratio,
+                       message=result.message)
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+        rows.append(row)
+    return rows
+
+
+# --- report --------------------------------------------------------------------------------
+def report(out):
+    """Write ``gpu_check.md`` from ``gpu_check.jsonl``."""
+    rows = [json.loads(line) for line in open(out / 'gpu_check.jsonl', encoding='utf-8')]
+    lines = ['# The CUDA path', '']
+    for row in rows:
+        if row.get('what') == 'env':
+            lines.append(f"{row['gpu']}, torch {row['torch']} (CUDA {row['cuda']}), Python "
+                         f"{row['python']}.")
+    lines += ['', '## Refused formats', '', '| configuration | refused | message |',
+              '|---|---|---|']
+    lines += [f"| {r['what']} | {'yes' if r['ok'] else 'NO'} | {r['error']} |"
+              for r in rows if r['part'] == 'refusals' and 'ok' in r]
+    lines += ['', '## Prefill of a long prompt', '',
+              '| N_x | chunk tokens | chunks | prefill s | one layer of a chunk, ms |',
+              '|---|---|---|---|---|']
+    lines += [f"| {r['n_x']} | {r['chunk_tokens']} | {r['n_chunks']} | {r['prefill_s']:.3f} | "
+              f"{r['layer_of_chunk_s'] * 1e3:.2f} |" for r in rows if r['what'] == 'prefill']
+    lines += ['', '## Cancel latency', '',
+              '| where | layer wait | at | stopped | raised ms | GPU idle ms | one layer ms |',
+              '|---|---|---|---|---|---|---|']
+    for r in rows:
+        if r['what'].startswith('cancel'):
+            lines.append(f"| {r['what'][10:]} | {'on' if r['layer_wait'] else 'off'} | "
+                         f"{r.get('at', '-')} | {r['stopped']} | {_ms(r['raised_s'])} | "
+                         f"{_ms(r['idle_s'])} | {r['layer_s'] * 1e3:.2f} |")
+    goals = [r for r in rows if r['what'] == 'goal']
+    if goals:
+        params = next((r.get('params', '') for r in rows if r['what'] == 'start-up'), '')
+        lines += ['', f'## The demo goals ({params})', '']
+        lines += [f"Start-up {r['seconds']:.1f} s, decode_weights {r['decode_weights']} on "
+                  f"{r['device']}." for r in rows if r['what'] == 'start-up']
+        lines += ['', '| goal | budget s | status | total s | t^_WCET s | execution s | '
+                  'kill latency ms | tokens | met |', '|---|---|---|---|---|---|---|---|---|']
+        for r in goals:
+            lines.append(f"| {r['label']} | {r['budget_s']} | {r['status']} | "
+                         f"{_num(r.get('total_s'))} | {_num(r.get('wcet_s'))} | "
+                         f"{_num(r.get('execution_s'))} | {_ms(r.get('kill_latency_s'))} | "
+                         f"{r.get('tokens', '-')} | {r.get('deadline_met', '-')} |")
+    (out / 'gpu_check.md').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    print('\n'.join(lines))
+
+
+def _ms(seconds):
+    return '-' if seconds is None else f'{seconds * 1e3:.1f}'
+
+
+def _num(value):
+    return '-' if value is None else f'{value:.3f}'
+
+
+def main(argv=None):
+    """Run one part of the check (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('part', choices=('refusals', 'stops', 'demo', 'report'))
+    parser.add_argument('--out', default='log/gpu_check')
+    parser.add_argument('--params', default='config/jetson_orin.yaml')
+    parser.add_argument('--device', default='cuda', help='cpu: try the script out only')
+    parser.add_argument('--lines', type=int, default=LONG_LINES,
+                        help="stops: the prompt's log lines")
+    args = parser.parse_args(argv)
+    DEVICE[0] = args.device
+    out = pathlib.Path(args.out)
+    if args.part == 'refusals':
+        run_refusals(out)
+    elif args.part == 'stops':
+        with torch.inference_mode():
+            run_stops(out, args.lines)
+    elif args.part == 'demo':
+        run_demo(out, args.params)
+    else:
+        report(out)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
