@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 from service_helpers import ask, core_service
 from timebill_ros.config import EngineConfig, OverrunConfig, PrefixCacheConfig
 from timebill_ros.engine.prefix_store import PrefixStore
-from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.engine import fixed_chunks
+from timebill_ros.engine.stopping import DEADLINE, StopCriteria, StopCriterion
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
 from timebill_ros.timing.model import Calibration, TimingCoefficients, now_iso
@@ -306,3 +307,36 @@ def test_a_goal_whose_entry_was_dropped_is_checked_again(tiny_model, smollm2_tok
 def test_least_time_on_a_hit_uses_the_least_bound(tiny_model, smollm2_tokenizer):
     model = TimeModel(SLOW)
     assert model.prefill_s(500, LEAST, n_cached=480) < model.prefill_s(500, LEAST)
+
+
+class _StopAt(StopCriterion):
+    """Records each check's arguments; says DEADLINE from check number ``at`` on."""
+
+    def __init__(self, at):
+        self.calls, self.at = [], at
+
+    def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+        self.calls.append((n_generated, last_token_id, n_prefilled))
+        return DEADLINE if len(self.calls) >= self.at else None
+
+
+def test_a_stop_during_the_prefix_copy_ends_the_copy(make_tiny_engine):
+    """The copy into the store checks the goal's interrupt before each block.
+
+    The prompt's blocks are copied after its last chunk; a deadline that passes meanwhile
+    ends the copy there (the blocks copied stay), and the prefill returns for the goal's own
+    next check to stop it.
+    """
+    engine = make_tiny_engine(prefix_cache=PREFIX)
+    ids = engine.encode('Where is the robot now?', CONTEXT)
+    n_blocks = len(ids) // PREFIX.block_tokens
+    # Checks: one per layer of the one chunk, then one per block: fire before block 3.
+    interrupt = StopCriteria([_StopAt(engine.n_layers + 3)])
+    state = engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(len(ids)),
+                           interrupt=interrupt, store=engine.prefix_store)
+    assert state.n_x == len(ids) and n_blocks > 3
+    assert engine.prefix_store.stats().n_blocks == 2
+    calls = interrupt.criteria[0].calls
+    assert len(calls) == engine.n_layers + 3 and calls[-1] == (0, None, len(ids))
+    engine.prefill(ids, StopCriteria(), store=engine.prefix_store)  # no stop: all of them
+    assert engine.prefix_store.stats().n_blocks == n_blocks
