@@ -368,3 +368,79 @@ def test_a_gguf_engine_has_a_twin_on_its_weights(bpe_file):
         answers = [each.decode(each.prefill(ids, StopCriteria([])), 6, StopCriteria([]))
                    .token_ids for each in (engine, twin)]
     assert answers[0] == answers[1]
+
+
+LONG = (PROMPT * 3)[:60]  # chunks of more than weights.GEMM_ROWS rows take the torch GEMM
+
+
+@pytest.mark.parametrize('prefill_dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('arch', ['gemma3', 'llama', 'qwen2'])
+def test_a_prefill_by_layer_is_the_prefill_chunk_by_chunk(written, arch, prefill_dtype):
+    """run_by_layer: the bits of one run() a chunk, in layer order (gemma3: window 8)."""
+    path, _ = written(arch, MIXED)
+    decoder = load_decoder(GgufFile(path))
+    decoder.prefill_dtype = prefill_dtype
+    sizes = [17, 25, 18]
+    by_chunk, by_layer = decoder.new_cache(), decoder.new_cache()
+    with torch.inference_mode():
+        begin = 0
+        for size in sizes:
+            want = decoder.run(LONG[begin:begin + size], begin, by_chunk, step=False)
+            begin += size
+        got = decoder.run_by_layer(LONG, 0, by_layer, sizes)
+    assert torch.equal(got, want)
+    for layer in range(decoder.n_layers):
+        for a, b in zip(by_layer.layer_kv(layer), by_chunk.layer_kv(layer)):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match='do not cover'):
+        decoder.run_by_layer(LONG, 0, decoder.new_cache(), [17, 25])
+
+
+def test_held_weights_are_dequantized_once_a_block(written, monkeypatch):
+    """Inside weights_held a matrix is dequantized at its first call only; outside, each call."""
+    path, _ = written('llama', MIXED)
+    decoder = load_decoder(GgufFile(path))
+    matrix = decoder.layers[0].down.groups[0][0]
+    calls = []
+    dequantized = weights.Matrix.dequantized
+    monkeypatch.setattr(weights.Matrix, 'dequantized',
+                        lambda self: (calls.append(self), dequantized(self))[1])
+    x = torch.randn(20, matrix.k)
+    with weights.weights_held():
+        first, again = matrix(x), matrix(x)
+    assert len(calls) == 1 and torch.equal(first, again)
+    matrix(x)
+    assert len(calls) == 2
+
+
+def test_a_gguf_prefill_in_chunks_runs_by_layer_and_stops_within_one(bpe_file):
+    """The engine's chunked prefill of a GGUF model: by layer; each check before a layer."""
+    from timebill_ros.engine import GenerationStopped, fixed_chunks
+    from timebill_ros.engine.stopping import CANCELED, StopCriterion
+    engine = LlmEngine(EngineConfig(model_path=str(bpe_file), prefill_dtype='float32'),
+                       EvictionConfig())
+    ids = engine.encode('robot log: ' + ' '.join(f'event {i} at dock {i % 5}' for i in range(12)))
+    one = engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(len(ids)))
+    size = len(ids) // 3 + 1
+    chunked = engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(size))
+    assert chunked.n_chunks == 3 and chunked.first_token == one.first_token
+    torch.testing.assert_close(chunked.pooled, one.pooled, rtol=1e-4, atol=1e-5)
+
+    class Record(StopCriterion):
+        def __init__(self, at):
+            self.calls, self.at = [], at
+
+        def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+            self.calls.append(n_prefilled)
+            return CANCELED if len(self.calls) == self.at else None
+
+    stop, interrupt = Record(at=None), Record(at=engine.n_layers * 3 - 1)
+    with pytest.raises(GenerationStopped, match=CANCELED):
+        engine.prefill(ids, StopCriteria([stop]), chunk_plan=fixed_chunks(size),
+                       interrupt=StopCriteria([interrupt]))
+    # Checked together before each (layer, chunk), layer 1's chunks first; the stop fell
+    # before the last chunk of the last layer.
+    assert stop.calls == interrupt.calls and len(stop.calls) == engine.n_layers * 3 - 1
+    n_x, layers = len(ids), engine.n_layers
+    assert stop.calls[:4] == [0, size // layers, 2 * size // layers, n_x // layers]
+    assert stop.calls == sorted(stop.calls) and stop.calls[-1] < n_x

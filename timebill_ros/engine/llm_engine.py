@@ -108,6 +108,22 @@ def _chunk_size(plan, begin: int, n_tokens: int) -> int:
     return min(size, n_tokens - begin)
 
 
+def _chunk_sizes(plan, begin: int, n_tokens: int) -> list:
+    """Return the sizes of the chunks ``plan`` cuts positions [begin, n_tokens) into."""
+    sizes = []
+    while begin < n_tokens:
+        sizes.append(_chunk_size(plan, begin, n_tokens))
+        begin += sizes[-1]
+    return sizes
+
+
+def _merged(stop: StopCriteria, interrupt: Optional[StopCriteria]) -> StopCriteria:
+    """Return the criteria of ``stop`` and of ``interrupt`` (each once) as one."""
+    extra = [c for c in (interrupt.criteria if interrupt is not None else ())
+             if c not in stop.criteria]
+    return StopCriteria(list(stop.criteria) + extra)
+
+
 # torch's intra-op threads at import, before any engine sets its own (engine.threads: 0).
 DEFAULT_THREADS = torch.get_num_threads()
 
@@ -400,25 +416,36 @@ class LlmEngine:
         pool = HiddenPool(self.forward.norm_eps, self.pool_layers,
                           store.block_tokens if store is not None else 0)
         begin = self._load_prefix(ids, prefix, cache, pool)
-        n_cached, n_chunks = begin, 0
+        n_cached, sizes = begin, _chunk_sizes(plan, begin, len(ids))
+        by_layer = len(sizes) > 1 and hasattr(self.forward, 'run_by_layer')
+        if by_layer:  # ``stop`` too is checked before each layer of each chunk
+            interrupt = _merged(stop, interrupt)
         hooks = PassHooks(interrupt, window + 1, pool, self.forward.layer_wait())
         with torch.inference_mode(), self.forward.hooked(hooks):
-            while begin < len(ids):
-                reason = stop.check(0, None, begin)
-                if reason is not None:
-                    raise GenerationStopped(reason)
-                end = begin + _chunk_size(plan, begin, len(ids))
-                hooks.n_prefilled = begin
-                try:
-                    logits = self._forward(ids[begin:end], begin, cache, step=False)
-                except Interrupted as exc:
-                    raise GenerationStopped(exc.reason) from None
-                begin, n_chunks = end, n_chunks + 1
+            try:
+                if by_layer:
+                    self.n_forward_passes += len(sizes)
+                    logits = self.forward.run_by_layer(ids[begin:], begin, cache, sizes)
+                else:
+                    logits = self._prefill_chunks(ids, begin, cache, sizes, stop, hooks)
+            except Interrupted as exc:
+                raise GenerationStopped(exc.reason) from None
         first = int(logits.argmax())
         if store is not None:
             self._keep_prefix(store, ids, cache, pool, hooks.interrupt)
         return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
-                            n_chunks, pool.features(), n_cached, logits)
+                            len(sizes), pool.features(), n_cached, logits)
+
+    def _prefill_chunks(self, ids, begin, cache, sizes, stop, hooks) -> torch.Tensor:
+        """Run the chunks one after another, each through every layer; the last logits."""
+        for size in sizes:
+            reason = stop.check(0, None, begin)
+            if reason is not None:
+                raise GenerationStopped(reason)
+            hooks.n_prefilled = begin
+            logits = self._forward(ids[begin:begin + size], begin, cache, step=False)
+            begin += size
+        return logits
 
     def _load_prefix(self, ids, prefix, cache, pool) -> int:
         """Copy ``prefix``'s KV into ``cache`` and seed ``pool``; return its tokens (0: none)."""

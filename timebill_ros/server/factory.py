@@ -1,6 +1,7 @@
 """Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
 
 import pathlib
+import threading
 
 from timebill_ros.predictors import make_predictor, make_readout
 from timebill_ros.server.heap import release_free_heap, resident_mb
@@ -15,7 +16,34 @@ def build_service(config, log=print):
     the state saved by the last run on the same calibration (timing.state_file), then the
     warm-up goal measures the machine's speed of the moment (timing.warm_up).
     Returns a TimeBillService, not yet started.
+
+    It runs on a thread of its own that ends when it returns. torch's CPU ops run in OpenMP
+    (libgomp) teams, one per thread that starts them, and a team's threads stay for the
+    life of the thread that made it. Built on the caller's thread (a ROS executor thread,
+    the main thread), the start-up's team stayed beside the goals' team on the executor
+    thread; with more OpenMP threads than cores, libgomp's workers spin ~1,000 times instead
+    of ~300,000 before they sleep, and every small GEMM then waits for them to wake: a
+    3.6k-token prefill in the node's chunks took 1.3-1.4x its time on a 2-core machine, the
+    same prefill with the start-up on a thread that had ended 1.0x (docs/own_model.md).
     """
+    built, failed = [], []
+
+    def build():
+        try:
+            built.append(_build_service(config, log))
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=build, name='timebill-build')
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return built[0]
+
+
+def _build_service(config, log):
+    """Build the service on the calling thread (:func:`build_service`)."""
     from timebill_ros.engine import LlmEngine
     from timebill_ros.timing.profiler import format_report
     from timebill_ros.timing.startup import load_or_calibrate, online_state_path

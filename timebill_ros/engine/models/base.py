@@ -26,7 +26,7 @@ from timebill_ros.engine import kernels
 from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
-from timebill_ros.engine.models.weights import Matrix
+from timebill_ros.engine.models.weights import Matrix, weights_held
 
 ACTIVATIONS = ('silu', 'gelu_tanh')  # kernels.decoder_step's activation ids: 0, 1
 _EMPTY = torch.empty(0)  # an absent optional norm / bias of kernels.decoder_step
@@ -368,6 +368,47 @@ class GgufDecoder(KvCacheForward):
                                 step, masks[window])
             if hooks.pool is not None and not step:
                 hooks.pool.add(layer_idx + 1, x)
+        last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
+        return self.lm_head(last)[0, -1]
+
+    def run_by_layer(self, token_ids: list, position: int, cache: KvCache,
+                     sizes: list) -> torch.Tensor:
+        """Prefill ``token_ids`` at positions ``position``... in chunks of ``sizes``, by layer.
+
+        The arithmetic of one :meth:`run` a chunk (a chunk's layer attends to the keys of the
+        chunks before it, in the cache), in another order: every chunk through layer 1, then
+        through layer 2, ... Each layer's matrices are dequantized once for all its chunks
+        (``weights_held``: one layer's weights held at a time) where a chunk at a time
+        dequantizes every matrix for each chunk. The hooks' check runs before each layer of
+        each chunk, as in :meth:`run`, with ``n_prefilled`` the positions done so far counted
+        in whole passes (layers x tokens done / layers). Returns the last logits, (vocab,).
+        """
+        n_tokens, n_layers, hooks = len(token_ids), len(self.layers), self._hooks
+        if sum(sizes) != n_tokens or min(sizes) < 1:
+            raise ValueError(f'chunk sizes {sizes} do not cover {n_tokens} tokens')
+        edges = [0]
+        for size in sizes:
+            edges.append(edges[-1] + size)
+        ropes = self._ropes(torch.arange(position, position + n_tokens))
+        x = self._embed(token_ids).unsqueeze(0)  # (1, n, hidden)
+        masks = {}  # (sliding window, chunk start) -> the chunk's mask, made once
+        for layer_idx, layer in enumerate(self.layers):
+            cos, sin = ropes[self._rope_base(layer_idx)]
+            window = self.spec.sliding_window if self.spec.is_sliding(layer_idx) else 0
+            outs = []
+            with weights_held():
+                for begin, end in zip(edges, edges[1:]):
+                    hooks.n_prefilled = position + (layer_idx * n_tokens + begin) // n_layers
+                    hooks.before_layer()
+                    if (window, begin) not in masks:
+                        masks[window, begin] = _mask(end - begin, position + begin, window)
+                    out = self._layer(layer_idx, layer, x[:, begin:end],
+                                      cos[begin:end].unsqueeze(0), sin[begin:end].unsqueeze(0),
+                                      cache, False, masks[window, begin])
+                    if hooks.pool is not None:
+                        hooks.pool.add(layer_idx + 1, out)
+                    outs.append(out)
+            x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
         return self.lm_head(last)[0, -1]
 
