@@ -2,6 +2,7 @@
 
     python benchmarks/long_prefill.py run --label before|after [--out DIR] [--model FILE]
     python benchmarks/long_prefill.py report [--out DIR]
+    python benchmarks/long_prefill.py units [--model FILE]   # the longest stretch between checks
 
 ``run`` (one process, one machine state):
 1. **The engine here**, loaded as the node loads it: each prompt (a robot log of ~3.6k tokens,
@@ -15,7 +16,9 @@
    - each prompt again, cancelled by the client at half its node prefill time: the latency
      from the cancel request to the terminal result (a ROS round trip included).
 Rows are appended to DIR/long_prefill.json under the label; ``report`` writes
-long_prefill.md with the labels side by side.
+long_prefill.md with the labels side by side. ``units`` times the stretches between two stop
+checks of the first prompt's prefill in 128-token chunks (one decoder layer of one chunk
+each): the longest is the most a cancel or a deadline can wait for.
 """
 
 import argparse
@@ -74,6 +77,44 @@ def _engine_part(model_path):
                          'latency_s': raised - marks['set'] if 'set' in marks else None})
             print(rows[-1], flush=True)
     return texts, rows
+
+
+def units(args):
+    """Print the stretches between stop checks of a 128-token-chunk prefill: p50, max, ms."""
+    import torch
+    from timebill_ros import prompts
+    from timebill_ros.config import EngineConfig, EvictionConfig
+    from timebill_ros.engine import LlmEngine, fixed_chunks
+    from timebill_ros.engine.stopping import StopCriteria, StopCriterion
+
+    class Stamp(StopCriterion):
+        def __init__(self):
+            self.times = []
+
+        def should_stop(self, n_generated, last_token_id, n_prefilled=None):
+            self.times.append(time.perf_counter())
+
+    engine = LlmEngine.load(EngineConfig(model_path=args.model), EvictionConfig())
+    by_layer = type(engine.forward)
+    # The chunk-by-chunk order of before, on the same engine: the engine takes it for a
+    # forward without run_by_layer (hasattr is False when the attribute raises).
+    by_chunk = type('ByChunk', (by_layer,), {'run_by_layer': property(
+        lambda self: (_ for _ in ()).throw(AttributeError('run_by_layer')))})
+    ids = engine.encode(prompts.long_prompt(LINES[0], seed=LINES[0]))
+    with torch.inference_mode():
+        engine.prefill(ids[:256], StopCriteria())  # warm-up
+        for order in (by_chunk, by_layer, by_chunk, by_layer):
+            engine.forward.__class__ = order
+            stamp = Stamp()
+            start = time.perf_counter()
+            engine.prefill(ids, StopCriteria(), chunk_plan=fixed_chunks(ENGINE_CHUNK),
+                           interrupt=StopCriteria([stamp]))
+            total = time.perf_counter() - start
+            gaps = [b - a for a, b in zip(stamp.times, stamp.times[1:])]
+            print(f'{"by chunk" if order is by_chunk else "by layer"}: N_x {len(ids)}, '
+                  f'{total:.2f} s, {len(gaps) + 1} checks; between two checks p50 '
+                  f'{statistics.median(gaps) * 1e3:.1f} ms, max {max(gaps) * 1e3:.1f} ms',
+                  flush=True)
 
 
 def _node_part(texts, model_path, folder):
@@ -185,7 +226,7 @@ def _figures(rows):
 def main(argv=None):
     """Run or report (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('part', choices=('run', 'report'))
+    parser.add_argument('part', choices=('run', 'report', 'units'))
     parser.add_argument('--label', default='after')
     parser.add_argument('--out', default='benchmarks/results/long_prefill')
     parser.add_argument('--model', default='', metavar='FILE.gguf',
@@ -193,6 +234,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.part == 'run':
         run(args)
+    elif args.part == 'units':
+        units(args)
     else:
         report(args)
     return 0
