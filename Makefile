@@ -76,9 +76,11 @@ bench-deps: venv
 # The CUDA path on a machine with an NVIDIA GPU and CUDA torch (docs/gpu.md): refused formats,
 # stop latency and chunked prefill, enginebench --device cuda, the demo's goals on
 # config/jetson_orin.yaml; writes GPU_OUT/gpu_check.md. Nothing else depends on it.
+# GPU_DEVICE=cpu: a dry run of the same parts at small sizes (the CI runs it).
 GPU_OUT ?= log/gpu_check
+GPU_DEVICE ?= cuda
 gpu-check: build
-	$(ENV) && scripts/gpu_check.sh $(GPU_OUT)
+	$(ENV) && scripts/gpu_check.sh $(GPU_OUT) $(GPU_DEVICE)
 
 clean:
 	rm -rf build install log

@@ -59,13 +59,14 @@ def _device():
 # --- refusals ------------------------------------------------------------------------------
 def run_refusals(out):
     """Check that the formats that would crash on a GPU are refused with a ValueError."""
-    gpu = torch.cuda.get_device_name(0) if _device() == 'cuda' else 'no GPU'
+    gpu = torch.cuda.get_device_name(0) if _device() == 'cuda' else 'no GPU (a dry run)'
     rows = [{'what': 'env', 'torch': torch.__version__, 'cuda': torch.version.cuda,
              'gpu': gpu, 'python': platform.python_version()}]
+    # Refused when the config is built, before any device is touched: checked on any machine.
     for name, kwargs in (('decode_weights gguf on cuda', {'decode_weights': 'gguf'}),
                          ('a .gguf model_path on cuda', {'model_path': 'model.gguf'})):
         try:
-            EngineConfig(device=_device(), **kwargs)
+            EngineConfig(device='cuda', **kwargs)
             rows.append({'what': name, 'ok': False, 'error': 'accepted'})
         except ValueError as exc:
             rows.append({'what': name, 'ok': True, 'error': str(exc)})
@@ -124,7 +125,7 @@ def _decode_run(engine, ids, n_tokens):
     return run
 
 
-def run_stops(out, lines=LONG_LINES):
+def run_stops(out, lines=LONG_LINES, repeats=REPEATS):
     """Prefill cost of chunking and cancel latency on the GPU, with and without layer waits."""
     dtype = 'float16' if _device() == 'cuda' else 'float32'
     # No loop guard: the decode cancel below must find the answer still running.
@@ -135,7 +136,7 @@ def run_stops(out, lines=LONG_LINES):
     _prefill_s(engine, ids, len(ids))   # warm-up: kernels, allocator
     rows = []
     for chunk_tokens in (len(ids), chunk, 128):
-        times = [_prefill_s(engine, ids, chunk_tokens) for _ in range(REPEATS)]
+        times = [_prefill_s(engine, ids, chunk_tokens) for _ in range(repeats)]
         seconds = statistics.median(t for t, _ in times)
         rows.append({'what': 'prefill', 'n_x': len(ids), 'chunk_tokens': chunk_tokens,
                      'n_chunks': times[0][1], 'prefill_s': seconds,
@@ -276,8 +277,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('part', choices=('refusals', 'stops', 'demo', 'report'))
     parser.add_argument('--out', default='log/gpu_check')
-    parser.add_argument('--params', default='config/jetson_orin.yaml')
-    parser.add_argument('--device', default='cuda', help='cpu: try the script out only')
+    parser.add_argument('--params', default='',
+                        help='demo: the params file (default: config/jetson_orin.yaml on cuda, '
+                        'config/llm.yaml on cpu)')
+    parser.add_argument('--device', default='cuda',
+                        help='cpu: a dry run of the whole check (CI), small sizes')
     parser.add_argument('--lines', type=int, default=LONG_LINES,
                         help="stops: the prompt's log lines")
     args = parser.parse_args(argv)
@@ -287,9 +291,10 @@ def main(argv=None):
         run_refusals(out)
     elif args.part == 'stops':
         with torch.inference_mode():
-            run_stops(out, args.lines)
+            run_stops(out, args.lines, 1 if args.device == 'cpu' else REPEATS)
     elif args.part == 'demo':
-        run_demo(out, args.params)
+        run_demo(out, args.params or ('config/jetson_orin.yaml' if args.device == 'cuda'
+                                      else 'config/llm.yaml'))
     else:
         report(out)
     return 0

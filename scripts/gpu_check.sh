@@ -4,9 +4,20 @@
 # that fails or hangs leaves the others' figures; the report is made of what finished.
 # Parts: the refused formats, stop latency and chunked prefill (benchmarks/gpu_check.py), the
 # engine formats side by side (timebill enginebench --device cuda), the demo's goals.
+# A second argument `cpu` makes it a dry run on the CPU at small sizes (CI runs it so).
 set -u
 out="${1:-log/gpu_check}"
+device="${2:-cuda}"
 py="${PYTHON:-python}"
+if [[ "$device" == cpu ]]; then  # limits (s): two cores, a first start calibrates
+  stops=(--device cpu --lines 20)
+  bench=(--device cpu --quick --rounds 1 --steps 4)
+  limits=(60 120 300 420)
+else  # on one GPU the whole check stays under 8 minutes
+  stops=(--device "$device")
+  bench=(--device "$device")
+  limits=(60 100 150 150)
+fi
 mkdir -p "$out"
 rm -f "$out/gpu_check.jsonl"
 status=0
@@ -16,10 +27,9 @@ run() {  # run LIMIT_S PART...
   echo "== $* (at most ${limit} s)"
   timeout "$limit" "$@" || { echo "== FAILED ($?): $*"; status=1; }
 }
-run 60 "$py" benchmarks/gpu_check.py refusals --out "$out"
-run 120 "$py" benchmarks/gpu_check.py stops --out "$out"
-run 150 "$py" -m timebill_ros.cli \
-  enginebench --device cuda --out "$out/engine"
-run 180 "$py" benchmarks/gpu_check.py demo --out "$out"
+run "${limits[0]}" "$py" benchmarks/gpu_check.py refusals --device "$device" --out "$out"
+run "${limits[1]}" "$py" benchmarks/gpu_check.py stops "${stops[@]}" --out "$out"
+run "${limits[2]}" "$py" -m timebill_ros.cli enginebench "${bench[@]}" --out "$out/engine"
+run "${limits[3]}" "$py" benchmarks/gpu_check.py demo --device "$device" --out "$out"
 "$py" benchmarks/gpu_check.py report --out "$out" || status=1
 exit "$status"
