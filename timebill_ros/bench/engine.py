@@ -34,6 +34,7 @@ import time
 import torch
 
 from timebill_ros.config import EngineConfig, EvictionConfig
+from timebill_ros.engine.forward import synchronize
 from timebill_ros.engine.stopping import StopCriteria
 
 FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
@@ -213,18 +214,12 @@ def copy_bandwidth_gbs(megabytes=256, repeats=5, device='cpu') -> float:
     target = torch.empty_like(source)
     best = float('inf')
     for _ in range(repeats):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         target.copy_(source)
-        _synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * source.numel() * 4 / best / 1e9
-
-
-def _synchronize(device) -> None:
-    """Wait for a GPU's queued work before a clock read; nothing on the CPU."""
-    if torch.device(device).type == 'cuda':
-        torch.cuda.synchronize(device)
 
 
 def step_weight_bytes(engine) -> int:

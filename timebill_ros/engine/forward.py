@@ -18,6 +18,17 @@ import torch
 from timebill_ros.engine.stopping import StopCriteria
 
 
+def synchronize(device) -> None:
+    """Wait until ``device`` (a torch.device or its name) has run its queued work: CUDA only.
+
+    Called before a clock read that times device work; on the CPU the work is done when the
+    call returns.
+    """
+    device = torch.device(device)
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
 class Interrupted(Exception):
     """Raised before a decoder layer to abandon a forward pass; ``reason`` as in stopping.py."""
 
@@ -237,8 +248,7 @@ class Forward:
         Called before a clock read that times device work, and between layers where a stop
         must land within one layer (:class:`PassHooks` ``wait``).
         """
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
     def layer_wait(self) -> Optional[Callable[[], None]]:
         """Return what :class:`PassHooks` calls before each layer's check: None on the CPU."""

@@ -12,6 +12,7 @@ import time
 import torch
 
 from timebill_ros.checks import check_nonneg_real
+from timebill_ros.engine.forward import synchronize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +35,10 @@ def _best_s(fn, device, repeats):
     fn()
     best = float('inf')
     for _ in range(repeats):
-        if device.type == 'cuda':
-            torch.cuda.synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         fn()
-        if device.type == 'cuda':
-            torch.cuda.synchronize(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -1,7 +1,7 @@
 """Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
 
+import concurrent.futures
 import pathlib
-import threading
 
 from timebill_ros.predictors import make_predictor, make_readout
 from timebill_ros.server.heap import release_free_heap, resident_mb
@@ -26,20 +26,9 @@ def build_service(config, log=print):
     3.6k-token prefill in the node's chunks took 1.3-1.4x its time on a 2-core machine, the
     same prefill with the start-up on a thread that had ended 1.0x (docs/own_model.md).
     """
-    built, failed = [], []
-
-    def build():
-        try:
-            built.append(_build_service(config, log))
-        except BaseException as exc:  # re-raised on the caller's thread
-            failed.append(exc)
-
-    thread = threading.Thread(target=build, name='timebill-build')
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return built[0]
+    # The pool's one thread ends when the block does; result() re-raises what it raised.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='timebill-build') as pool:
+        return pool.submit(_build_service, config, log).result()
 
 
 def _build_service(config, log):

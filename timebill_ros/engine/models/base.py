@@ -368,8 +368,7 @@ class GgufDecoder(KvCacheForward):
                                 step, masks[window])
             if hooks.pool is not None and not step:
                 hooks.pool.add(layer_idx + 1, x)
-        last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
-        return self.lm_head(last)[0, -1]
+        return self._last_logits(x)
 
     def run_by_layer(self, token_ids: list, position: int, cache: KvCache,
                      sizes: list) -> torch.Tensor:
@@ -409,6 +408,10 @@ class GgufDecoder(KvCacheForward):
                         hooks.pool.add(layer_idx + 1, out)
                     outs.append(out)
             x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return self._last_logits(x)
+
+    def _last_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the logits after the last position of a pass's output x (1, n, hidden)."""
         last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
         return self.lm_head(last)[0, -1]
 
