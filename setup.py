@@ -16,7 +16,7 @@ setup(
     packages=find_packages(include=['timebill_ros', 'timebill_ros.*'],
                            exclude=['test', 'test.*']),
     # the C++ kernels are compiled on the machine that runs them (engine/kernels)
-    package_data={'timebill_ros.engine.kernels': ['*.cpp']},
+    package_data={'timebill_ros.engine.kernels': ['*.cpp', '*.h']},
     python_requires='>=3.10',
     # Loose bounds; requirements.txt holds the tested pins. Install torch first from the
     # CPU index, or pip may pull the CUDA build.

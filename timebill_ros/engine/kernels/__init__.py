@@ -1,5 +1,8 @@
 """Hand-written CPU kernels, compiled on the machine that runs them (gguf_gemm.cpp).
 
+gguf_core.h holds their arithmetic with no torch (AVX2 / AVX-512, NEON and portable paths);
+gguf_gemm.cpp binds it to torch tensors and checks them. ``simd_path()`` names the path built.
+
 They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks, and by
 its K-quants (Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below).
 ``unpack_rows`` dequantizes chosen rows of a packed matrix (embedding lookups, a prefill's
@@ -25,6 +28,7 @@ import threading
 from timebill_ros import paths
 
 SOURCE = pathlib.Path(__file__).with_name('gguf_gemm.cpp')
+CORE = SOURCE.with_name('gguf_core.h')  # the torch-free core the binding includes
 # GGML type ids of the block formats the kernels read as the file holds them
 # (gguf.GGMLQuantizationType).
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
@@ -69,7 +73,7 @@ def _compiler() -> str:
 def build_key(extra_cflags=()) -> str:
     """Return the hex key of this source, flags, torch, compiler and CPU (16 characters)."""
     import torch
-    parts = [SOURCE.read_bytes(), ' '.join(_cflags(extra_cflags)).encode(),
+    parts = [SOURCE.read_bytes(), CORE.read_bytes(), ' '.join(_cflags(extra_cflags)).encode(),
              torch.__version__.encode(),
              _compiler().encode(), platform.machine().encode(), _cpu_id().encode()]
     return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]

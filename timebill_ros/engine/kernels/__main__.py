@@ -11,5 +11,5 @@ try:
 except RuntimeError as exc:
     print(f'kernels: {exc}', file=sys.stderr)
     sys.exit(1)
-print(f'kernels: GGUF GEMM ready (key {build_key()}, AVX2 path: {module.has_avx2()}, '
+print(f'kernels: GGUF GEMM ready (key {build_key()}, vector path: {module.simd_path()}, '
       f'{time.monotonic() - start:.1f} s)')

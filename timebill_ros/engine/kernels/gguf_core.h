@@ -1,0 +1,1190 @@
+// The GGUF kernels' arithmetic without torch: block formats, the packed layout, the GEMM
+// (portable, AVX2 / AVX-512 and NEON paths), attention of a decoding step, norms and
+// activations, over raw pointers. gguf_gemm.cpp binds them to torch tensors (and checks the
+// tensors); check_kernels.cpp runs their exactness checks with no torch at all, so that the
+// aarch64 build is compiled with a cross compiler and checked under qemu-aarch64 in CI
+// (test/test_kernels_aarch64.py).
+//
+// y = x W^T with W kept as a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or its
+// K-quants (Q4_K, Q5_K, Q6_K) repacked at load into 32-weight blocks of fp32 scale / min and
+// 4- or 8-bit codes (engine/kquants.py; formats at QType below), x fp32.
+//
+// Why by hand (docs/engine.md, PLATFORM.md): no maintained library multiplies fp32 activations
+// by these blocks on a CPU without quantizing the activations. llama.cpp quantizes x to
+// 8 bits (its answers drift from fp32's); torch's int4/int8 packed GEMMs vectorise only bf16
+// activations on x86; onnxruntime's MatMulNBits takes a slow path for Q4_1's float minimum.
+// Every path dequantizes each weight exactly as gguf's reference does (w = d * q + m in fp32:
+// d * q is exact, one rounding for + m) and multiplies it by fp32 activations, so they compute
+// the products of the dequantized fp32 weights the engine runs today; only the rounding of the
+// summation differs, as between any two GEMM libraries.
+//
+// Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); W (N, K) held
+// as ``pack_raw`` lays the blocks out at load (GROUP rows interleaved, see GROUP); y (M, N)
+// fp32. Every weight is decoded once and used for all M rows. Groups of rows are split over
+// the calling thread's threads (WorkerPool). The repacked K-quants need K to be a multiple of
+// 256 (the super-blocks they come from).
+//
+// Paths, chosen when the library is compiled (-march=native / -mcpu=native on the machine
+// that runs it): AVX2 + FMA + F16C (AVX-512 widens the GEMM's groups to 16 rows) on x86; NEON
+// (AdvSIMD, every AArch64 CPU: Jetson Xavier's Carmel, Orin's Cortex-A78AE) on ARM; and a
+// portable scalar path everywhere, which the checks compare with the vector path on the same
+// dequantized weights.
+//
+// One translation unit includes this header (the binding or the check program), so its
+// functions stay in an anonymous namespace; the includer defines kernel_threads().
+
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define TB_HAVE_AVX2 1
+#else
+#define TB_HAVE_AVX2 0
+#endif
+
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define TB_HAVE_NEON 1
+#else
+#define TB_HAVE_NEON 0
+#endif
+
+// Threads a kernel call may use on the calling thread (>= 1): defined by the includer.
+int kernel_threads();
+
+namespace {
+
+// Threads of the kernels: each calling thread owns a pool of kernel_threads() threads (the
+// binding: torch's intra-op count for that thread, what engine.threads sets), itself included.
+//
+// Why not torch's at::parallel_for (OpenMP): libgomp lets its workers spin a few ms between
+// parallel regions, except when the process holds more OpenMP threads than CPUs - then they
+// sleep at once and every region pays a futex wake-up. A ROS server holds a team per thread
+// that ran torch ops (start-up, executors), so on a 2-core host each of the ~150 regions of a
+// decoding step paid one: 26 ms a step in an executor thread against 11 ms on the main
+// thread, same process (benchmarks/node_step.py, docs/engine.md). These workers spin
+// (yielding the core to any other runnable thread) for SPIN_US after a job, then sleep.
+class WorkerPool {
+ public:
+  static constexpr int64_t SPIN_US = 2000;
+
+  explicit WorkerPool(int n_threads) : n_threads_(n_threads) {
+    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { work_loop(); });
+  }
+
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    for (auto& worker : workers_) worker.join();
+  }
+
+  int n_threads() const { return n_threads_; }
+
+  // Run fn(begin, end) over [0, n) in chunks of at least ``grain``, on every thread of the
+  // pool (the caller too); returns when all chunks are done. CHUNKS chunks a thread (8 was
+  // tried: slower at one goal, the same at eight).
+  static constexpr int64_t CHUNKS = 4;
+
+  void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t parts = CHUNKS * n_threads_;
+    const int64_t chunk = std::max<int64_t>(grain, (n + parts - 1) / parts);
+    if (n_threads_ == 1 || n <= chunk) {
+      if (n > 0) fn(0, n);
+      return;
+    }
+    job_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    if (sleepers_.load(std::memory_order_acquire) > 0) wake_.notify_all();
+    do_chunks();
+    const int64_t workers = static_cast<int64_t>(workers_.size());
+    while (done_.load(std::memory_order_acquire) < workers) std::this_thread::yield();
+  }
+
+ private:
+  void do_chunks() {
+    for (;;) {
+      const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+      if (begin >= n_) return;
+      (*job_)(begin, std::min(n_, begin + chunk_));
+    }
+  }
+
+  void work_loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      int64_t spins = 0;
+      while (generation_.load(std::memory_order_acquire) == seen) {
+        std::this_thread::yield();
+        if (++spins % 64 == 0 && std::chrono::steady_clock::now() - start >
+                                     std::chrono::microseconds(SPIN_US)) {
+          std::unique_lock<std::mutex> lock(mutex_);
+          sleepers_.fetch_add(1, std::memory_order_acq_rel);
+          wake_.wait(lock, [&] {
+            return generation_.load(std::memory_order_acquire) != seen;
+          });
+          sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+        }
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_) return;
+      do_chunks();
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  const int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> next_{0}, done_{0}, sleepers_{0};
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t n_ = 0, chunk_ = 1;
+  bool stop_ = false;
+};
+
+// fn(begin, end) over [0, n) on the calling thread's pool (made or resized on first use).
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  thread_local std::unique_ptr<WorkerPool> pool;
+  const int n_threads = std::max(1, kernel_threads());
+  if (!pool || pool->n_threads() != n_threads) pool = std::make_unique<WorkerPool>(n_threads);
+  pool->run(n, grain, fn);
+}
+
+// Temporaries of a step, kept per calling thread and reused (grown, never shrunk or cleared):
+// a fresh std::vector a call meant a malloc and a zero-fill of up to ~200 kB a layer, and
+// fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
+enum Scratch {
+  NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, N_SCRATCH
+};
+
+float* scratch(Scratch slot, int64_t n) {
+  thread_local std::vector<float> buffers[N_SCRATCH];
+  auto& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
+}
+
+
+constexpr int64_t QK = 32;        // weights per block
+constexpr int64_t QK_K = 256;     // weights per K-quant super-block
+constexpr int64_t MAX_ROWS = 8;   // activation rows per call
+// GGML type ids of the file's own blocks (Q4_0, Q4_1, Q8_0), and the internal formats that
+// engine/kquants.py repacks the K-quants into at load: 100 + the K-quant's GGML id (GGML's own
+// ids stay below 100). An internal block holds 32 weights, two fp32 parameters first:
+//   Q4_K_R (112): scale, min, 16 bytes of 4-bit codes 0..15 in Q4_1's order (byte j holds
+//                 weight j in its low nibble, weight j + 16 in its high one): 24 bytes
+//   Q5_K_R (113): scale, min, 32 int8 codes 0..31: 40 bytes
+//   Q6_K_R (114): scale of weights 0-15, scale of weights 16-31, 32 int8 codes -32..31: 40 bytes
+// w = scale * code + min (Q6_K_R: scale * code). scale and min are gguf's own fp32 d * sc and
+// -(dmin * m); scale * code is exact in fp32, so the one rounding left is gguf's.
+// Q5_0 / Q5_1 are read as the file holds them too: fp16 d (Q5_1: and fp16 m), the 32 fifth bits
+// as a little-endian uint32 (read here as two 16-bit fields: weights 0-15, then 16-31), 16
+// bytes of low nibbles in Q4_1's order; w = d * (q - 16) (Q5_0) or d * q + m (Q5_1).
+enum QType : int64_t {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K_R = 112, Q5_K_R = 113, Q6_K_R = 114
+};
+constexpr const char* TYPES_HELP =
+    " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8; the K-quants Q4_K / Q5_K / Q6_K are "
+    "read repacked, as 112 / 113 / 114: engine/kquants.py)";
+
+int64_t block_bytes(int64_t qtype) {
+  switch (qtype) {
+    case Q4_0: return 2 + QK / 2;
+    case Q4_1: return 4 + QK / 2;
+    case Q5_0: return 6 + QK / 2;
+    case Q5_1: return 8 + QK / 2;
+    case Q8_0: return 2 + QK;
+    case Q4_K_R: return 8 + QK / 2;
+    case Q5_K_R: return 8 + QK;
+    case Q6_K_R: return 8 + QK;
+    default: return -1;
+  }
+}
+
+inline bool is_kquant(int64_t qtype) {
+  return qtype == Q4_K_R || qtype == Q5_K_R || qtype == Q6_K_R;
+}
+
+template <int64_t T>
+using QT = std::integral_constant<int64_t, T>;
+
+// Calls f(QT<qtype>{}): each type's loops are compiled apart, with no type test inside them.
+// Callers have checked the type (block_bytes(qtype) > 0).
+template <typename F>
+void with_qtype(int64_t qtype, F&& f) {
+  switch (qtype) {
+    case Q4_0: return f(QT<Q4_0>{});
+    case Q4_1: return f(QT<Q4_1>{});
+    case Q5_0: return f(QT<Q5_0>{});
+    case Q5_1: return f(QT<Q5_1>{});
+    case Q8_0: return f(QT<Q8_0>{});
+    case Q4_K_R: return f(QT<Q4_K_R>{});
+    case Q5_K_R: return f(QT<Q5_K_R>{});
+    case Q6_K_R: return f(QT<Q6_K_R>{});
+    default: throw std::invalid_argument("unsupported GGML type " + std::to_string(qtype) + TYPES_HELP);
+  }
+}
+
+// IEEE half -> float, portable (no F16C needed).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal half: normalise
+      exp = 127 - 15 + 1;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      man &= 0x3ffu;
+      bits = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+inline uint16_t read_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Ask for ``bytes`` bytes at ``p`` ahead of use, one cache line at a time (a prefetch never
+// faults, so the range may run past an allocation). LOCALITY: __builtin_prefetch's hint.
+template <int LOCALITY>
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, LOCALITY);
+}
+
+inline float read_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Dequantize one block to w[32] exactly as gguf's reference dequantization does.
+template <int64_t T>
+inline void dequantize_block(const uint8_t* b, float* w) {
+  if constexpr (T == Q8_0) {
+    const float d = half_to_float(read_u16(b));
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < QK; ++j) w[j] = d * static_cast<float>(q[j]);
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    const float d = half_to_float(read_u16(b));
+    constexpr bool has_min = T == Q4_1;
+    const float m = has_min ? half_to_float(read_u16(b + 2)) : 0.0f;
+    const uint8_t* qs = b + (has_min ? 4 : 2);
+    for (int j = 0; j < QK / 2; ++j) {
+      float lo = static_cast<float>(qs[j] & 0x0f);
+      float hi = static_cast<float>(qs[j] >> 4);
+      if (has_min) {
+        w[j] = std::fma(d, lo, m);
+        w[j + QK / 2] = std::fma(d, hi, m);
+      } else {
+        w[j] = d * (lo - 8.0f);
+        w[j + QK / 2] = d * (hi - 8.0f);
+      }
+    }
+  } else if constexpr (T == Q5_0 || T == Q5_1) {  // gguf: d * (q - 16), or d * q + m
+    const float d = half_to_float(read_u16(b));
+    constexpr bool has_min = T == Q5_1;
+    const float m = has_min ? half_to_float(read_u16(b + 2)) : 0.0f;
+    uint32_t qh;
+    std::memcpy(&qh, b + (has_min ? 4 : 2), sizeof(qh));
+    const uint8_t* qs = b + (has_min ? 8 : 6);
+    for (int j = 0; j < QK / 2; ++j) {
+      const float lo = static_cast<float>((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+      const float hi = static_cast<float>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      if (has_min) {
+        w[j] = std::fma(d, lo, m);
+        w[j + QK / 2] = std::fma(d, hi, m);
+      } else {
+        w[j] = d * (lo - 16.0f);
+        w[j + QK / 2] = d * (hi - 16.0f);
+      }
+    }
+  } else if constexpr (T == Q4_K_R) {  // gguf: (d * sc) * q - dmin * m, the product exact
+    const float s = read_f32(b), m = read_f32(b + 4);
+    const uint8_t* qs = b + 8;
+    for (int j = 0; j < QK / 2; ++j) {
+      w[j] = std::fma(s, static_cast<float>(qs[j] & 0x0f), m);
+      w[j + QK / 2] = std::fma(s, static_cast<float>(qs[j] >> 4), m);
+    }
+  } else if constexpr (T == Q5_K_R) {
+    const float s = read_f32(b), m = read_f32(b + 4);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
+    for (int j = 0; j < QK; ++j) w[j] = std::fma(s, static_cast<float>(q[j]), m);
+  } else {  // Q6_K_R: gguf: (d * sc) * q, one scale per 16 weights
+    static_assert(T == Q6_K_R, "a type without a dequantization");
+    const float s0 = read_f32(b), s1 = read_f32(b + 4);
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
+    for (int j = 0; j < QK / 2; ++j) w[j] = s0 * static_cast<float>(q[j]);
+    for (int j = QK / 2; j < QK; ++j) w[j] = s1 * static_cast<float>(q[j]);
+  }
+}
+
+// The kernels' layout: the weight rows in groups of GROUP, each group's blocks interleaved so
+// that one vector holds the same weight of GROUP output rows (made once at load by ``pack``).
+// A group block is GROUP blocks of the type, field by field: each header field (fp16 d / m of
+// the GGML types, fp32 scale / min of the repacked K-quants) of the GROUP rows side by side,
+// then each code byte of the GROUP rows side by side. Same bytes as the rows it comes from, so
+// the same bytes a token; rows past N (a last partial group) are zero (weight 0).
+// Why: with a row of W a vector, every activation row costs four FMAs a block and a horizontal
+// sum, and the activations are re-read for every weight row; with GROUP rows a vector, one FMA
+// of a broadcast activation serves GROUP outputs, and a batch of 8 goals keeps the FMA units
+// busy.
+// GROUP is the vector width in floats: 16 where the compiler has AVX-512 (the machine that
+// runs the library built it: half the decoding and broadcast instructions a weight of the
+// 8-row AVX2 form, 1.3x its GEMM at 8 goals on a Zen 4 EPYC), else 8. ``pack`` and the kernels
+// of one build agree on it; group_rows() tells it.
+#if TB_HAVE_AVX2 && defined(__AVX512F__)
+#define TB_HAVE_AVX512 1
+constexpr int64_t GROUP = 16;
+#else
+#define TB_HAVE_AVX512 0
+constexpr int64_t GROUP = 8;
+#endif
+
+struct Fields {
+  int64_t field_bytes, n_fields, code_bytes;  // a block: n_fields header fields, then codes
+};
+
+Fields block_fields(int64_t qtype) {
+  switch (qtype) {
+    case Q4_0: return {2, 1, QK / 2};
+    case Q4_1: return {2, 2, QK / 2};
+    case Q5_0: return {2, 3, QK / 2};  // d, fifth bits of weights 0-15, of 16-31
+    case Q5_1: return {2, 4, QK / 2};  // d, m, fifth bits 0-15, 16-31
+    case Q8_0: return {2, 1, QK};
+    case Q4_K_R: return {4, 2, QK / 2};
+    default: return {4, 2, QK};  // Q5_K_R, Q6_K_R
+  }
+}
+
+// Copy row ``i``'s block out of a group block ``g`` (GROUP blocks interleaved) to ``out``.
+void unpack_block(const uint8_t* g, int64_t qtype, int64_t i, uint8_t* out) {
+  const Fields f = block_fields(qtype);
+  for (int64_t t = 0; t < f.n_fields; ++t)
+    std::memcpy(out + t * f.field_bytes, g + (t * GROUP + i) * f.field_bytes, f.field_bytes);
+  const uint8_t* codes = g + GROUP * f.n_fields * f.field_bytes;
+  uint8_t* out_codes = out + f.n_fields * f.field_bytes;
+  for (int64_t j = 0; j < f.code_bytes; ++j) out_codes[j] = codes[j * GROUP + i];
+}
+
+// Portable path: output groups [g0, g1) of y, each weight dequantized as gguf does.
+template <int64_t T>
+void groups_portable_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
+                       int64_t N, int64_t g0, int64_t g1) {
+  const int64_t nb = K / QK, bb = block_bytes(T);
+  uint8_t block[QK + 8];
+  float wb[QK];
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t i = 0; i < GROUP && g * GROUP + i < N; ++i) {
+      float acc[MAX_ROWS] = {0};
+      for (int64_t b = 0; b < nb; ++b) {
+        unpack_block(grp + b * GROUP * bb, T, i, block);
+        dequantize_block<T>(block, wb);
+        for (int64_t r = 0; r < M; ++r) {
+          const float* xr = x + r * K + b * QK;
+          float s = 0.0f;
+          for (int j = 0; j < QK; ++j) s = std::fma(wb[j], xr[j], s);
+          acc[r] += s;
+        }
+      }
+      for (int64_t r = 0; r < M; ++r) y[r * N + g * GROUP + i] = acc[r];
+    }
+  }
+}
+
+void groups_portable(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                     float* y, int64_t N, int64_t g0, int64_t g1) {
+  with_qtype(qtype, [&](auto t) {
+    groups_portable_t<decltype(t)::value>(w, x, M, K, y, N, g0, g1);
+  });
+}
+
+#define TB_HAVE_SIMD_GEMM (TB_HAVE_AVX2 || TB_HAVE_NEON)
+
+#if TB_HAVE_SIMD_GEMM
+// GROUP floats of one vector and the few operations the kernel needs, for AVX-512 (16),
+// AVX2 (8) or NEON (8, as two registers): one kernel template serves all three.
+#if TB_HAVE_NEON
+struct Lanes {
+  struct F {
+    float32x4_t lo, hi;
+  };
+  struct I {
+    uint32x4_t lo, hi;
+  };
+  static F zero() { return {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; }
+  static F set1(float v) { return {vdupq_n_f32(v), vdupq_n_f32(v)}; }
+  static F halves(const uint8_t* p) {  // GROUP fp16 -> fp32 (exact, FCVTL: base AArch64)
+    const float16x8_t h = vreinterpretq_f16_u8(vld1q_u8(p));
+    return {vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+  }
+  static F floats(const uint8_t* p) {
+    const float* f = reinterpret_cast<const float*>(p);
+    return {vld1q_f32(f), vld1q_f32(f + 4)};
+  }
+  static I bytes_u8(const uint8_t* p) {  // GROUP bytes, zero-extended
+    const uint16x8_t w = vmovl_u8(vld1_u8(p));
+    return {vmovl_u16(vget_low_u16(w)), vmovl_high_u16(w)};
+  }
+  static I bytes_i8(const uint8_t* p) {  // GROUP bytes, sign-extended (held as their bits)
+    const int16x8_t w = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(p)));
+    return {vreinterpretq_u32_s32(vmovl_s16(vget_low_s16(w))),
+            vreinterpretq_u32_s32(vmovl_high_s16(w))};
+  }
+  static I halves_u16(const uint8_t* p) {  // GROUP uint16, zero-extended
+    const uint16x8_t w = vld1q_u16(reinterpret_cast<const uint16_t*>(p));
+    return {vmovl_u16(vget_low_u16(w)), vmovl_high_u16(w)};
+  }
+  static uint32x4_t shift(uint32x4_t v, int n) {  // left by n, right by -n
+    return vshlq_u32(v, vdupq_n_s32(n));
+  }
+  static I fifth_bit(I bits, int j) {  // 16 where bit j of bits (j >= 4) is set, else 0
+    const uint32x4_t sixteen = vdupq_n_u32(16);
+    return {vandq_u32(shift(bits.lo, 4 - j), sixteen), vandq_u32(shift(bits.hi, 4 - j), sixteen)};
+  }
+  static I or_low(I v, I h) {
+    const uint32x4_t m = vdupq_n_u32(15);
+    return {vorrq_u32(vandq_u32(v.lo, m), h.lo), vorrq_u32(vandq_u32(v.hi, m), h.hi)};
+  }
+  static I or_high(I v, I h) {
+    return {vorrq_u32(vshrq_n_u32(v.lo, 4), h.lo), vorrq_u32(vshrq_n_u32(v.hi, 4), h.hi)};
+  }
+  static I shift_left(I v, int n) { return {shift(v.lo, n), shift(v.hi, n)}; }
+  static F low_nibbles(I v) {
+    const uint32x4_t m = vdupq_n_u32(15);
+    return {vcvtq_f32_u32(vandq_u32(v.lo, m)), vcvtq_f32_u32(vandq_u32(v.hi, m))};
+  }
+  static F high_nibbles(I v) {
+    return {vcvtq_f32_u32(vshrq_n_u32(v.lo, 4)), vcvtq_f32_u32(vshrq_n_u32(v.hi, 4))};
+  }
+  static F to_float(I v) {  // as signed 32-bit integers (bytes_i8's codes are negative)
+    return {vcvtq_f32_s32(vreinterpretq_s32_u32(v.lo)),
+            vcvtq_f32_s32(vreinterpretq_s32_u32(v.hi))};
+  }
+  static F fma(F a, F b, F c) {  // a b + c, one rounding, as _mm256_fmadd_ps
+    return {vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)};
+  }
+  static F mul(F a, F b) { return {vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+  static F add(F a, F b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+  static void store(float* p, F v) {
+    vst1q_f32(p, v.lo);
+    vst1q_f32(p + 4, v.hi);
+  }
+};
+#elif TB_HAVE_AVX512
+struct Lanes {
+  using F = __m512;
+  using I = __m512i;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F halves(const uint8_t* p) {  // GROUP fp16 -> fp32
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F floats(const uint8_t* p) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static I bytes_u8(const uint8_t* p) {  // GROUP bytes, zero-extended
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I bytes_i8(const uint8_t* p) {  // GROUP bytes, sign-extended
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I halves_u16(const uint8_t* p) {  // GROUP uint16, zero-extended
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static I fifth_bit(I bits, int j) {  // 16 where bit j of bits is set, else 0
+    return _mm512_and_si512(_mm512_srli_epi32(bits, j - 4), _mm512_set1_epi32(16));
+  }
+  static I or_low(I v, I h) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(15)), h); }
+  static I or_high(I v, I h) { return _mm512_or_si512(_mm512_srli_epi32(v, 4), h); }
+  static I shift_left(I v, int n) { return _mm512_slli_epi32(v, n); }
+  static F low_nibbles(I v) {
+    return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+  }
+  static F high_nibbles(I v) { return _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)); }
+  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#else
+struct Lanes {
+  using F = __m256;
+  using I = __m256i;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F halves(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F floats(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static I bytes_u8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I bytes_i8(const uint8_t* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I halves_u16(const uint8_t* p) {
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static I fifth_bit(I bits, int j) {
+    return _mm256_and_si256(_mm256_srli_epi32(bits, j - 4), _mm256_set1_epi32(16));
+  }
+  static I or_low(I v, I h) { return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(15)), h); }
+  static I or_high(I v, I h) { return _mm256_or_si256(_mm256_srli_epi32(v, 4), h); }
+  static I shift_left(I v, int n) { return _mm256_slli_epi32(v, n); }
+  static F low_nibbles(I v) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+  }
+  static F high_nibbles(I v) { return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)); }
+  static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+#endif
+using Vec = Lanes::F;
+
+// The scales and constant of one group block, GROUP rows a vector: weight k of row i is
+// s[i] * code + c[i], s = s_lo for k < 16 and s_hi after (only Q6_K_R's differ); c = m
+// (Q4_1, Q4_K_R, Q5_K_R), -8 d (Q4_0), 0 (Q8_0, Q6_K_R). s * code is exact in fp32 (a scale
+// times a code of at most 8 bits), so fma(s, code, c) is gguf's dequantized weight.
+template <int64_t T>
+inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
+  if constexpr (T == Q4_0 || T == Q4_1 || T == Q8_0 || T == Q5_0 || T == Q5_1) {
+    s_lo = s_hi = Lanes::halves(g);
+    if constexpr (T == Q4_1 || T == Q5_1)
+      c = Lanes::halves(g + 2 * GROUP);
+    else if constexpr (T == Q4_0)
+      c = Lanes::mul(s_lo, Lanes::set1(-8.0f));
+    else if constexpr (T == Q5_0)  // d * (q - 16) = d * q - 16 d, exact either way
+      c = Lanes::mul(s_lo, Lanes::set1(-16.0f));
+    else
+      c = Lanes::zero();
+  } else {
+    s_lo = Lanes::floats(g);
+    const Vec second = Lanes::floats(g + 4 * GROUP);
+    s_hi = T == Q6_K_R ? second : s_lo;
+    c = T == Q6_K_R ? Lanes::zero() : second;
+  }
+}
+
+// Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
+// rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
+// FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
+constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (0.6-2.2 kB)
+
+template <int64_t T, int64_t ROWS>
+void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                       int64_t g0, int64_t g1) {
+  constexpr int P = ROWS == 1 ? 8 : (ROWS == 2 ? 4 : (ROWS <= 4 ? 2 : 1));
+  constexpr bool nibbles = T == Q4_0 || T == Q4_1 || T == Q4_K_R;
+  constexpr bool fifth = T == Q5_0 || T == Q5_1;
+  const Fields f = block_fields(T);
+  const int64_t nb = K / QK, bb = block_bytes(T), header = GROUP * f.n_fields * f.field_bytes;
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][P];
+    for (int64_t r = 0; r < ROWS; ++r)
+      for (int a = 0; a < P; ++a) acc[r][a] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      // The weights are read once a step, from memory: ask for the block PREFETCH_BLOCKS
+      // ahead in this thread's stream (the hardware prefetcher alone left the 8-goal GEMMs
+      // of a real step ~1.5x slower than with the weights in cache).
+      prefetch_bytes<0>(blk + PREFETCH_BLOCKS * GROUP * bb, GROUP * bb);
+      Vec s_lo, s_hi, c;
+      group_scales<T>(blk, s_lo, s_hi, c);
+      const uint8_t* codes = blk + header;
+      const float* xb = x + b * QK;
+      if constexpr (fifth) {  // nibbles as Q4_1, plus bit j (j + 16) of the fifth bits
+        const int64_t bits = (T == Q5_1 ? 2 : 1) * 2 * GROUP;  // offset of the fifth bits
+        const auto h_lo = Lanes::halves_u16(blk + bits);
+        const auto h_hi = Lanes::halves_u16(blk + bits + 2 * GROUP);
+#pragma GCC unroll 16
+        for (int j = 0; j < QK / 2; ++j) {
+          const auto v = Lanes::bytes_u8(codes + j * GROUP);
+          // (bits >> j) & 1, moved to 16: shift left by 4 first where j < 4.
+          const auto b_lo = j >= 4 ? Lanes::fifth_bit(h_lo, j)
+                                   : Lanes::fifth_bit(Lanes::shift_left(h_lo, 4), j + 4);
+          const auto b_hi = j >= 4 ? Lanes::fifth_bit(h_hi, j)
+                                   : Lanes::fifth_bit(Lanes::shift_left(h_hi, 4), j + 4);
+          const Vec w_lo = Lanes::fma(s_lo, Lanes::to_float(Lanes::or_low(v, b_lo)), c);
+          const Vec w_hi = Lanes::fma(s_hi, Lanes::to_float(Lanes::or_high(v, b_hi)), c);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            Vec& a_lo = acc[r][(2 * j) % P];
+            a_lo = Lanes::fma(Lanes::set1(xb[r * K + j]), w_lo, a_lo);
+            Vec& a_hi = acc[r][(2 * j + 1) % P];
+            a_hi = Lanes::fma(Lanes::set1(xb[r * K + j + QK / 2]), w_hi, a_hi);
+          }
+        }
+      } else if constexpr (nibbles) {  // byte j: weight j (low nibble) and j + 16 (high) of each row
+#pragma GCC unroll 16
+        for (int j = 0; j < QK / 2; ++j) {
+          const auto v = Lanes::bytes_u8(codes + j * GROUP);
+          const Vec w_lo = Lanes::fma(s_lo, Lanes::low_nibbles(v), c);
+          const Vec w_hi = Lanes::fma(s_hi, Lanes::high_nibbles(v), c);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            Vec& a_lo = acc[r][(2 * j) % P];
+            a_lo = Lanes::fma(Lanes::set1(xb[r * K + j]), w_lo, a_lo);
+            Vec& a_hi = acc[r][(2 * j + 1) % P];
+            a_hi = Lanes::fma(Lanes::set1(xb[r * K + j + QK / 2]), w_hi, a_hi);
+          }
+        }
+      } else {  // byte k: weight k of each row, int8 (Q5_K_R's 0..31 read the same)
+#pragma GCC unroll 32
+        for (int k = 0; k < QK; ++k) {
+          const Vec wk = Lanes::fma(k < QK / 2 ? s_lo : s_hi,
+                                    Lanes::to_float(Lanes::bytes_i8(codes + k * GROUP)), c);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            Vec& a = acc[r][k % P];
+            a = Lanes::fma(Lanes::set1(xb[r * K + k]), wk, a);
+          }
+        }
+      }
+    }
+    const int64_t n0 = g * GROUP, valid = std::min(GROUP, N - n0);
+    for (int64_t r = 0; r < ROWS; ++r) {
+      Vec sum = acc[r][0];
+      for (int a = 1; a < P; ++a) sum = Lanes::add(sum, acc[r][a]);
+      if (valid == GROUP) {
+        Lanes::store(y + r * N + n0, sum);
+      } else {
+        float lanes[GROUP];
+        Lanes::store(lanes, sum);
+        std::memcpy(y + r * N + n0, lanes, valid * sizeof(float));
+      }
+    }
+  }
+}
+
+template <int64_t T>
+void groups_simd_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y, int64_t N,
+                   int64_t g0, int64_t g1) {
+  switch (M) {
+    case 1: return groups_simd_fixed<T, 1>(w, x, K, y, N, g0, g1);
+    case 2: return groups_simd_fixed<T, 2>(w, x, K, y, N, g0, g1);
+    case 3: return groups_simd_fixed<T, 3>(w, x, K, y, N, g0, g1);
+    case 4: return groups_simd_fixed<T, 4>(w, x, K, y, N, g0, g1);
+    case 5: return groups_simd_fixed<T, 5>(w, x, K, y, N, g0, g1);
+    case 6: return groups_simd_fixed<T, 6>(w, x, K, y, N, g0, g1);
+    case 7: return groups_simd_fixed<T, 7>(w, x, K, y, N, g0, g1);
+    default: return groups_simd_fixed<T, 8>(w, x, K, y, N, g0, g1);
+  }
+}
+
+// The type chosen once per call, outside the loops.
+void groups_simd(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                 float* y, int64_t N, int64_t g0, int64_t g1) {
+  with_qtype(qtype, [&](auto t) {
+    groups_simd_t<decltype(t)::value>(w, x, M, K, y, N, g0, g1);
+  });
+}
+#endif
+
+// y (M, N) = x (M, K) W^T over raw pointers, W packed (``pack``); groups of GROUP output
+// rows split over the calling thread's pool.
+void gemm_raw(int64_t qtype, const uint8_t* w, const float* xp, int64_t M, int64_t K,
+              float* yp, int64_t N, bool portable) {
+  const bool use_simd = TB_HAVE_SIMD_GEMM && !portable;
+  parallel_for((N + GROUP - 1) / GROUP, 2, [&](int64_t g0, int64_t g1) {
+#if TB_HAVE_SIMD_GEMM
+    if (use_simd) {
+      groups_simd(qtype, w, xp, M, K, yp, N, g0, g1);
+      return;
+    }
+#endif
+    groups_portable(qtype, w, xp, M, K, yp, N, g0, g1);
+  });
+  (void)use_simd;
+}
+
+// The kernels' layout of ``src`` (N rows of K weights of type ``qtype``, row after row as the
+// GGUF or engine/kquants.py holds them: N x K / 32 blocks) into ``dst``: ceil(N / GROUP) group
+// rows of K / 32 * GROUP * block bytes, which the caller zeroed (rows past N weigh 0).
+void pack_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, uint8_t* dst) {
+  const int64_t bb = block_bytes(qtype), nb = K / QK;
+  const Fields f = block_fields(qtype);
+  const int64_t header = f.n_fields * f.field_bytes;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t g = n / GROUP, i = n % GROUP;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = src + n * nb * bb + b * bb;
+      uint8_t* grp = dst + (g * nb + b) * GROUP * bb;
+      for (int64_t t = 0; t < f.n_fields; ++t)
+        std::memcpy(grp + (t * GROUP + i) * f.field_bytes, blk + t * f.field_bytes,
+                    f.field_bytes);
+      for (int64_t j = 0; j < f.code_bytes; ++j)
+        grp[GROUP * header + j * GROUP + i] = blk[header + j];
+    }
+  }
+}
+
+// ``src`` (N rows of K weights of type ``qtype``, as the file holds them) to fp32 out (N, K),
+// each weight as gguf's reference dequantization gives it.
+void dequantize_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, float* out) {
+  const int64_t bb = block_bytes(qtype), nb = K / QK;
+  with_qtype(qtype, [&](auto t) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < nb; ++b)
+        dequantize_block<decltype(t)::value>(src + (n * nb + b) * bb, out + n * K + b * QK);
+  });
+}
+
+// Rows ``index`` (R of them, each in [0, N)) of a packed matrix (``pack_raw`` of N rows of K
+// weights) as fp32 out (R, K), each weight as gguf's reference dequantization gives it; rows
+// split over the calling thread's pool.
+void unpack_rows_raw(const uint8_t* packed, int64_t qtype, int64_t K, const int64_t* index,
+                     int64_t R, float* out) {
+  const int64_t nb = K / QK, bb = block_bytes(qtype);
+  with_qtype(qtype, [&](auto t) {
+    parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+      uint8_t block[QK + 8];
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = index[r];
+        const uint8_t* grp = packed + (n / GROUP) * nb * GROUP * bb;
+        for (int64_t b = 0; b < nb; ++b) {
+          unpack_block(grp + b * GROUP * bb, t.value, n % GROUP, block);
+          dequantize_block<decltype(t)::value>(block, out + r * K + b * QK);
+        }
+      }
+    });
+  });
+}
+
+// The vector path this build compiled: "avx512", "avx2", "neon" or "portable" (scalar only).
+const char* simd_path() {
+#if TB_HAVE_NEON
+  return "neon";
+#elif TB_HAVE_AVX512
+  return "avx512";
+#elif TB_HAVE_AVX2
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), transformers' LlamaRMSNorm in fp32.
+void rms_norm(const float* x, const float* weight, double eps, int64_t n, float* out) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * scale);
+}
+
+// In place: v = v * cos + rotate_half(v) * sin over one head of ``dim`` values.
+void rope(float* v, const float* cos, const float* sin, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const float a = v[j], b = v[j + half];
+    v[j] = a * cos[j] - b * sin[j];
+    v[j + half] = b * cos[j + half] + a * sin[j + half];
+  }
+}
+
+// Attention of one decoding step, split as flash-decoding does: a task is one row's KV head
+// over one chunk of its cached tokens, for all the query heads of that head's group (each key
+// and value is read once for the group). Tasks keep an unnormalised output with its running
+// maximum and sum; merge_attention combines the chunks (exp(max_c - max) rescaling).
+struct AttentionTask {
+  int64_t row, kv_head, begin, end;
+};
+
+constexpr int64_t ATTENTION_CHUNK = 512;  // cached tokens a task (two tasks a head from 1k)
+
+std::vector<AttentionTask> attention_tasks(const std::vector<int64_t>& n_live,
+                                           int64_t n_kv_heads) {
+  std::vector<AttentionTask> tasks;
+  for (int64_t r = 0; r < static_cast<int64_t>(n_live.size()); ++r)
+    for (int64_t h = 0; h < n_kv_heads; ++h)
+      for (int64_t b = 0; b < n_live[r]; b += ATTENTION_CHUNK)
+        tasks.push_back({r, h, b, std::min(n_live[r], b + ATTENTION_CHUNK)});
+  return tasks;
+}
+
+// W floats of one vector and the operations the attention and the activations need: AVX2
+// (W = 8; an AVX-512 build keeps these 8-wide) or NEON (W = 4). The functions below are
+// written once over them, so the two paths do the same operations in the same order within
+// a vector (exp_vec gives the same bits on both).
+#if TB_HAVE_AVX2
+struct VF {
+  using F = __m256;
+  static constexpr int64_t W = 8;
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F zero() { return _mm256_setzero_ps(); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }    // a b + c, one rounding
+  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b, one rounding
+  static F floor(F a) { return _mm256_floor_ps(a); }
+  static F pow2(F n) {  // 2^n for integral n in [-126, 127]: the exponent field
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static float hsum(F v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static F sums(const F a[W]) {  // lane i: the sum of a[i]'s lanes
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
+};
+#elif TB_HAVE_NEON
+struct VF {
+  using F = float32x4_t;
+  static constexpr int64_t W = 4;
+  static F load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, F v) { vst1q_f32(p, v); }
+  static F set1(float v) { return vdupq_n_f32(v); }
+  static F zero() { return vdupq_n_f32(0.0f); }
+  static F add(F a, F b) { return vaddq_f32(a, b); }
+  static F sub(F a, F b) { return vsubq_f32(a, b); }
+  static F mul(F a, F b) { return vmulq_f32(a, b); }
+  static F div(F a, F b) { return vdivq_f32(a, b); }
+  static F min(F a, F b) { return vminq_f32(a, b); }
+  static F max(F a, F b) { return vmaxq_f32(a, b); }
+  static F fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  static F fnma(F a, F b, F c) { return vfmsq_f32(c, a, b); }
+  static F floor(F a) { return vrndmq_f32(a); }
+  static F pow2(F n) {
+    return vreinterpretq_f32_s32(
+        vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+  }
+  static float hsum(F v) { return vaddvq_f32(v); }
+  static F sums(const F a[W]) {
+    return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));
+  }
+};
+#endif
+#define TB_HAVE_VF (TB_HAVE_AVX2 || TB_HAVE_NEON)
+
+#if TB_HAVE_VF
+// e^x for W floats: Cody-Waite reduction x = n ln2 + r and Cephes' degree-6 polynomial for e^r
+// (about 1 ulp, as torch's own vectorised exp; inputs clamped to [-87.3, 88.4]). Written here
+// because the softmax and SiLU of a step call exp ~10^5-10^6 times and the scalar std::exp
+// took several ms of a 3000-token step; no vector exp ships with the compiler for this use.
+inline VF::F exp_vec(VF::F x) {
+  x = VF::min(VF::max(x, VF::set1(-87.3365448f)), VF::set1(88.3762626f));
+  const VF::F n = VF::floor(VF::fma(x, VF::set1(1.44269504088896341f), VF::set1(0.5f)));
+  x = VF::fnma(n, VF::set1(0.693359375f), x);
+  x = VF::fnma(n, VF::set1(-2.12194440e-4f), x);
+  VF::F y = VF::set1(1.9875691500e-4f);
+  y = VF::fma(y, x, VF::set1(1.3981999507e-3f));
+  y = VF::fma(y, x, VF::set1(8.3334519073e-3f));
+  y = VF::fma(y, x, VF::set1(4.1665795894e-2f));
+  y = VF::fma(y, x, VF::set1(1.6666665459e-1f));
+  y = VF::fma(y, x, VF::set1(5.0000001201e-1f));
+  y = VF::fma(y, VF::mul(x, x), VF::add(x, VF::set1(1.0f)));
+  return VF::mul(y, VF::pow2(n));
+}
+
+// scores[j] = scale * q . k_j for keys [0, n) of ``kh`` (n, dim), dim a multiple of W: W keys
+// at a time, their W dot products reduced together.
+void scores_vec(const float* q, const float* kh, int64_t n, int64_t dim, float scale,
+                float* scores) {
+  constexpr int64_t W = VF::W;
+  const VF::F sv = VF::set1(scale);
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    VF::F acc[W];
+    for (int64_t t = 0; t < W; ++t) acc[t] = VF::zero();
+    for (int64_t d = 0; d < dim; d += W) {
+      const VF::F qv = VF::load(q + d);
+      for (int64_t t = 0; t < W; ++t) acc[t] = VF::fma(qv, VF::load(kh + (j + t) * dim + d), acc[t]);
+    }
+    VF::store(scores + j, VF::mul(VF::sums(acc), sv));
+  }
+  for (; j < n; ++j) {
+    VF::F acc = VF::zero();
+    for (int64_t d = 0; d < dim; d += W)
+      acc = VF::fma(VF::load(q + d), VF::load(kh + j * dim + d), acc);
+    scores[j] = VF::hsum(acc) * scale;
+  }
+}
+
+// scores[j] = exp(scores[j] - best) in place for j < n; returns their sum.
+float softmax_weights_vec(float* scores, int64_t n, float best) {
+  constexpr int64_t W = VF::W;
+  const VF::F bv = VF::set1(best);
+  VF::F total = VF::zero();
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    const VF::F e = exp_vec(VF::sub(VF::load(scores + j), bv));
+    VF::store(scores + j, e);
+    total = VF::add(total, e);
+  }
+  float sum = VF::hsum(total);
+  if (j < n) {  // the last < W through the same exp, lanes past n unused
+    float lanes[W];
+    for (int64_t t = 0; t < W; ++t) lanes[t] = j + t < n ? scores[j + t] - best : 0.0f;
+    VF::store(lanes, exp_vec(VF::load(lanes)));
+    for (; j < n; ++j) sum += scores[j] = lanes[j % W];
+  }
+  return sum;
+}
+
+// out[g] += sum_j p[g][j] v_j over keys [0, n) of ``vh`` (n, dim), for G query heads, dim a
+// multiple of 2 W: 2 W values of out per pass, held in registers for all keys (G a template
+// argument, so the accumulators stay in registers).
+constexpr int64_t MAX_GROUP = 4;
+
+template <int64_t G>
+void weighted_values_g(const float* p, int64_t p_stride, const float* vh, int64_t n,
+                       int64_t dim, float* out) {
+  constexpr int64_t W = VF::W;
+  for (int64_t d = 0; d < dim; d += 2 * W) {
+    VF::F acc[G][2];
+    for (int64_t g = 0; g < G; ++g) acc[g][0] = acc[g][1] = VF::zero();
+    for (int64_t j = 0; j < n; ++j) {
+      const VF::F v0 = VF::load(vh + j * dim + d);
+      const VF::F v1 = VF::load(vh + j * dim + d + W);
+      for (int64_t g = 0; g < G; ++g) {
+        const VF::F pg = VF::set1(p[g * p_stride + j]);
+        acc[g][0] = VF::fma(pg, v0, acc[g][0]);
+        acc[g][1] = VF::fma(pg, v1, acc[g][1]);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float* og = out + g * dim + d;
+      VF::store(og, VF::add(VF::load(og), acc[g][0]));
+      VF::store(og + W, VF::add(VF::load(og + W), acc[g][1]));
+    }
+  }
+}
+
+void weighted_values_vec(const float* p, int64_t p_stride, const float* vh, int64_t n,
+                         int64_t group, int64_t dim, float* out) {
+  switch (group) {
+    case 1: return weighted_values_g<1>(p, p_stride, vh, n, dim, out);
+    case 2: return weighted_values_g<2>(p, p_stride, vh, n, dim, out);
+    case 3: return weighted_values_g<3>(p, p_stride, vh, n, dim, out);
+    default: return weighted_values_g<4>(p, p_stride, vh, n, dim, out);
+  }
+}
+#endif
+
+constexpr int64_t ATTENTION_TILE = 64;  // keys a pass (their K or V rows stay in L1)
+
+// Ask for the ``n`` floats at ``p`` ahead of use (the next tile's keys or values): a step's KV
+// is mostly not in cache, and a head's short stream gives the hardware prefetcher little time.
+inline void prefetch(const float* p, int64_t n) {
+  prefetch_bytes<2>(p, n * static_cast<int64_t>(sizeof(float)));
+}
+
+// One task: ``q`` (group, dim) query heads, ``kh`` / ``vh`` (capacity, dim) of one KV head;
+// writes out (group, dim) unnormalised, best (group,) maxima and total (group,) sums. Keys are
+// taken in tiles of ATTENTION_TILE, all the group's query heads per tile.
+void attend_chunk(const float* q, const float* kh, const float* vh, int64_t begin, int64_t end,
+                  int64_t group, int64_t dim, float scale, float* out, float* best,
+                  float* total) {
+  const int64_t n = end - begin;
+  float* scores = scratch(SCORES, group * n);
+#if TB_HAVE_VF
+  const bool vector = dim % VF::W == 0;
+  const bool vector_values = dim % (2 * VF::W) == 0 && group <= MAX_GROUP;
+#else
+  const bool vector = false, vector_values = false;
+#endif
+  for (int64_t t = 0; t < n; t += ATTENTION_TILE) {
+    const int64_t tile = std::min(ATTENTION_TILE, n - t);
+    if (t + tile < n)
+      prefetch(kh + (begin + t + tile) * dim, std::min(ATTENTION_TILE, n - t - tile) * dim);
+    for (int64_t g = 0; g < group; ++g) {
+      float* sg = scores + g * n + t;
+#if TB_HAVE_VF
+      if (vector) scores_vec(q + g * dim, kh + (begin + t) * dim, tile, dim, scale, sg);
+#endif
+      if (!vector) {
+        for (int64_t j = 0; j < tile; ++j) {
+          const float* kj = kh + (begin + t + j) * dim;
+          const float* qg = q + g * dim;
+          float s = 0.0f;
+          // A dot product over the head dimension; the pragma lets the compiler vectorise
+          // the sum (a reassociation, as any vectorised GEMM does).
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < dim; ++d) s += qg[d] * kj[d];
+          sg[j] = s * scale;
+        }
+      }
+    }
+  }
+  prefetch(vh + begin * dim, std::min(ATTENTION_TILE, n) * dim);
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * n;
+    best[g] = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) best[g] = std::max(best[g], sg[j]);
+#if TB_HAVE_VF
+    if (vector) total[g] = softmax_weights_vec(sg, n, best[g]);
+#endif
+    if (!vector) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        sg[j] = std::exp(sg[j] - best[g]);
+        sum += sg[j];
+      }
+      total[g] = sum;
+    }
+    for (int64_t d = 0; d < dim; ++d) out[g * dim + d] = 0.0f;
+  }
+  for (int64_t t = 0; t < n; t += ATTENTION_TILE) {
+    const int64_t tile = std::min(ATTENTION_TILE, n - t);
+    if (t + tile < n)
+      prefetch(vh + (begin + t + tile) * dim, std::min(ATTENTION_TILE, n - t - tile) * dim);
+#if TB_HAVE_VF
+    if (vector_values) {
+      weighted_values_vec(scores + t, n, vh + (begin + t) * dim, tile, group, dim, out);
+      continue;
+    }
+#endif
+    for (int64_t j = t; j < t + tile; ++j) {
+      const float* vj = vh + (begin + j) * dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = scores[g * n + j];
+        float* og = out + g * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) og[d] += p * vj[d];
+      }
+    }
+  }
+  (void)vector_values;
+}
+
+// softmax(q K^T * scale) V for every row and query head: q (M, n_heads * dim) -> attn (same).
+// keys[r] / values[r] (1, H_kv, C_r, D) hold row r's n_live[r] tokens.
+void attention(const float* q, const std::vector<float*>& keys,
+               const std::vector<float*>& values, const std::vector<int64_t>& capacity,
+               const std::vector<int64_t>& n_live, int64_t n_heads, int64_t n_kv_heads,
+               int64_t dim, float scale, float* attn) {
+  const int64_t group = n_heads / n_kv_heads, q_rows = n_heads * dim;
+  const auto tasks = attention_tasks(n_live, n_kv_heads);
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  float* outs = scratch(OUTS, n_tasks * group * dim);
+  float* bests = scratch(BESTS, n_tasks * group);
+  float* totals = scratch(TOTALS, n_tasks * group);
+  // The first tile of a task's keys and values, asked for ahead (a task's own at the start of
+  // a chunk of tasks, then the next task's while one runs): many misses in flight at once
+  // instead of one tile's demand misses after another.
+  auto prefetch_task = [&](int64_t t) {
+    const AttentionTask& task = tasks[t];
+    const int64_t offset = (task.kv_head * capacity[task.row] + task.begin) * dim;
+    const int64_t n = std::min(ATTENTION_TILE, task.end - task.begin) * dim;
+    prefetch(keys[task.row] + offset, n);
+    prefetch(values[task.row] + offset, n);
+  };
+  parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1) {
+    prefetch_task(t0);
+    for (int64_t t = t0; t < t1; ++t) {
+      if (t + 1 < t1) prefetch_task(t + 1);
+      const AttentionTask& task = tasks[t];
+      const int64_t offset = task.kv_head * capacity[task.row] * dim;
+      attend_chunk(q + task.row * q_rows + task.kv_head * group * dim,
+                   keys[task.row] + offset, values[task.row] + offset, task.begin, task.end,
+                   group, dim, scale, outs + t * group * dim,
+                   bests + t * group, totals + t * group);
+    }
+  });
+  // Merge the chunks of each (row, KV head): tasks of one pair are consecutive.
+  for (int64_t t = 0; t < n_tasks;) {
+    int64_t last = t;
+    while (last + 1 < n_tasks && tasks[last + 1].row == tasks[t].row &&
+           tasks[last + 1].kv_head == tasks[t].kv_head)
+      ++last;
+    for (int64_t g = 0; g < group; ++g) {
+      float best = -INFINITY;
+      for (int64_t c = t; c <= last; ++c) best = std::max(best, bests[c * group + g]);
+      float* o = attn + tasks[t].row * q_rows + (tasks[t].kv_head * group + g) * dim;
+      float total = 0.0f;
+      for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
+      for (int64_t c = t; c <= last; ++c) {
+        const float w = std::exp(bests[c * group + g] - best);
+        total += w * totals[c * group + g];
+        const float* oc = outs + (c * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] += w * oc[d];
+      }
+      for (int64_t d = 0; d < dim; ++d) o[d] /= total;
+    }
+    t = last + 1;
+  }
+}
+
+// out[i] = silu(gate[i]) * gate[n + i] for i < n (SwiGLU; gate holds gate then up, (2 n,)).
+void silu_times(const float* gate, int64_t n, float* out) {
+  int64_t i = 0;
+#if TB_HAVE_VF
+  const VF::F one = VF::set1(1.0f);
+  for (; i + VF::W <= n; i += VF::W) {
+    const VF::F g = VF::load(gate + i);
+    const VF::F e = exp_vec(VF::sub(VF::zero(), g));
+    VF::store(out + i, VF::mul(VF::div(g, VF::add(one, e)), VF::load(gate + n + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[n + i];
+}
+
+// out[i] = gelu_tanh(gate[i]) * gate[n + i] for i < n (GeGLU, torch's tanh approximation).
+void gelu_tanh_times(const float* gate, int64_t n, float* out) {
+  constexpr float k0 = 0.7978845608028654f, k1 = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + k1 * g * g * g))) * gate[n + i];
+  }
+}
+
+}  // namespace
