@@ -8,7 +8,7 @@
 set -u
 out="${1:-log/gpu_check}"
 device="${2:-cuda}"
-py="${PYTHON:-python}"
+py="${PYTHON:-$(command -v python || command -v python3)}"  # Ubuntu has only python3
 if [[ "$device" == cpu ]]; then  # limits (s): two cores, a first start calibrates
   stops=(--device cpu --lines 20)
   bench=(--device cpu --quick --rounds 1 --steps 4)
