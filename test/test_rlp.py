@@ -470,3 +470,33 @@ def test_quantile_levels_are_calibrated_on_held_out_prompts(trained_rlp):
     for bad in ('0.9', '0.9:x', '1.5:0.9'):
         with pytest.raises(ValueError, match='quantile_levels'):
             parse_quantile_levels(bad)
+
+
+def test_the_predictor_runs_on_the_cpu_beside_a_gpu_prefill(exported, monkeypatch):
+    """``predictor.provider: auto`` is the CPU where onnxruntime-gpu lists CUDA (issue 41).
+
+    The GPU runs the prefill the predictor overlaps; ``cuda`` still asks for the CUDA
+    provider, with the CPU as its fallback (what this machine's onnxruntime runs it on).
+    """
+    import warnings
+
+    from timebill_ros.predictors.onnx_rlp import resolve_providers
+    monkeypatch.setattr(onnxruntime, 'get_available_providers',
+                        lambda: ['CUDAExecutionProvider', 'CPUExecutionProvider'])
+    assert resolve_providers('auto') == ['CPUExecutionProvider']
+    assert resolve_providers('cpu') == ['CPUExecutionProvider']
+    assert resolve_providers('cuda') == ['CUDAExecutionProvider', 'CPUExecutionProvider']
+    timing = PredictorTiming(0.0, 1e-3, 0.0)
+    predictor = OnnxRlpPredictor.load(exported, provider='auto', timing=timing)
+    assert predictor.session.get_providers() == ['CPUExecutionProvider']
+    with warnings.catch_warnings():  # onnxruntime warns when it lacks the CUDA provider
+        warnings.simplefilter('ignore')
+        asked = OnnxRlpPredictor.load(exported, provider='cuda', timing=timing)
+    assert asked.session.get_providers()[-1] == 'CPUExecutionProvider'
+    assert asked.predict('p', list(range(10, 80)), 64) == predictor.predict(
+        'p', list(range(10, 80)), 64)
+    with pytest.raises(ValueError, match="'tpu'"):
+        resolve_providers('tpu')
+    assert PredictorConfig().provider == 'auto'
+    with pytest.raises(ValueError, match="predictor.provider.*'gpu'"):
+        PredictorConfig(provider='gpu')

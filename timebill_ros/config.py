@@ -22,6 +22,7 @@ BUDGET_MODES = ('timebill', 'fixed')
 PREDICTOR_KINDS = ('rlp', 'fallback')
 PREFILL_DTYPES = ('auto', 'float32', 'bfloat16')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
+OFFLOAD_DTYPES = ('auto',) + WEIGHT_FORMATS
 
 
 STARTUP_METHODS = ('few_shot', 'grid')
@@ -252,7 +253,11 @@ class PredictorConfig:
     model_file: the RLP ONNX file; empty = the cache entry ``timebill predictor train
         --export`` writes for this model (``<cache>/rlp/<model>__rlp.onnx``).
     threads: onnxruntime intra-op threads of the predictor.
-    provider: ``auto`` (CUDA where onnxruntime-gpu sees a GPU, else CPU), ``cpu`` or ``cuda``.
+    provider: onnxruntime's execution provider: ``auto`` (default) and ``cpu`` run the
+        predictor on the CPU (``CPUExecutionProvider``), also where onnxruntime-gpu sees a GPU:
+        the GPU is busy with the prefill the predictor runs beside, and a small model's call
+        there costs more in transfers than it gains; ``cuda`` asks for onnxruntime's CUDA
+        provider (the CPU where it lacks it).
     min_input_tokens: lower clamp of N_p, the compressed predictor input, tokens.
     max_input_tokens: upper clamp of N_p, the compressed predictor input, tokens
         (>= min_input_tokens).
@@ -515,6 +520,14 @@ class OffloadConfig:
         busy rather than wait.
     device: torch device of the offload engine (``cpu``; on a Jetson the primary is
         ``cuda`` and this the ARM cores).
+    dtype: the offload engine's weights as loaded (``engine.dtype`` of its own): ``auto``
+        (default) is ``float32`` on a CPU device, whatever ``engine.dtype`` is (the ARM
+        cores of a Jetson whose GPU runs ``float16``: fp32 lets ``engine.decode_weights``
+        auto take the GGUF kernels or the fastest lean format there, as on any CPU), and
+        ``engine.dtype`` on any other device; or ``float32``, ``float16``, ``bfloat16``.
+        On the primary's device in the primary's dtype the offload engine shares its
+        weights (LlmEngine.twin); otherwise it loads its own copy, and its ``auto`` formats
+        (``engine.decode_weights``, ``engine.prefill_dtype``) are chosen on its device.
     threads: torch intra-op threads of the offload engine (with both executors on one CPU,
         give ``engine.threads`` the rest of the cores).
     quantile: k of RT-LM's Eq. 4, in (0, 1): tau = the k-quantile of the predictor's
@@ -524,16 +537,30 @@ class OffloadConfig:
 
     enabled: bool = False
     device: str = 'cpu'
+    dtype: str = 'auto'
     threads: int = 1
     quantile: float = 0.9
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise TypeError(f'offload.enabled must be a bool, got {self.enabled!r}')
+        if not isinstance(self.device, str) or not self.device:
+            raise TypeError(f'offload.device must be a torch device name, got {self.device!r}')
+        check_choice('offload.dtype', self.dtype, OFFLOAD_DTYPES)
         check_count('offload.threads', self.threads)
         check_positive('offload.quantile', self.quantile)
         if not self.quantile < 1:
             raise ValueError(f'offload.quantile must be in (0, 1), got {self.quantile!r}')
+
+    def weight_dtype(self, engine_dtype: str) -> str:
+        """Return the offload engine's ``dtype``: ``auto`` resolved against ``engine_dtype``.
+
+        ``engine_dtype``: the primary's ``engine.dtype``. ``auto``: ``float32`` on a CPU
+        device, else ``engine_dtype``.
+        """
+        if self.dtype != 'auto':
+            return self.dtype
+        return 'float32' if self.device.split(':', 1)[0] == 'cpu' else engine_dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -129,9 +129,11 @@ def _measure_batches(engines, rows, batch_sizes, rounds, steps, progress):
                 for state in states[name]:
                     batch.join(state, steps + 2, StopCriteria())
                 batch.step()  # the first step: not timed
+                engine.synchronize()
                 start = time.perf_counter()
                 for _ in range(steps):
                     batch.step()
+                engine.synchronize()  # a GPU's steps: their work, not their launches
                 per_token = (time.perf_counter() - start) / (steps * size)
                 rows[name].batch_s.setdefault(size, []).append(per_token)
                 progress(f'batch   {name:18s} B={size}: {per_token * 1e3:6.1f} ms/token '

@@ -23,7 +23,7 @@ class DecodeResult:
     token_ids: generated tokens, the EOS that stopped generation excluded (a stop string's or
     a loop's tail too). text: their text (cut before a stop string). stop_reason: EOS,
     MAX_TOKENS, STOP_STRING, REPETITION, CANCELED, DEADLINE or CANNOT_FINISH. decode_s: wall
-    seconds of decode().
+    seconds of decode() (the device synchronized at both ends).
     n_kv_final: tokens held in the cache per layer at the end.
     """
 
@@ -122,6 +122,7 @@ class DecodeBatch:
         if sampler is not None and state.logits is not None:
             first = sampler(state.logits)
         hooks = PassHooks(interrupt, wait=self.engine.forward.layer_wait())
+        self.engine.synchronize()  # decode_s starts once the prefill's work is done
         row = _Row(state, limit, stop, stream, hooks, self.engine.clock(), [first], sampler)
         stream.after_token(row.tokens)
         row_id, self._next_id = self._next_id, self._next_id + 1
@@ -172,5 +173,6 @@ class DecodeBatch:
         text = row.stream.finish(tokens)
         if reason == STOP_STRING:
             text = fired.cut_text(text) or ''  # the text before the stop string
+        self.engine.synchronize()
         return DecodeResult(tokens, text, reason, self.engine.clock() - row.start_s,
                             row.state.n_kv)

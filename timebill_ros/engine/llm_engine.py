@@ -354,6 +354,15 @@ class LlmEngine:
         """The model's torch device."""
         return self.forward.device
 
+    def synchronize(self) -> None:
+        """Wait until the device has run the work queued so far (CUDA); nothing on the CPU.
+
+        Every clock read that times this engine's work calls it first (engine.forward's
+        one ``synchronize`` helper): on a GPU a pass returns once its kernels are queued, so
+        a read without it would time their launches, not their work.
+        """
+        self.forward.synchronize()
+
     def encode(self, prompt: str, system_prompt: str = '', messages=()) -> list:
         """Return the token ids of the chat-formatted prompt, ready for generation.
 
@@ -411,6 +420,7 @@ class LlmEngine:
         ids = self._check_ids(input_ids)
         plan = chunk_plan or fixed_chunks(self.engine_config.prefill_chunk_tokens)
         window = self.eviction_config.window_size
+        self.synchronize()  # the work queued before is not this prefill's
         start = self.clock()
         cache = self.forward.new_cache()
         pool = HiddenPool(self.forward.norm_eps, self.pool_layers,
@@ -433,8 +443,10 @@ class LlmEngine:
         first = int(logits.argmax())
         if store is not None:
             self._keep_prefix(store, ids, cache, pool, hooks.interrupt)
+        pooled = pool.features()
+        self.synchronize()
         return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
-                            len(sizes), pool.features(), n_cached, logits)
+                            len(sizes), pooled, n_cached, logits)
 
     def _prefill_chunks(self, ids, begin, cache, sizes, stop, hooks) -> torch.Tensor:
         """Run the chunks one after another, each through every layer; the last logits."""
@@ -605,9 +617,11 @@ class LlmEngine:
             batch.join(self.prefill(self.random_ids(n_kv), StopCriteria()), steps + 2,
                        StopCriteria())
         batch.step()
+        self.synchronize()
         start = self.clock()
         for _ in range(steps):
             batch.step()
+        self.synchronize()
         return (self.clock() - start) / steps
 
     def measure_probe(self, n_in: int, n_out: int) -> Probe:
@@ -620,7 +634,7 @@ class LlmEngine:
         check_count('n_out', n_out)
         check_count('n_in', n_in, maximum=self.context_tokens - n_out + 1)
         state = self.prefill(self.random_ids(n_in), StopCriteria())
-        timer = StepTimer()
+        timer = StepTimer(self.clock, sync=self.synchronize)
         self.decode(state, n_out, StopCriteria([timer]), on_tokens=lambda n, text: None,
                     feedback_every=self.engine_config.feedback_every_tokens)
         return Probe(n_in, n_out, state.prefill_s, tuple(timer.step_durations_s()))

@@ -146,16 +146,22 @@ class StepTimer(StopCriterion):
     """Never stops; records ``clock()`` at every decoding-step check (n_generated >= 1).
 
     The engine checks before every decoding step, so consecutive records bracket one step:
-    :meth:`step_durations_s` gives seconds per step. ``clock`` returns seconds.
+    :meth:`step_durations_s` gives seconds per step. ``clock`` returns seconds. ``sync``:
+    called before each record (the engine's ``synchronize``: on a GPU the step before is
+    then done, not only queued); None: none.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 sync: Optional[Callable[[], None]] = None):
         self.clock = clock
+        self.sync = sync
         self.times_s = []
 
     def should_stop(self, n_generated, last_token_id, n_prefilled=None):
         """Record the time once generation has started; never return a reason."""
         if n_generated >= 1:
+            if self.sync is not None:
+                self.sync()
             self.times_s.append(self.clock())
         return None
 

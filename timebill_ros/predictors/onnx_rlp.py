@@ -1,4 +1,4 @@
-"""The trained RLP, run with onnxruntime on the CPU (or CUDA) alongside the prefill.
+"""The trained RLP, run with onnxruntime on the CPU alongside the prefill (CUDA if asked).
 
 Prompt compression (TimeBill Sec. 5.2): t^_Predict(N_p) = a_p N_p^2 + b_p N_p + c_p is fitted
 at load time by timing the session on random ids; each call reads at most the largest N_p with
@@ -50,14 +50,19 @@ class PredictorTiming:
 
 
 def resolve_providers(provider: str) -> list:
-    """Return onnxruntime providers for ``provider`` (auto: CUDA when onnxruntime has it)."""
-    import onnxruntime
-    if provider == 'auto':
-        available = onnxruntime.get_available_providers()
-        provider = 'cuda' if 'CUDAExecutionProvider' in available else 'cpu'
-    if provider not in PROVIDERS:
+    """Return the onnxruntime providers of ``predictor.provider`` ``provider``.
+
+    ``auto`` and ``cpu``: ``CPUExecutionProvider`` only, on a GPU robot too (onnxruntime-gpu
+    installed). The predictor runs *beside* the prefill (TimeBill Sec. 5.2): on a Jetson the
+    GPU is busy with that very prefill, so a predictor call there would queue behind it (or
+    slow it) instead of overlapping it; and the RLP is a small model, so a call on the GPU
+    pays host-device copies and kernel launches that cost more than its arithmetic saves
+    (the design's reasoning; not measured on a GPU here). ``cuda``: onnxruntime's CUDA
+    provider, with the CPU as its fallback (what onnxruntime uses where CUDA is missing).
+    """
+    if provider not in PROVIDERS and provider != 'auto':
         raise ValueError(f'provider must be auto, cpu or cuda, got {provider!r}')
-    return PROVIDERS[provider]
+    return list(PROVIDERS['cpu' if provider == 'auto' else provider])
 
 
 class OnnxRlpPredictor(LengthPredictor):

@@ -40,6 +40,7 @@ def _build_service(config, log):
     memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
+    requested = config.engine  # its auto formats, for an offload engine on another device
     config = resolved_engine(config, engine, log)
     memory.mark('the model')
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
@@ -56,7 +57,7 @@ def _build_service(config, log):
     batch_step, config = build_batch_step(config, engine, calibration, log)
     offload, tau = None, None
     if config.offload.enabled:
-        offload, tau = build_offload(config, engine, predictor, log, readout)
+        offload, tau = build_offload(config, engine, predictor, log, readout, requested)
         memory.mark('the offload executor')
     service = TimeBillService(config, engine, predictor, time_model, log=log,
                               state_path=online_state_path(config.engine, config.timing),
@@ -238,38 +239,64 @@ def _beside_prefill(predictor, readout):
     return None if readout is not None else predictor
 
 
+def offload_engine_config(config, requested=None):
+    """Return the EngineConfig of the offload executor's engine (``offload.*``).
+
+    config: the ServerConfig, its ``engine`` group the primary's as resolved
+    (:func:`resolved_engine`). requested: the engine group as set, its ``auto`` formats
+    unresolved (None: ``config.engine``). The offload engine runs on ``offload.device``
+    with ``offload.threads`` threads in ``offload.dtype`` (``auto``: float32 on a CPU,
+    whatever the primary's dtype; OffloadConfig.weight_dtype). On the primary's device in
+    the primary's dtype it is the primary's resolved group with those threads, so that
+    LlmEngine.twin shares the weights. Elsewhere (the ARM cores beside a CUDA primary) it is
+    the requested group on that device, in that dtype: a format the primary resolved is one
+    fast on the GPU (a float16 step copy), and ``auto`` chooses again on the offload device
+    (the GGUF kernels for the embedded model on the CPU).
+    """
+    import dataclasses
+    offload, primary = config.offload, config.engine
+    dtype = offload.weight_dtype(primary.dtype)
+    if (offload.device, dtype) == (primary.device, primary.dtype):
+        return dataclasses.replace(primary, threads=offload.threads)
+    return dataclasses.replace(requested or primary, device=offload.device, dtype=dtype,
+                               threads=offload.threads)
+
+
 def _offload_engine(engine, engine_config, config, log):
     """Return the offload executor's engine: the primary's twin on its device, else loaded."""
     from timebill_ros.engine import LlmEngine
+    where = (f'{engine_config.device}, {engine_config.dtype}, '
+             f'{engine_config.threads} threads')
     try:
         twin = engine.twin(engine_config)
     except (ValueError, NotImplementedError) as why:
-        log(f'loading the offload engine ({engine_config.device}, '
-            f'{engine_config.threads} threads): {why}')
+        log(f'loading the offload engine ({where}): {why}')
         return LlmEngine.load(engine_config, config.eviction, config.prefix_cache)
-    log(f'the offload engine shares the primary\'s weights and prefix store '
-        f'({engine_config.device}, {engine_config.threads} threads)')
+    log(f'the offload engine shares the primary\'s weights and prefix store ({where})')
     return twin
 
 
-def build_offload(config, engine, predictor, log=print, readout=None):
+def build_offload(config, engine, predictor, log=print, readout=None, requested=None):
     """Return ((engine, TimeModel), tau) of the offload executor (``offload.*``).
 
-    Its engine runs on ``offload.device`` with ``offload.threads`` threads (the primary's
-    twin, on the same weights, when the devices match: LlmEngine.twin), with its own
-    calibration (the cache entry of that device and thread count, profiled at
-    start-up when missing; never the primary's ``timing.calibration_file``) and online state.
+    Its engine (:func:`offload_engine_config`: ``offload.device``, ``offload.dtype``,
+    ``offload.threads``; ``requested`` the engine group as set, None: ``config.engine``) is
+    the primary's twin, on the same weights, when device and dtype match (LlmEngine.twin),
+    else loaded on its own; it has its own calibration (the cache entry of its device,
+    format and thread count, profiled at start-up when missing; never the primary's
+    ``timing.calibration_file``) and online state.
     """
     import dataclasses
 
     from timebill_ros.predictors.threshold import offload_threshold
     from timebill_ros.predictors.contract import default_onnx_path
     from timebill_ros.timing.startup import load_or_calibrate, online_state_path
-    engine_config = dataclasses.replace(config.engine, device=config.offload.device,
-                                        threads=config.offload.threads)
+    engine_config = offload_engine_config(config, requested)
     timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
     offload_engine = _offload_engine(engine, engine_config, config, log)
     engine_config = offload_engine.engine_config  # decode_weights auto resolved
+    log(f'offload engine: {engine_config.device}, {engine_config.dtype}, decode_weights '
+        f'{engine_config.decode_weights}')
     offload_engine.bind_thread()  # the calibration below runs on this thread
     try:
         calibration = load_or_calibrate(offload_engine, engine_config, timing_config, log=log)

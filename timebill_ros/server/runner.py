@@ -128,6 +128,17 @@ class JobRunner:
         self._predict_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix='timebill-predict')
 
+    def timed_now(self) -> float:
+        """Return the clock once the engine's queued work has run, seconds (a timing read).
+
+        Every read that opens or closes a measured time of the engine's work (the online
+        time model's observations, a result's execution time and kill latency) takes it: on
+        a GPU the work is queued and a bare read would time its launch (engine.synchronize;
+        nothing to wait for on the CPU). Deadline checks and feedback read ``clock``.
+        """
+        self.engine.synchronize()
+        return self.clock()
+
     def close(self):
         """Stop the predictor thread."""
         self.predictor.abort()
@@ -216,7 +227,7 @@ class JobRunner:
             finish(job, goal.ended())
 
     def _start(self, job, batch_size=1, step_scale=1.0, wait_s=0.0, scale_size=1):
-        job.started_s = self.clock()
+        job.started_s = self.timed_now()
         result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
                            queue_time_s=job.started_s - job.received_s, batch_size=batch_size)
         return _GoalRun(self, job, result, step_scale, wait_s, scale_size)
@@ -241,11 +252,11 @@ class JobRunner:
                 model.observe_predict(n_x, done.end_s - done.start_s)
         except Exception:  # a broken predictor is reported by the goals that use it
             pass
-        start = self.clock()
+        start = self.timed_now()
         n_kv = engine.evict(state, alpha)
         if n_kv < n_x:
-            model.observe_evict(n_x, self.clock() - start)
-        timer = stopping.StepTimer(self.clock)
+            model.observe_evict(n_x, self.timed_now() - start)
+        timer = stopping.StepTimer(self.clock, sync=engine.synchronize)
         # Decoded as goals are: the text streamed at the feedback cadence.
         engine.decode(state, steps + 1, stopping.StopCriteria([timer]),
                       on_tokens=lambda n_generated, text: None,
@@ -382,7 +393,7 @@ class _GoalRun:
 
     def ended(self):
         """Stamp the run's end on the result and return it."""
-        end, job, result = self.clock(), self.job, self.result
+        end, job, result = self.runner.timed_now(), self.job, self.result
         result.execution_time_s = end - job.started_s
         result.total_time_s = end - job.received_s
         return result
@@ -518,7 +529,7 @@ class _GoalRun:
         if alpha <= 0:
             return True
         reason = self._cannot_decode(self.model.evict_s(self.job.n_x, LEAST))
-        start = self.clock()
+        start = self.runner.timed_now()
         try:
             if reason is not None:
                 raise GenerationStopped(reason)
@@ -527,7 +538,7 @@ class _GoalRun:
             self._stopped(stop.reason)
             return False
         if n_kv < state.n_x:
-            self.model.observe_evict(state.n_x, self.clock() - start)
+            self.model.observe_evict(state.n_x, self.runner.timed_now() - start)
         return True
 
     def _decode(self, state, alpha):
@@ -565,7 +576,7 @@ class _GoalRun:
         """Return (stop criteria, feedback callback) of the decoding phase."""
         job, model = self.job, self.decode_model
         self.n_kv_first = n_kv_first = state.n_kv
-        self.timer = stopping.StepTimer(self.clock)
+        self.timer = stopping.StepTimer(self.clock, sync=self.engine.synchronize)
         # The timer first: check() returns at the first criterion that fires, and the
         # boundary after the last step must still be recorded.
         criteria = [self.timer, stopping.EosStop(self.engine.eos_token_ids),
@@ -657,7 +668,7 @@ class _GoalRun:
     def _stopped(self, reason):
         """Fill the result of a goal stopped by ``reason`` during ``self.phase``."""
         job, result, phase = self.job, self.result, self.phase
-        now = self.clock()
+        now = self.runner.timed_now()  # kill latency: once the stopped work has drained
         result.stop_phase = phase
         if reason == stopping.CANCELED:
             if job.cancel_reason == 'shutdown':
