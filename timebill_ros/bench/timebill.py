@@ -310,6 +310,9 @@ def predictor_breakdown(raw, method='timebill', baseline='timebill-fallback', n_
 def add_arguments(parser):
     """Add the flags of ``timebill bench`` to the argparse ``parser``."""
     parser.add_argument('--out', default='benchmarks/results')
+    parser.add_argument('--workload', choices=('prompts', 'robot-context'), default='prompts',
+                        help='prompts: a periodic stream of the prompt set (below); '
+                        'robot-context: questions over warm long contexts (bench/robot_bench.py)')
     parser.add_argument('--quick', action='store_true', help='fewer prompts')
     parser.add_argument('--prompt-set', choices=('robot', 'rlp-test'), default='robot',
                         help='robot prompts, or held-out test prompts of the RLP corpus')
@@ -322,3 +325,5 @@ def add_arguments(parser):
                         help='with --prompt-set rlp-test: how many held-out prompts')
     parser.add_argument('--methods', default='',
                         help='comma list of methods (vanilla is always run); default all')
+    from timebill_ros.bench import robot_bench
+    robot_bench.add_arguments(parser)

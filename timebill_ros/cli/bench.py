@@ -28,6 +28,9 @@ def cmd_bench(args, ros_args):
     from timebill_ros.bench.timebill import run_bench
     if args.breakdown:
         return _print_breakdown(args.breakdown)
+    if args.workload == 'robot-context':
+        from timebill_ros.bench.robot_bench import run_robot_bench
+        return run_robot_bench(args)
     return run_bench(args)
 
 

@@ -1,0 +1,296 @@
+"""``timebill bench --workload robot-context``: TimeBill's Fig. 7 and Fig. 8 on robot contexts.
+
+The workload (bench/robot_context.py): follow-up questions over long robot contexts, the
+contexts warm in every server's prefix store, so decoding over a long KV dominates. Protocol:
+
+1. A fresh start-up calibration (shared by every server, as ``timebill bench``), one server per
+   method (``timebill serve``; Vanilla, alpha = 0.25 / 0.5 / 0.75 / 0.95, TimeBill with the
+   server's defaults), each with a prefix store large enough for every context.
+2. Every context is prefilled once on every server (a one-token goal), so that it is warm.
+3. The Vanilla pass: every item on the Vanilla server with a generous budget. Its answer is the
+   item's full-cache reference and its measured time t_v the item's Vanilla time. Items whose
+   answer is shorter than MIN_ANSWER_TOKENS are left out (a question the model answers in a
+   few words does not exercise decoding); ``--items N`` keeps N, as evenly over the contexts
+   as they allow.
+4. For each policy (Kill, Skip-Next), each context, each budget fraction f: every method in turn
+   (the order rotated from run to run, so the machine's drift hits all alike) runs that
+   context's items at budgets T = f t_v. Kill: one goal after another. Skip-Next: released as
+   a periodic stream, each job's deadline the next one's release (an overrun makes the next
+   jobs come due; they end SKIPPED), as TimeBill's Sec. 6.4.
+5. Scores (bench/scores.py): ROUGE-L F1 against the full-cache answer and, where the item has
+   one, against its own reference; 0 for a Kill miss and for a skipped job; completion rate
+   and mean score per method and budget with bootstrap 95 % intervals over items.
+
+``--k-sweep``: Fig. 8 instead: TimeBill at pessimistic factors k = 1..8 at one budget fraction
+(``--k-fraction``) under Kill, beside Vanilla's references.
+
+Writes ``robot_bench.md`` (tables), ``robot_bench.png`` (Fig. 7 as the paper draws it: score and
+completion rate against the budget, one line per method, Kill and Skip-Next side by side) and
+``robot_bench_raw.json`` (every job) under ``--out``.
+"""
+
+import contextlib
+import functools
+import json
+import pathlib
+import tempfile
+import time
+
+from timebill_ros.bench import scores
+from timebill_ros.bench.robot_context import KINDS, build_workload
+from timebill_ros.bench.rows import pick, result_fields
+from timebill_ros.bench.server_process import rotate, start_servers
+from timebill_ros.bench.timebill import _rouge_l_scorer, server_flat
+from timebill_ros.config import EngineConfig, ServerConfig
+from timebill_ros.server.status import POLICY_KILL, POLICY_SKIP_NEXT
+
+FRACTIONS = (0.3, 0.45, 0.6, 0.75, 0.95, 1.25)
+METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 'fallback'),
+           ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
+           ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'))
+POLICIES = (('kill', POLICY_KILL), ('skip_next', POLICY_SKIP_NEXT))
+N_MAX = 256
+MIN_ANSWER_TOKENS = 64
+CONTEXT_SIZES = (1200, 2200, 3200)
+PREFIX_MB = 2400.0  # every context of the workload (~45 KiB a token here) and room to spare
+WARM_QUESTION = 'Reply with OK.'
+K_SWEEP = (1, 2, 3, 4, 5, 6, 7, 8)
+RESULT_COLUMNS = ('prompt_tokens', 'predicted_tokens', 'pessimistic_tokens', 'response_tokens',
+                  'predicted_wcet_s', 'deadline_met', 'truncated', 'message', 'prefill_s',
+                  'decode_s', 'total_s', 'predictor')
+
+
+def select_items(items, vanilla, n_items=0, min_tokens=MIN_ANSWER_TOKENS):
+    """Return the items to run: those whose Vanilla answer has >= ``min_tokens`` tokens.
+
+    vanilla: {item_id: {'tokens': ..., ...}}; n_items > 0 keeps that many, taken round-robin
+    over the contexts (each context's items in order) so that every context is represented.
+    """
+    kept = [item for item in items if vanilla[item.item_id]['tokens'] >= min_tokens]
+    if n_items <= 0 or n_items >= len(kept):
+        return kept
+    by_context = {}
+    for item in kept:
+        by_context.setdefault(item.context_id, []).append(item)
+    chosen, rank = [], 0
+    while len(chosen) < n_items:
+        chosen += [group[rank] for group in by_context.values() if len(group) > rank]
+        rank += 1
+    chosen = set(item.item_id for item in chosen[:n_items])
+    return [item for item in kept if item.item_id in chosen]
+
+
+def runs(items, fractions, policies, methods):
+    """Return the runs in order: [(policy, context_id, fraction, [method order], items)].
+
+    Each (policy, context, fraction) is played on every method, the method order rotated by
+    one from each run to the next.
+    """
+    by_context = {}
+    for item in items:
+        by_context.setdefault(item.context_id, []).append(item)
+    out, turn = [], 0
+    for policy in policies:
+        for context_id, group in by_context.items():
+            for fraction in fractions:
+                out.append((policy, context_id, fraction, rotate(methods, turn), group))
+                turn += 1
+    return out
+
+
+def _goal(item, budget_s, policy_code, n_max):
+    from timebill_ros.ros.client import make_goal
+    return make_goal(item.prompt, budget_s=budget_s, max_new_tokens=n_max, policy=policy_code)
+
+
+def _play(client, items, budgets, policy, policy_code, n_max):
+    """Run ``items`` at ``budgets`` on one server; return their results in order."""
+    if policy == 'kill':  # one goal after another
+        return [client.run(_goal(item, budget, policy_code, n_max))[0]
+                for item, budget in zip(items, budgets)]
+    handles, release = [], time.monotonic()
+    for item, budget in zip(items, budgets):  # a periodic stream: deadline = next release
+        time.sleep(max(0.0, release - time.monotonic()))
+        handles.append(client.send(_goal(item, budget, policy_code, n_max)))
+        release += budget
+    return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
+
+
+def _row(method, policy, fraction, item, budget_s, result):
+    fields = result_fields(result)
+    return {'method': method, 'policy': policy, 'fraction': fraction, 'item': item.item_id,
+            'context': item.context_id, 'budget_s': budget_s, 'status': fields['status'],
+            'response': fields['response'], 'alpha': fields['eviction_ratio'],
+            'decided': fields['predicted_wcet_s'] > 0,
+            'cached_tokens': int(getattr(result, 'cached_tokens', 0)),
+            **pick(fields, RESULT_COLUMNS)}
+
+
+def warm_contexts(clients, items, n_max, progress=print):
+    """Prefill every context once on every server (a one-token goal with a long budget)."""
+    from timebill_ros.ros.client import make_goal
+    contexts = {}
+    for item in items:
+        contexts.setdefault(item.context_id, item.context)
+    for name, client in clients:
+        for context_id, context in contexts.items():
+            result, _ = client.run(make_goal(f'{context}\n\n{WARM_QUESTION}', budget_s=600.0,
+                                             max_new_tokens=1))
+            progress(f'  warmed {context_id} on {name}: status {result.status}')
+
+
+def vanilla_pass(client, items, n_max, progress=print):
+    """Return {item_id: {'response', 'tokens', 'seconds', 'cached'}} of the Vanilla server."""
+    out = {}
+    for item in items:
+        result, _ = client.run(_goal(item, 600.0, POLICY_KILL, n_max))
+        fields = result_fields(result)
+        out[item.item_id] = {'response': fields['response'],
+                             'tokens': fields['response_tokens'], 'seconds': fields['total_s'],
+                             'cached': int(getattr(result, 'cached_tokens', 0))}
+        progress(f"  vanilla {item.item_id}: {fields['response_tokens']} tokens in "
+                 f"{fields['total_s']:.2f} s (cached {out[item.item_id]['cached']})")
+    return out
+
+
+def play_all(clients, items, vanilla, fractions, policies, n_max, progress=print):
+    """Run every (policy, context, fraction) on every method; return one row per job."""
+    by_name = dict(clients)
+    rows = []
+    for policy, context_id, fraction, order, group in runs(items, fractions, policies,
+                                                           [name for name, _ in clients]):
+        code = dict(POLICIES)[policy]
+        budgets = [round(fraction * vanilla[item.item_id]['seconds'], 3) for item in group]
+        for name in order:
+            results = _play(by_name[name], group, budgets, policy, code, n_max)
+            rows += [_row(name, policy, fraction, item, budget, result)
+                     for item, budget, result in zip(group, budgets, results)]
+            done = sum(scores.completed(row) for row in rows[-len(group):])
+            progress(f'  {policy:9s} {context_id:18s} f={fraction:.2f} {name:11s} '
+                     f'{done}/{len(group)} completed')
+    return rows
+
+
+def _fmt(interval):
+    mean, low, high = interval
+    return f'{mean:.3f} [{low:.3f}, {high:.3f}]'
+
+
+def report_lines(lines, title):
+    """Return Markdown table lines of :func:`scores.summarize`'s lines."""
+    out = [f'### {title}', '',
+           '| policy | T / t_v | method | completion [95 % CI] | ROUGE-L [95 % CI] | '
+           'task score | mean alpha* |', '|---|---|---|---|---|---|---|']
+    for line in lines:
+        task = line.get('task_score')
+        out.append(f"| {line['policy']} | {line['fraction']:.2f} | {line['method']} | "
+                   f"{_fmt(line['completion'])} | {_fmt(line['score'])} | "
+                   f"{'-' if task is None else f'{task:.3f}'} | {line['mean_alpha']:.2f} |")
+    return out
+
+
+def plot(lines, path, methods):
+    """Fig. 7 as the paper draws it: score and completion against the budget fraction."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    policies = sorted({line['policy'] for line in lines})
+    fig, axes = plt.subplots(2, len(policies), figsize=(5.5 * len(policies), 7), sharex=True,
+                             squeeze=False)
+    for col, policy in enumerate(policies):
+        for method in methods:
+            pts = sorted((line['fraction'], line['score'], line['completion'])
+                         for line in lines if line['method'] == method
+                         and line['policy'] == policy)
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            for row, index in ((0, 1), (1, 2)):
+                axes[row][col].errorbar(
+                    xs, [p[index][0] for p in pts],
+                    yerr=[[p[index][0] - p[index][1] for p in pts],
+                          [p[index][2] - p[index][0] for p in pts]],
+                    marker='o', capsize=3, label=method)
+        axes[0][col].set_title(f'{policy}: ROUGE-L vs full-cache answer')
+        axes[1][col].set_title(f'{policy}: completion rate')
+        axes[1][col].set_xlabel('budget T / vanilla time t_v')
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _calibrate(n_max):
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.timing.profiler import profile, startup_grid
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max))
+    engine = LlmEngine.load(config.engine, config.eviction)
+    calibration = profile(engine, startup_grid(engine.context_tokens), progress=print)
+    return engine, calibration
+
+
+def _method_servers(args):
+    """Return [(name, flat parameters)] of the run's servers (vanilla first)."""
+    extra = {'prefix_cache.max_mb': PREFIX_MB}
+    if args.k_sweep:
+        timebill = next(m for m in METHODS if m[0] == 'timebill')
+        return [('vanilla', {**server_flat(METHODS[0]), **extra})] + [
+            (f'timebill-k{k}', {**server_flat(timebill), **extra,
+                                'budget.pessimistic_factor': float(k)}) for k in K_SWEEP]
+    wanted = set(args.methods.split(',')) if args.methods else {m[0] for m in METHODS}
+    unknown = sorted(wanted - {m[0] for m in METHODS})
+    if unknown:
+        raise ValueError(f'unknown method(s) {unknown}; known: {[m[0] for m in METHODS]}')
+    return [(m[0], {**server_flat(m), **extra}) for m in METHODS
+            if m[0] in wanted or m[0] == 'vanilla']
+
+
+def run_robot_bench(args):
+    """Run the robot-context benchmark (module docstring); write its files under args.out."""
+    from timebill_ros.timing.profiler import format_report
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    engine, calibration = _calibrate(N_MAX)
+    quick = {'kinds': KINDS[:2], 'sizes': CONTEXT_SIZES[:1]} if args.quick else {}
+    items = build_workload(lambda text: len(engine.encode(text)),
+                           **{'sizes': CONTEXT_SIZES, **quick})
+    engine = None  # the servers load their own
+    fractions = (args.k_fraction,) if args.k_sweep else (
+        tuple(float(f) for f in args.fractions.split(',')) if args.fractions else FRACTIONS)
+    policies = ['kill'] if args.k_sweep else [p for p, _ in POLICIES]
+    log = functools.partial(print, flush=True)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
+        clients = start_servers(servers, _method_servers(args), calibration, tmp, N_MAX, tmp,
+                                'timebill_robot', log)
+        warm_contexts(clients, items, N_MAX, log)
+        vanilla = vanilla_pass(dict(clients)['vanilla'], items, N_MAX, log)
+        chosen = select_items(items, vanilla, args.items)
+        log(f'{len(chosen)} of {len(items)} items kept (vanilla answer >= '
+            f'{MIN_ANSWER_TOKENS} tokens)')
+        rows = play_all(clients, chosen, vanilla, fractions, policies, N_MAX, log)
+    minutes = (time.monotonic() - started) / 60
+    refs = {item.item_id: vanilla[item.item_id]['response'] for item in chosen}
+    own = {item.item_id: item.reference for item in chosen if item.reference}
+    lines = scores.summarize(rows, refs, _rouge_l_scorer(), own)
+    names = [name for name, _ in _method_servers(args)]
+    stem = 'robot_bench_k' if args.k_sweep else 'robot_bench'
+    text = '\n'.join(report_lines(lines, f'{len(chosen)} items, {minutes:.1f} min') +
+                     ['', 'Time model (ETE) fit:', '```', format_report(calibration), '```'])
+    (out_dir / f'{stem}.md').write_text(text + '\n', encoding='utf-8')
+    (out_dir / f'{stem}_raw.json').write_text(json.dumps(
+        {'rows': rows, 'vanilla': vanilla, 'items': [i.item_id for i in chosen],
+         'lines': lines, 'minutes': minutes}, indent=1), encoding='utf-8')
+    plot(lines, out_dir / f'{stem}.png', names)
+    print(text)
+    return 0
+
+
+def add_arguments(parser):
+    """Add the robot-context flags to ``timebill bench``'s parser."""
+    parser.add_argument('--items', type=int, default=60,
+                        help='robot-context: items kept after the Vanilla pass (0: all)')
+    parser.add_argument('--k-sweep', action='store_true',
+                        help='robot-context: Fig. 8, TimeBill at k = 1..8 under Kill')
+    parser.add_argument('--k-fraction', type=float, default=0.6,
+                        help='robot-context --k-sweep: the budget fraction T / t_v')
