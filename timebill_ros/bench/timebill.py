@@ -325,5 +325,3 @@ def add_arguments(parser):
                         help='with --prompt-set rlp-test: how many held-out prompts')
     parser.add_argument('--methods', default='',
                         help='comma list of methods (vanilla is always run); default all')
-    from timebill_ros.bench import robot_bench
-    robot_bench.add_arguments(parser)

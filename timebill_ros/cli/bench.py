@@ -50,7 +50,7 @@ def _print_breakdown(raw_path):
 
 def add_parser(sub):
     """Add the ``bench``, ``enginebench``, ``schedbench`` and ``prefixbench`` commands."""
-    from timebill_ros.bench import engine, prefix, timebill
+    from timebill_ros.bench import engine, prefix, robot_bench, timebill
     from timebill_ros.bench.scheduling import run as scheduling
     for name, func, module in (('bench', cmd_bench, timebill),
                                ('enginebench', cmd_enginebench, engine),
@@ -58,4 +58,6 @@ def add_parser(sub):
                                ('prefixbench', cmd_prefixbench, prefix)):
         parser = sub.add_parser(name, help=func.__doc__)
         module.add_arguments(parser)
+        if name == 'bench':  # the robot-context workload's own flags
+            robot_bench.add_arguments(parser)
         parser.set_defaults(func=func)
