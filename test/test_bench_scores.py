@@ -62,3 +62,20 @@ def test_summary_and_who_is_best_within_the_interval():
     with pytest.raises(ValueError, match='bad / kill / 0.5 ran 29 of 30 items'):
         scores.summarize([r for r in rows if not (r['method'] == 'bad' and r['item'] == 'i3')],
                          refs, _same)
+
+
+def test_the_fig7_verdict_counts_budgets_where_something_completes():
+    def line(method, fraction, score, completion):
+        return {'policy': 'kill', 'fraction': fraction, 'method': method,
+                'score': score, 'completion': completion}
+    lines = [line('timebill', 0.3, (0.1, 0.0, 0.2), (0.2, 0.1, 0.3)),
+             line('alpha=0.95', 0.3, (0.3, 0.2, 0.4), (0.4, 0.3, 0.5)),
+             line('timebill', 0.6, (0.5, 0.4, 0.6), (0.7, 0.6, 0.8)),
+             line('alpha=0.95', 0.6, (0.55, 0.45, 0.65), (0.85, 0.8, 0.9)),
+             line('timebill', 1.0, (0.8, 0.7, 0.9), (0.9, 0.8, 1.0)),
+             line('alpha=0.95', 1.0, (0.3, 0.2, 0.4), (0.95, 0.9, 1.0))]
+    verdict = {v['fraction']: v for v in scores.fig7_verdict(lines)}
+    assert not verdict[0.3]['counted'] and verdict[0.3]['holds']   # nothing completes half
+    assert verdict[0.6]['best'] and not verdict[0.6]['holds']      # within, but 15 points less
+    assert verdict[0.6]['gap'] == pytest.approx(0.15)
+    assert verdict[1.0]['holds'] and verdict[1.0]['gap'] == pytest.approx(0.05)

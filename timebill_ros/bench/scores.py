@@ -113,3 +113,26 @@ def best_within_interval(lines: List[dict], method: str) -> Dict[tuple, bool]:
         best = max(here, key=lambda line: line['score'][0])
         out[key] = mine[0]['score'][0] >= best['score'][1]
     return out
+
+
+def fig7_verdict(lines: List[dict], method: str = 'timebill', rival: str = 'alpha=0.95',
+                 min_completion: float = 0.5, max_gap: float = 0.10) -> List[dict]:
+    """Return issue 42's check per (policy, fraction): ``method`` best where it counts.
+
+    Where any method completes >= ``min_completion`` of the jobs, ``method`` must be best
+    within the intervals (:func:`best_within_interval`) at a completion rate no more than
+    ``max_gap`` below ``rival``'s. Each entry: policy, fraction, counted (some method
+    completes enough), best, gap (rival's completion minus the method's), holds.
+    """
+    best = best_within_interval(lines, method)
+    out = []
+    for key, is_best in best.items():
+        here = {line['method']: line for line in lines
+                if (line['policy'], line['fraction']) == key}
+        counted = max(line['completion'][0] for line in here.values()) >= min_completion
+        gap = (here[rival]['completion'][0] - here[method]['completion'][0]
+               if rival in here else 0.0)
+        out.append({'policy': key[0], 'fraction': key[1], 'counted': counted,
+                    'best': is_best, 'gap': gap,
+                    'holds': (not counted) or (is_best and gap <= max_gap)})
+    return out
