@@ -153,8 +153,13 @@ def vanilla_pass(client, items, n_max, progress=print):
     return out
 
 
-def play_all(clients, items, vanilla, fractions, policies, n_max, progress=print):
-    """Run every (policy, context, fraction) on every method; return one row per job."""
+def play_all(clients, items, vanilla, fractions, policies, n_max, progress=print,
+             rows_path=None):
+    """Run every (policy, context, fraction) on every method; return one row per job.
+
+    rows_path: a JSON-lines file each method's rows of a run are appended to as they come,
+    so that a stopped run keeps what it ran.
+    """
     by_name = dict(clients)
     rows = []
     for policy, context_id, fraction, order, group in runs(items, fractions, policies,
@@ -163,8 +168,12 @@ def play_all(clients, items, vanilla, fractions, policies, n_max, progress=print
         budgets = [round(fraction * vanilla[item.item_id]['seconds'], 3) for item in group]
         for name in order:
             results = _play(by_name[name], group, budgets, policy, code, n_max)
-            rows += [_row(name, policy, fraction, item, budget, result)
-                     for item, budget, result in zip(group, budgets, results)]
+            new = [_row(name, policy, fraction, item, budget, result)
+                   for item, budget, result in zip(group, budgets, results)]
+            rows += new
+            if rows_path is not None:
+                with open(rows_path, 'a', encoding='utf-8') as stream:
+                    stream.writelines(json.dumps(row) + '\n' for row in new)
             done = sum(scores.completed(row) for row in rows[-len(group):])
             progress(f'  {policy:9s} {context_id:18s} f={fraction:.2f} {name:11s} '
                      f'{done}/{len(group)} completed')
@@ -260,23 +269,32 @@ def run_robot_bench(args):
     engine = None  # the servers load their own
     fractions = (args.k_fraction,) if args.k_sweep else (
         tuple(float(f) for f in args.fractions.split(',')) if args.fractions else FRACTIONS)
-    policies = ['kill'] if args.k_sweep else [p for p, _ in POLICIES]
+    policies = ['kill'] if args.k_sweep else [p for p in args.policies.split(',')]
+    unknown = sorted(set(policies) - set(dict(POLICIES)))
+    if unknown:
+        raise ValueError(f'unknown policies {unknown}; known: {list(dict(POLICIES))}')
+    stem = 'robot_bench_k' if args.k_sweep else 'robot_bench'
+    rows_path = out_dir / f'{stem}_rows.jsonl'
+    rows_path.unlink(missing_ok=True)
     log = functools.partial(print, flush=True)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         clients = start_servers(servers, _method_servers(args), calibration, tmp, N_MAX, tmp,
                                 'timebill_robot', log)
         warm_contexts(clients, items, N_MAX, log)
+        phases = {'setup_min': (time.monotonic() - started) / 60}
         vanilla = vanilla_pass(dict(clients)['vanilla'], items, N_MAX, log)
+        (out_dir / f'{stem}_vanilla.json').write_text(json.dumps(vanilla, indent=1),
+                                                      encoding='utf-8')
+        phases['vanilla_min'] = (time.monotonic() - started) / 60 - phases['setup_min']
         chosen = select_items(items, vanilla, args.items)
         log(f'{len(chosen)} of {len(items)} items kept (vanilla answer >= '
             f'{MIN_ANSWER_TOKENS} tokens)')
-        rows = play_all(clients, chosen, vanilla, fractions, policies, N_MAX, log)
+        rows = play_all(clients, chosen, vanilla, fractions, policies, N_MAX, log, rows_path)
     minutes = (time.monotonic() - started) / 60
     raw = {'rows': rows, 'vanilla': vanilla, 'items': [i.item_id for i in chosen],
            'references': {i.item_id: i.reference for i in chosen if i.reference},
            'methods': [name for name, _ in _method_servers(args)], 'minutes': minutes,
-           'calibration': format_report(calibration)}
-    stem = 'robot_bench_k' if args.k_sweep else 'robot_bench'
+           'phases': phases, 'calibration': format_report(calibration)}
     (out_dir / f'{stem}_raw.json').write_text(json.dumps(raw, indent=1), encoding='utf-8')
     return write_report(raw, out_dir, stem)
 
@@ -316,5 +334,7 @@ def add_arguments(parser):
                         help='robot-context: Fig. 8, TimeBill at k = 1..8 under Kill')
     parser.add_argument('--k-fraction', type=float, default=0.6,
                         help='robot-context --k-sweep: the budget fraction T / t_v')
+    parser.add_argument('--policies', default='kill,skip_next',
+                        help='robot-context: comma list of overrun policies to run')
     parser.add_argument('--report', metavar='RAW_JSON',
                         help='robot-context: only rewrite the tables and plot of a run')
