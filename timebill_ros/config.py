@@ -217,11 +217,16 @@ class BudgetConfig:
     expected_fallback: when no alpha <= alpha_max meets the WORST bound, choose alpha* for
         the EXPECTED bound instead of alpha_max (the promise is lost either way; evict only
         what the expected time needs, since each evicted token costs answer quality).
-        false = the paper's rule (Eq. 10c clamps alpha* to alpha_max).
+        false = the paper's rule (Eq. 10c clamps alpha* to alpha_max). For skip_next and
+        partial goals only, whose late or truncated answer is still delivered: a kill goal's
+        late answer is lost, so it always takes the clamp (its best chance to finish).
     keep_cache_when_hopeless: when not even alpha_max fits (at the EXPECTED bound with the
         fallback, else at WORST), keep the whole cache (alpha 0) instead of alpha_max: the goal
         is predicted to miss whatever is evicted, so eviction buys no deadline and costs
-        answer quality. false = the paper's clamp to alpha_max.
+        answer quality. false = the paper's clamp to alpha_max. Not for kill goals (as
+        expected_fallback): on robot contexts, kill goals kept their cache at budgets of
+        0.3-0.6 of the Vanilla time and all missed, where alpha = 0.95 completed some
+        (docs/benchmark.md).
     """
 
     pessimistic_factor: float = 5.0

@@ -512,12 +512,17 @@ class _GoalRun:
         """Choose alpha* for the time left; fill the budget fields of the result."""
         job, cfg = self.job, self.runner.config.budget
         fixed = cfg.fixed_alpha if cfg.mode == 'fixed' else None
+        # The two quality-keeping rules serve goals whose late answer is still delivered; a
+        # kill goal's is lost (it scores nothing), so it takes the paper's clamp to alpha_max.
+        late_kept = not job.policy.discards_late_result
         decision = decide_remaining(self.decode_model,
                                     job.deadline_s - self.clock() - self.wait_s, job.n_x, n_hat,
                                     job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
                                     fixed_alpha=fixed, n_upper=self.n_upper,
-                                    fallback_bound=EXPECTED if cfg.expected_fallback else None,
-                                    keep_cache_when_hopeless=cfg.keep_cache_when_hopeless)
+                                    fallback_bound=(EXPECTED if cfg.expected_fallback
+                                                    and late_kept else None),
+                                    keep_cache_when_hopeless=(cfg.keep_cache_when_hopeless
+                                                              and late_kept))
         self.result.predicted_tokens = decision.n_hat
         self.result.pessimistic_tokens = decision.n_w
         self.result.eviction_ratio = decision.alpha
