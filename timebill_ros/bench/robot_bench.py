@@ -40,14 +40,14 @@ from timebill_ros.bench import scores
 from timebill_ros.bench.robot_context import KINDS, build_workload
 from timebill_ros.bench.rows import pick, result_fields
 from timebill_ros.bench.server_process import rotate, start_servers
-from timebill_ros.bench.timebill import _rouge_l_scorer, server_flat
-from timebill_ros.config import EngineConfig, ServerConfig
+from timebill_ros.bench.timebill import METHODS as PROMPT_METHODS
+from timebill_ros.bench.timebill import _rouge_l_scorer, _stream, fresh_calibration, server_flat
 from timebill_ros.server.status import POLICY_KILL, POLICY_SKIP_NEXT
 
 FRACTIONS = (0.3, 0.45, 0.6, 0.75, 0.95, 1.25)
-METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 'fallback'),
-           ('alpha=0.5', 'fixed', 0.5, 'fallback'), ('alpha=0.75', 'fixed', 0.75, 'fallback'),
-           ('alpha=0.95', 'fixed', 0.95, 'fallback'), ('timebill', 'timebill', 0.0, 'rlp'))
+# Fig. 7's methods: those of the prompt benchmark, TimeBill with the server's defaults only.
+FIG7 = ('vanilla', 'alpha=0.25', 'alpha=0.5', 'alpha=0.75', 'alpha=0.95', 'timebill')
+METHODS = tuple(m for m in PROMPT_METHODS if m[0] in FIG7)
 POLICIES = (('kill', POLICY_KILL), ('skip_next', POLICY_SKIP_NEXT))
 N_MAX = 256
 MIN_ANSWER_TOKENS = 64
@@ -108,12 +108,9 @@ def _play(client, items, budgets, policy, policy_code, n_max):
     if policy == 'kill':  # one goal after another
         return [client.run(_goal(item, budget, policy_code, n_max))[0]
                 for item, budget in zip(items, budgets)]
-    handles, release = [], time.monotonic()
-    for item, budget in zip(items, budgets):  # a periodic stream: deadline = next release
-        time.sleep(max(0.0, release - time.monotonic()))
-        handles.append(client.send(_goal(item, budget, policy_code, n_max)))
-        release += budget
-    return [client.result(handle, timeout_s=600.0)[0] for handle in handles]
+    # A periodic stream, as the prompt benchmark's: each deadline the next one's release.
+    return _stream(client, [(item.item_id, item.prompt, budget)
+                            for item, budget in zip(items, budgets)], policy_code, n_max)
 
 
 def _row(method, policy, fraction, item, budget_s, result):
@@ -229,15 +226,6 @@ def plot(lines, path, methods):
     plt.close(fig)
 
 
-def _calibrate(n_max):
-    from timebill_ros.engine import LlmEngine
-    from timebill_ros.timing.profiler import profile, startup_grid
-    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max))
-    engine = LlmEngine.load(config.engine, config.eviction)
-    calibration = profile(engine, startup_grid(engine.context_tokens), progress=print)
-    return engine, calibration
-
-
 def _method_servers(args):
     """Return [(name, flat parameters)] of the run's servers (vanilla first)."""
     extra = {'prefix_cache.max_mb': PREFIX_MB}
@@ -262,7 +250,7 @@ def run_robot_bench(args):
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    engine, calibration = _calibrate(N_MAX)
+    engine, calibration = fresh_calibration(N_MAX)
     quick = {'kinds': KINDS[:2], 'sizes': CONTEXT_SIZES[:1]} if args.quick else {}
     items = build_workload(lambda text: len(engine.encode(text)),
                            **{'sizes': CONTEXT_SIZES, **quick})

@@ -240,18 +240,26 @@ def _prompt_set(args):
     return prompts.benchmark_prompts(quick=args.quick)
 
 
+def fresh_calibration(n_max):
+    """Return (engine, calibration): the default engine and a start-up grid fit taken now.
+
+    Taken in the same machine state as the runs (shared machines drift), it serves the
+    benchmark process and every server it starts.
+    """
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.timing.profiler import profile, startup_grid
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max))
+    engine = LlmEngine.load(config.engine, config.eviction)
+    return engine, profile(engine, startup_grid(engine.context_tokens), progress=print)
+
+
 def run_bench(args):
     """Run the benchmark; write bench.md, bench.png and bench_raw.json under args.out."""
-    from timebill_ros.engine import LlmEngine
-    from timebill_ros.timing.profiler import format_report, profile, startup_grid
+    from timebill_ros.timing.profiler import format_report
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     n_max = args.n_max
-    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max))
-    engine = LlmEngine.load(config.engine, config.eviction)
-    # A fresh calibration, taken in the same machine state as the runs (shared machines
-    # drift), used by this process for the budgets and by every server it starts.
-    calibration = profile(engine, startup_grid(engine.context_tokens), progress=print)
+    engine, calibration = fresh_calibration(n_max)
     prompt_set = _prompt_set(args)
     fractions = tuple(float(f) for f in args.fractions.split(',')) if args.fractions \
         else BUDGET_FRACTIONS
