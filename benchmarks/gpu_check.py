@@ -232,6 +232,20 @@ def _run_goals(service, goals, together, request_type, rejected_type):
 
 
 # --- report --------------------------------------------------------------------------------
+def _parts(out):
+    """Return the table of the check's parts (scripts/gpu_check.sh's parts.tsv), if written."""
+    path = out / 'parts.tsv'
+    if not path.exists():
+        return []
+    lines = ['', '## Parts', '', '| part | exit status | seconds | limit s |', '|---|---|---|---|']
+    for line in path.read_text(encoding='utf-8').splitlines():
+        command, rc, seconds, limit = line.split('\t')
+        part = command.split(' --')[0].replace(sys.executable, 'python')
+        lines.append(f'| `{part}` | {rc}{" (time limit)" if rc == "124" else ""} | '
+                     f'{seconds} | {limit} |')
+    return lines
+
+
 def report(out):
     """Write ``gpu_check.md`` from ``gpu_check.jsonl``."""
     rows = [json.loads(line) for line in open(out / 'gpu_check.jsonl', encoding='utf-8')]
@@ -240,6 +254,7 @@ def report(out):
         if row.get('what') == 'env':
             lines.append(f"{row['gpu']}, torch {row['torch']} (CUDA {row['cuda']}), Python "
                          f"{row['python']}.")
+    lines += _parts(out)
     lines += ['', '## Refused formats', '', '| configuration | refused | message |',
               '|---|---|---|']
     lines += [f"| {r['what']} | {'yes' if r['ok'] else 'NO'} | {r['error']} |"

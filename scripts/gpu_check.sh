@@ -21,11 +21,13 @@ fi
 mkdir -p "$out"
 rm -f "$out/gpu_check.jsonl"
 status=0
-run() {  # run LIMIT_S PART...
-  local limit="$1"
+rm -f "$out/parts.tsv"
+run() {  # run LIMIT_S PART...; each part's exit status and seconds go to parts.tsv (the report)
+  local limit="$1" rc=0 begin=$SECONDS
   shift
   echo "== $* (at most ${limit} s)"
-  timeout "$limit" "$@" || { echo "== FAILED ($?): $*"; status=1; }
+  timeout "$limit" "$@" || { rc=$?; echo "== FAILED ($rc): $*"; status=1; }
+  printf '%s\t%s\t%s\t%s\n' "$*" "$rc" "$((SECONDS - begin))" "$limit" >> "$out/parts.tsv"
 }
 # The CPU kernels first (the preset's offload executor decodes on them): built once, cached.
 run "${limits[0]}" "$py" -m timebill_ros.engine.kernels
