@@ -54,6 +54,7 @@ def test_the_servers_of_fig_7_and_of_the_k_sweep(tmp_path):
         assert flat['prefix_cache.max_mb'] == robot_bench.PREFIX_MB
         write_params(tmp_path, name, flat, robot_bench.N_MAX)
     assert dict(sweep)['timebill-k3']['budget.pessimistic_factor'] == 3.0
+    assert dict(sweep)['timebill-k3']['budget.upper_quantile'] == 0.0  # k in N^_W
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['fast'\]"):
         robot_bench._method_servers(_args(methods='timebill,fast'))
 
@@ -65,3 +66,43 @@ def test_the_table_shows_intervals():
     table = robot_bench.report_lines(lines, 'run')
     assert table[-1] == ('| kill | 0.55 | timebill | 0.900 [0.800, 0.950] | '
                          '0.500 [0.400, 0.600] | - | 0.70 |')
+
+
+def test_the_k_sweep_given_a_vanilla_pass_starts_no_vanilla_server():
+    sweep = robot_bench._method_servers(_args(k_sweep=True, vanilla='robot_bench_vanilla.json'))
+    assert [name for name, _ in sweep] == [f'timebill-k{k}' for k in range(1, 9)]
+
+
+def test_a_timebill_method_without_its_trained_predictor_is_refused(tmp_path):
+    methods = robot_bench._method_servers(_args())
+    with pytest.raises(FileNotFoundError, match='make predictor'):
+        robot_bench.require_predictor(methods, tmp_path)
+    fixed = [(name, flat) for name, flat in methods if name.startswith('alpha')]
+    robot_bench.require_predictor(fixed, tmp_path)  # no TimeBill method: nothing needed
+
+
+def _job(method, item, alpha, n_hat, wcet_s, total_s, status=1, met=True):
+    return {'method': method, 'policy': 'kill', 'fraction': 0.6, 'item': item,
+            'alpha': alpha, 'decided': wcet_s > 0, 'predicted_tokens': n_hat,
+            'predicted_wcet_s': wcet_s, 'total_s': total_s, 'status': status,
+            'deadline_met': met, 'response': 'x', 'predictor': 'rlp (onnx)'}
+
+
+def test_the_diagnostics_compare_each_decision_with_the_vanilla_truth():
+    vanilla = {'a': {'tokens': 100, 'seconds': 2.0}, 'b': {'tokens': 200, 'seconds': 4.0},
+               'c': {'tokens': 50, 'seconds': 1.0}}
+    rows = [_job('timebill', 'a', 0.0, 150, 3.0, 1.9),
+            _job('timebill', 'b', 0.5, 100, 2.0, 2.5),  # completed, outran its t^_WCET
+            _job('timebill', 'c', 0.0, 0, 0.0, 0.0, status=4, met=False),  # refused
+            _job('alpha=0.5', 'a', 0.5, 256, 5.0, 1.0)]
+    (line,) = robot_bench.timebill_diagnostics(rows, vanilla)
+    assert (line['method'], line['n'], line['predictor']) == ('timebill', 2, 'rlp')
+    assert line['evicted'] == 0.5 and line['mean_alpha'] == 0.25
+    assert line['n_ratio'] == pytest.approx((1.5 + 0.5) / 2)
+    assert line['n_mae'] == pytest.approx(75.0)
+    assert line['wcet_ratio'] == pytest.approx((1.5 + 0.5) / 2)
+    assert line['coverage'] == 0.5
+    assert line['refused'] == pytest.approx(1 / 3)
+    table = robot_bench.diagnostics_lines([line])
+    assert table[-1] == ('| kill | 0.60 | timebill | 2 | 0.33 | 0.50 | 0.25 | rlp | 1.00 | '
+                         '75.0 | 1.00 | 0.50 |')

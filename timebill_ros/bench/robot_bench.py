@@ -29,6 +29,7 @@ completion rate against the budget, one line per method, Kill and Skip-Next side
 ``robot_bench_raw.json`` (every job) under ``--out``.
 """
 
+import collections
 import contextlib
 import functools
 import json
@@ -36,13 +37,15 @@ import pathlib
 import tempfile
 import time
 
+import numpy as np
+
 from timebill_ros.bench import scores
 from timebill_ros.bench.robot_context import KINDS, build_workload
 from timebill_ros.bench.rows import pick, result_fields
 from timebill_ros.bench.server_process import rotate, start_servers
 from timebill_ros.bench.timebill import METHODS as PROMPT_METHODS
 from timebill_ros.bench.timebill import _rouge_l_scorer, _stream, fresh_calibration, server_flat
-from timebill_ros.server.status import POLICY_KILL, POLICY_SKIP_NEXT
+from timebill_ros.server.status import POLICY_KILL, POLICY_SKIP_NEXT, REJECTED
 
 FRACTIONS = (0.3, 0.45, 0.6, 0.75, 0.95, 1.25)
 # Fig. 7's methods: those of the prompt benchmark, TimeBill with the server's defaults only.
@@ -55,6 +58,9 @@ CONTEXT_SIZES = (1200, 2200, 3200)
 PREFIX_MB = 2400.0  # every context of the workload (~45 KiB a token here) and room to spare
 WARM_QUESTION = 'Reply with OK.'
 K_SWEEP = (1, 2, 3, 4, 5, 6, 7, 8)
+# The paper's N^_W = min(k N^, N_max): the server's default takes the predictor's upper
+# quantile instead (budget.upper_quantile 0.9), where k plays no part.
+K_SWEEP_BOUND = {'budget.upper_quantile': 0.0}
 RESULT_COLUMNS = ('prompt_tokens', 'predicted_tokens', 'pessimistic_tokens', 'response_tokens',
                   'predicted_wcet_s', 'deadline_met', 'truncated', 'message', 'prefill_s',
                   'decode_s', 'total_s', 'predictor')
@@ -177,6 +183,60 @@ def play_all(clients, items, vanilla, fractions, policies, n_max, progress=print
     return rows
 
 
+def timebill_diagnostics(rows, vanilla):
+    """Return one line per (policy, fraction, TimeBill method): its decisions and their errors.
+
+    rows: the run's jobs (:func:`_row`); vanilla: {item: {'tokens', 'seconds'}}. A line holds
+    n (jobs decided: t^_WCET made), evicted (share with alpha* > 0), mean_alpha, the
+    predictor in use, n_ratio (median N^ / N_v), n_mae (mean |N^ - N_v|, tokens),
+    wcet_ratio (median t^_WCET / t_v), coverage (completed jobs with t^_WCET >= their
+    seconds, share; None without one) and refused (share of all its jobs REJECTED:
+    infeasible, the model not run).
+    """
+    groups = {}
+    for row in rows:
+        if row['method'].startswith('timebill'):
+            groups.setdefault((row['policy'], row['fraction'], row['method']), []).append(row)
+    out = []
+    for (policy, fraction, method), jobs in sorted(groups.items()):
+        group = [row for row in jobs if row.get('decided')]
+        if not group:
+            continue
+        truth = [vanilla[row['item']] for row in group]
+        done = [row for row in group if scores.completed(row)]
+        out.append({
+            'policy': policy, 'fraction': fraction, 'method': method, 'n': len(group),
+            'evicted': float(np.mean([row['alpha'] > 0 for row in group])),
+            'mean_alpha': float(np.mean([row['alpha'] for row in group])),
+            'predictor': collections.Counter(
+                str(row.get('predictor', '')).split(' ')[0] for row in group).most_common(1)[0][0],
+            'n_ratio': float(np.median([row['predicted_tokens'] / max(t['tokens'], 1)
+                                        for row, t in zip(group, truth)])),
+            'n_mae': float(np.mean([abs(row['predicted_tokens'] - t['tokens'])
+                                    for row, t in zip(group, truth)])),
+            'wcet_ratio': float(np.median([row['predicted_wcet_s'] / max(t['seconds'], 1e-9)
+                                           for row, t in zip(group, truth)])),
+            'coverage': (float(np.mean([row['predicted_wcet_s'] >= row['total_s']
+                                        for row in done])) if done else None),
+            'refused': float(np.mean([row['status'] == REJECTED for row in jobs]))})
+    return out
+
+
+def diagnostics_lines(lines):
+    """Return Markdown table lines of :func:`timebill_diagnostics`."""
+    out = ['| policy | T / t_v | method | jobs decided | refused | evicted | mean alpha* | '
+           'predictor | median N^ / N_v | MAE N^ (tokens) | median t^_WCET / t_v | coverage |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+    for d in lines:
+        coverage = '-' if d['coverage'] is None else f"{d['coverage']:.2f}"
+        out.append(f"| {d['policy']} | {d['fraction']:.2f} | {d['method']} | {d['n']} | "
+                   f"{d['refused']:.2f} | {d['evicted']:.2f} | {d['mean_alpha']:.2f} | "
+                   f"{d['predictor']} | "
+                   f"{d['n_ratio']:.2f} | {d['n_mae']:.1f} | {d['wcet_ratio']:.2f} | "
+                   f"{coverage} |")
+    return out
+
+
 def _fmt(interval):
     mean, low, high = interval
     return f'{mean:.3f} [{low:.3f}, {high:.3f}]'
@@ -193,6 +253,26 @@ def report_lines(lines, title):
                    f"{_fmt(line['completion'])} | {_fmt(line['score'])} | "
                    f"{'-' if task is None else f'{task:.3f}'} | {line['mean_alpha']:.2f} |")
     return out
+
+
+def plot_k(lines, path):
+    """Fig. 8 as the paper draws it: score and completion against k, at one budget."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    pts = sorted((float(line['method'].rsplit('-k', 1)[1]), line['score'], line['completion'])
+                 for line in lines if '-k' in line['method'])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, index, title in ((axes[0], 1, 'ROUGE-L vs full-cache answer'),
+                             (axes[1], 2, 'completion rate')):
+        ax.errorbar([p[0] for p in pts], [p[index][0] for p in pts],
+                    yerr=[[p[index][0] - p[index][1] for p in pts],
+                          [p[index][2] - p[index][0] for p in pts]], marker='o', capsize=3)
+        ax.set_xlabel('pessimistic factor k')
+        ax.set_title(f"{title}, Kill, T = {lines[0]['fraction']:.2f} t_v")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 def plot(lines, path, methods):
@@ -231,8 +311,10 @@ def _method_servers(args):
     extra = {'prefix_cache.max_mb': PREFIX_MB}
     if args.k_sweep:
         timebill = next(m for m in METHODS if m[0] == 'timebill')
-        return [('vanilla', {**server_flat(METHODS[0]), **extra})] + [
-            (f'timebill-k{k}', {**server_flat(timebill), **extra,
+        vanilla = [] if getattr(args, 'vanilla', None) else [
+            ('vanilla', {**server_flat(METHODS[0]), **extra})]
+        return vanilla + [
+            (f'timebill-k{k}', {**server_flat(timebill), **extra, **K_SWEEP_BOUND,
                                 'budget.pessimistic_factor': float(k)}) for k in K_SWEEP]
     wanted = set(args.methods.split(',')) if args.methods else {m[0] for m in METHODS}
     unknown = sorted(wanted - {m[0] for m in METHODS})
@@ -242,11 +324,30 @@ def _method_servers(args):
             if m[0] in wanted or m[0] == 'vanilla']
 
 
+def require_predictor(methods, cache_dir=None):
+    """Raise FileNotFoundError when a TimeBill method would run without its trained RLP.
+
+    methods: [(name, flat parameters)]. The server falls back to N^ = N_max without the RLP
+    (and says so only in its log): a run measured so is not TimeBill's (the first Kill run
+    was, 2026-11-27). cache_dir: the model cache (None: the default).
+    """
+    from timebill_ros.config import EngineConfig
+    from timebill_ros.engine import model_source
+    from timebill_ros.predictors.contract import default_onnx_path
+    if not any(flat.get('predictor.kind') == 'rlp' for _, flat in methods):
+        return
+    path = default_onnx_path(model_source.model_key(EngineConfig()), cache_dir)
+    if not path.exists():
+        raise FileNotFoundError(f'TimeBill needs its trained predictor, none at {path}: '
+                                'build it first with `make predictor`')
+
+
 def run_robot_bench(args):
     """Run the robot-context benchmark (module docstring); write its files under args.out."""
     from timebill_ros.timing.profiler import format_report
     if args.report:
         return report_from(args.report)
+    require_predictor(_method_servers(args))
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -265,12 +366,16 @@ def run_robot_bench(args):
     rows_path = out_dir / f'{stem}_rows.jsonl'
     rows_path.unlink(missing_ok=True)
     log = functools.partial(print, flush=True)
+    given = json.loads(pathlib.Path(args.vanilla).read_text(encoding='utf-8')) if getattr(
+        args, 'vanilla', None) else None
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         clients = start_servers(servers, _method_servers(args), calibration, tmp, N_MAX, tmp,
                                 'timebill_robot', log)
-        warm_contexts(clients, items, N_MAX, log)
+        # With a given Vanilla pass only the kept items' contexts need to be warm.
+        warm_contexts(clients, items if given is None else select_items(
+            items, given, args.items), N_MAX, log)
         phases = {'setup_min': (time.monotonic() - started) / 60}
-        vanilla = vanilla_pass(dict(clients)['vanilla'], items, N_MAX, log)
+        vanilla = given or vanilla_pass(dict(clients)['vanilla'], items, N_MAX, log)
         (out_dir / f'{stem}_vanilla.json').write_text(json.dumps(vanilla, indent=1),
                                                       encoding='utf-8')
         phases['vanilla_min'] = (time.monotonic() - started) / 60 - phases['setup_min']
@@ -291,8 +396,13 @@ def write_report(raw, out_dir, stem):
     """Score a run's raw rows; write ``<stem>.md`` (tables, the issue's check) and the PNG."""
     vanilla = raw['vanilla']
     refs = {item: vanilla[item]['response'] for item in raw['items']}
-    lines = scores.summarize(raw['rows'], refs, _rouge_l_scorer(), raw.get('references'))
-    text = report_lines(lines, f"{len(raw['items'])} items, {raw['minutes']:.1f} min")
+    similarity, lines, counts = _rouge_l_scorer(), [], []
+    for policy in sorted({row['policy'] for row in raw['rows']}):
+        # Each policy is scored over the items it ran (a stopped run: fewer under the last).
+        rows = [row for row in raw['rows'] if row['policy'] == policy]
+        lines += scores.summarize(rows, refs, similarity, raw.get('references'))
+        counts.append(f"{policy} {len({row['item'] for row in rows})}")
+    text = report_lines(lines, f"items: {', '.join(counts)}; {raw['minutes']:.1f} min")
     if 'alpha=0.95' in raw['methods']:
         text += ['', '### TimeBill best within the intervals where a method completes >= 50 %, '
                  "at a completion rate within 10 points of alpha=0.95's", '',
@@ -300,9 +410,16 @@ def write_report(raw, out_dir, stem):
                  '|---|---|---|---|---|---|']
         text += [f"| {v['policy']} | {v['fraction']:.2f} | {v['counted']} | {v['best']} | "
                  f"{v['gap']:+.2f} | {v['holds']} |" for v in scores.fig7_verdict(lines)]
+    text += ['', "### Each TimeBill method's decisions against what happened", '',
+             'N_v and t_v: the Vanilla answer\'s tokens and seconds; t: the job\'s own seconds. '
+             'Coverage: completed jobs whose t^_WCET >= t.', ''] + diagnostics_lines(
+                 timebill_diagnostics(raw['rows'], vanilla))
     text += ['', 'Time model (ETE) fit:', '```', raw.get('calibration', ''), '```']
     (pathlib.Path(out_dir) / f'{stem}.md').write_text('\n'.join(text) + '\n', encoding='utf-8')
-    plot(lines, pathlib.Path(out_dir) / f'{stem}.png', raw['methods'])
+    if len({line['fraction'] for line in lines}) == 1:
+        plot_k(lines, pathlib.Path(out_dir) / f'{stem}.png')
+    else:
+        plot(lines, pathlib.Path(out_dir) / f'{stem}.png', raw['methods'])
     print('\n'.join(text))
     return 0
 
@@ -322,6 +439,10 @@ def add_arguments(parser):
                         help='robot-context: Fig. 8, TimeBill at k = 1..8 under Kill')
     parser.add_argument('--k-fraction', type=float, default=0.6,
                         help='robot-context --k-sweep: the budget fraction T / t_v')
+    parser.add_argument('--vanilla', metavar='VANILLA_JSON',
+                        help='robot-context --k-sweep: take t_v and the references from this '
+                             "Vanilla pass (a Fig. 7 run's robot_bench_vanilla.json) instead "
+                             'of running one, so Fig. 8 has the same budgets')
     parser.add_argument('--policies', default='kill,skip_next',
                         help='robot-context: comma list of overrun policies to run')
     parser.add_argument('--report', metavar='RAW_JSON',
