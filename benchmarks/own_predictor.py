@@ -21,8 +21,8 @@ import numpy as np
 
 
 def _rows(model_path, quick_dir, cache_dir=''):
-    from timebill_ros.cli.predictor_build import (built_on, lengths_path, log_path,
-                                                  predictor_files)
+    from timebill_ros.cli.predictor_build import built_on, lengths_path, log_path
+    from timebill_ros.predictors.contract import predictor_files
     from timebill_ros.config import EngineConfig, EvictionConfig, ServerConfig
     from timebill_ros.engine import LlmEngine
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor

@@ -21,6 +21,7 @@ from timebill_ros.config import EngineConfig, EvictionConfig, PredictorConfig, S
 from timebill_ros.engine import LlmEngine, model_source
 from timebill_ros.engine.stopping import StopCriteria
 from timebill_ros.predictors import make_predictor, make_readout
+from timebill_ros.predictors.contract import predictor_files
 from timebill_ros.training import collect as collect_mod
 from timebill_ros.training.corpus import build_corpus, quick_subset
 from timebill_ros.training.dataset import Example
@@ -180,7 +181,7 @@ def test_build_for_a_gguf_file_from_nothing(own_file, tmp_path):
     assert (cache / 'rlp' / f'{key}__build.log').read_text().count('--- step') == 3
     assert '[' in done.stdout and 'ETA' in done.stdout  # the progress bar
     assert 'prefill features:' not in done.stdout  # the readout reused collection's states
-    files = predictor_build.predictor_files(config)
+    files = predictor_files(config)
     assert predictor_build.built_on(files['RLP']) == predictor_build.built_on(
         files['readout']) == sum(r['split'] == 'train' for r in records)
     rlp = make_predictor(PredictorConfig(), key, None, str(cache), log=lambda line: None)

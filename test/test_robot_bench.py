@@ -7,6 +7,7 @@ import pytest
 from timebill_ros.bench import robot_bench
 from timebill_ros.bench.robot_context import Item
 from timebill_ros.bench.server_process import write_params
+from timebill_ros.config import EngineConfig, ServerConfig
 
 
 def _items(contexts=3, per_context=4):
@@ -75,10 +76,11 @@ def test_the_k_sweep_given_a_vanilla_pass_starts_no_vanilla_server():
 
 def test_a_timebill_method_without_its_trained_predictor_is_refused(tmp_path):
     methods = robot_bench._method_servers(_args())
+    config = ServerConfig(engine=EngineConfig(model_cache_dir=str(tmp_path)))
     with pytest.raises(FileNotFoundError, match='make predictor'):
-        robot_bench.require_predictor(methods, tmp_path)
+        robot_bench.require_predictor(methods, config)
     fixed = [(name, flat) for name, flat in methods if name.startswith('alpha')]
-    robot_bench.require_predictor(fixed, tmp_path)  # no TimeBill method: nothing needed
+    robot_bench.require_predictor(fixed, config)  # no TimeBill method: nothing needed
 
 
 def _job(method, item, alpha, n_hat, wcet_s, total_s, status=1, met=True):

@@ -324,19 +324,19 @@ def _method_servers(args):
             if m[0] in wanted or m[0] == 'vanilla']
 
 
-def require_predictor(methods, cache_dir=None):
+def require_predictor(methods, config=None):
     """Raise FileNotFoundError when a TimeBill method would run without its trained RLP.
 
     methods: [(name, flat parameters)]. The server falls back to N^ = N_max without the RLP
     (and says so only in its log): a run measured so is not TimeBill's (the first Kill run
-    was, 2026-11-27). cache_dir: the model cache (None: the default).
+    was, 2026-11-27). config: the ServerConfig whose predictor files count (None: the
+    defaults, as the benchmark's servers run).
     """
-    from timebill_ros.config import EngineConfig
-    from timebill_ros.engine import model_source
-    from timebill_ros.predictors.contract import default_onnx_path
+    from timebill_ros.config import ServerConfig
+    from timebill_ros.predictors.contract import predictor_files
     if not any(flat.get('predictor.kind') == 'rlp' for _, flat in methods):
         return
-    path = default_onnx_path(model_source.model_key(EngineConfig()), cache_dir)
+    path = predictor_files(config or ServerConfig())['RLP']
     if not path.exists():
         raise FileNotFoundError(f'TimeBill needs its trained predictor, none at {path}: '
                                 'build it first with `make predictor`')
@@ -416,7 +416,7 @@ def write_report(raw, out_dir, stem):
                  timebill_diagnostics(raw['rows'], vanilla))
     text += ['', 'Time model (ETE) fit:', '```', raw.get('calibration', ''), '```']
     (pathlib.Path(out_dir) / f'{stem}.md').write_text('\n'.join(text) + '\n', encoding='utf-8')
-    if len({line['fraction'] for line in lines}) == 1:
+    if any(name.startswith('timebill-k') for name in raw['methods']):  # --k-sweep
         plot_k(lines, pathlib.Path(out_dir) / f'{stem}.png')
     else:
         plot(lines, pathlib.Path(out_dir) / f'{stem}.png', raw['methods'])

@@ -16,18 +16,9 @@ import subprocess
 import sys
 import time
 
+from timebill_ros.predictors.contract import predictor_files
+
 DEFAULT_LENGTHS = 'data/rlp/lengths_1024_guard.jsonl'  # the embedded model's, loop guard on
-
-
-def predictor_files(config):
-    """Return {name: path} of the RLP and the readout files the server would load."""
-    from timebill_ros.engine import model_source
-    from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
-    key = model_source.model_key(config.engine)
-    cache = config.engine.model_cache_dir or None
-    return {'RLP': pathlib.Path(config.predictor.model_file or default_onnx_path(key, cache)),
-            'readout': pathlib.Path(config.predictor.readout_file
-                                    or default_readout_path(key, cache))}
 
 
 def lengths_path(config, given=None) -> pathlib.Path:

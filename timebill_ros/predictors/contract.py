@@ -28,6 +28,20 @@ def default_readout_path(model_key: str, cache_dir=None) -> pathlib.Path:
     return pathlib.Path(paths.cache_root(cache_dir)) / 'rlp' / f'{model_key}__readout.onnx'
 
 
+def predictor_files(config) -> Dict[str, pathlib.Path]:
+    """Return {'RLP': path, 'readout': path}: the files a server of ``config`` would load.
+
+    config: a ServerConfig; its ``predictor.model_file`` / ``readout_file`` when set, else
+    the cache defaults of its engine's model key.
+    """
+    from timebill_ros.engine import model_source
+    key = model_source.model_key(config.engine)
+    cache = config.engine.model_cache_dir or None
+    return {'RLP': pathlib.Path(config.predictor.model_file or default_onnx_path(key, cache)),
+            'readout': pathlib.Path(config.predictor.readout_file
+                                    or default_readout_path(key, cache))}
+
+
 def read_metadata(session) -> Dict[str, str]:
     """Return the ``timebill.*`` metadata of an onnxruntime session, prefix stripped."""
     props = session.get_modelmeta().custom_metadata_map
