@@ -162,6 +162,21 @@ def test_alpha_star_uses_the_worst_decode_coefficients():
     assert decision.fits == (decision.remaining_s <= time_left)
 
 
+def test_alpha_solved_at_one_bound_is_reported_at_another():
+    """alpha* at DECIDE (a lower residual quantile), t^_WCET's remaining time at WORST."""
+    model = TimeModel(ROUND, OnlineSettings(min_residuals=0, decision_quantile=0.5))
+    decode = model.phases['decode']
+    decode.residuals.extend([1.0, 1.0, 1.0, 2.0])  # WORST margin 2, DECIDE margin 1
+    time_left = 2.3  # alpha 0 fits at margin 1 (2.261 s), not at 2
+    worst = decide(model, time_left)
+    split = decide(model, time_left, bound='decide', report_bound='worst')
+    assert worst.alpha > 0.0 and split.alpha == 0.0
+    assert split.remaining_s == pytest.approx(2 * 2.261, rel=1e-12)
+    assert split.fits is False
+    same = decide(model, time_left, bound='decide')
+    assert same.alpha == 0.0 and same.remaining_s == pytest.approx(2.261, rel=1e-12)
+
+
 def test_fixed_alpha_is_honoured():
     model = TimeModel(ROUND, NO_MARGIN)
     # 0.005 + 19 (0.05 + 0.01) + 0.171 = 1.316 s, even though alpha 0 would fit 2.3 s.

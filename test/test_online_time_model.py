@@ -116,6 +116,25 @@ def test_bounds_with_few_residuals_use_prior_margin():
     assert gained.margin(EXPECTED) == 1.0
 
 
+def test_decide_bound_takes_the_decision_quantile_capped_at_the_wcet_one():
+    settings = OnlineSettings(residual_window=10, wcet_quantile=0.99, decision_quantile=0.6,
+                              min_residuals=4)
+    tracker = PhaseTracker(settings)
+    tracker.observe(1.0, 1.0)  # the first sample sets the factor, no residual
+    for residual in (0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 2.0):
+        tracker.log_factor = 0.0  # residual = measured / calibrated
+        tracker.observe(1.0, residual)
+    window = np.array(tracker.residuals)
+    assert tracker.margin('decide') == float(np.quantile(window, 0.6, method='higher'))
+    assert tracker.margin('decide') == 1.3 and tracker.margin(WORST) == 2.0
+    capped = PhaseTracker(OnlineSettings(wcet_quantile=0.6, decision_quantile=0.99,
+                                         min_residuals=4))
+    capped.residuals.extend(window)
+    assert capped.margin('decide') == capped.margin(WORST) == 1.3
+    with pytest.raises(ValueError, match='decision_quantile'):
+        OnlineSettings(decision_quantile=0.4)
+
+
 def test_bounds_with_enough_residuals_use_quantiles():
     settings = OnlineSettings(speed_gain=0.3, residual_window=10, wcet_quantile=0.9,
                               min_residuals=4, prior_margin=1.3)

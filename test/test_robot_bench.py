@@ -1,7 +1,9 @@
 """The robot-context benchmark's plan: items kept, runs interleaved, servers."""
 
 import argparse
+import time
 
+import numpy as np
 import pytest
 
 from timebill_ros.bench import robot_bench
@@ -108,3 +110,42 @@ def test_the_diagnostics_compare_each_decision_with_the_vanilla_truth():
     table = robot_bench.diagnostics_lines([line])
     assert table[-1] == ('| kill | 0.60 | timebill | 2 | 0.33 | 0.50 | 0.25 | rlp | 1.00 | '
                          '75.0 | 1.00 | 0.50 |')
+
+
+class ScriptedClient:
+    """Stands in for the action client in the stream's release schedule only.
+
+    Each job is busy for its scripted seconds after the previous one ends (one server).
+    """
+
+    def __init__(self, busy_s):
+        self.busy_s = list(busy_s)
+        self.sent, self.ends = [], []
+
+    def send(self, goal):
+        now = time.monotonic()
+        start = max([now] + self.ends[-1:])
+        self.ends.append(start + self.busy_s[len(self.sent)])
+        self.sent.append(now)
+        return len(self.sent) - 1
+
+    def finished(self, handle):
+        return time.monotonic() >= self.ends[handle]
+
+    def result(self, handle, timeout_s=None):
+        time.sleep(max(0.0, self.ends[handle] - time.monotonic()))
+        return handle, 4
+
+
+def test_the_skip_next_stream_elides_only_idle_time():
+    from timebill_ros.bench.timebill import _stream
+    jobs = [('a', 'p', 0.4), ('b', 'p', 0.4), ('c', 'p', 0.4), ('d', 'p', 0.4)]
+    busy = [0.05, 0.6, 0.05, 0.05]  # b overruns its period: c is due while it runs
+    periodic, elided = ScriptedClient(busy), ScriptedClient(busy)
+    _stream(periodic, jobs, 2, 8)
+    _stream(elided, jobs, 2, 8, elide_idle=True)
+    gaps = lambda client: np.diff(np.array(client.sent) - client.sent[0])  # noqa: E731
+    assert gaps(periodic) == pytest.approx([0.4, 0.4, 0.4], abs=0.03)
+    # a ends at 0.05: b is released then; b is busy past c's release (0.45), so c keeps
+    # its period; c ends at 0.70 (after b), before d's release at 0.85: d goes at once.
+    assert gaps(elided) == pytest.approx([0.05, 0.4, 0.25], abs=0.03)

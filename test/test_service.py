@@ -192,16 +192,25 @@ def test_kill_stops_at_the_deadline(make_service):
     assert result.kill_latency_s is not None and result.stop_phase == 'decode'
     # 4000 tokens cannot fit 0.3 s at any alpha: a kill goal's late answer is lost, so it
     # takes its best chance, the paper's clamp to alpha_max (budget.keep_cache_when_hopeless
-    # is for goals whose late answer is delivered: next test).
+    # is for goals whose answer still arrives: the tests below).
     assert result.eviction_ratio == service.config.budget.alpha_max
 
 
-def test_a_hopeless_skip_next_goal_keeps_its_cache(make_service):
-    """Its late answer is delivered, so eviction would cost quality for no deadline."""
+def test_a_hopeless_skip_next_goal_takes_the_clamp(make_service):
+    """Its late answer would make the goals after it skip: it takes its best chance too."""
     service = make_service()
     result = submit(service, GoalRequest('Tell a long story.', budget_s=0.05,
                                          max_new_tokens=400, overrun_policy=2)).wait()
     assert result.status == status.COMPLETED and not result.deadline_met
+    assert result.eviction_ratio == service.config.budget.alpha_max
+
+
+def test_a_hopeless_partial_goal_keeps_its_cache(make_service):
+    """Its cut answer arrives at the deadline: eviction would cost quality for no deadline."""
+    service = make_service()
+    result = submit(service, GoalRequest('Tell a long story.', budget_s=0.4,
+                                         max_new_tokens=4000, overrun_policy=3)).wait()
+    assert result.status == status.COMPLETED and result.truncated, result.message
     assert result.eviction_ratio == 0.0
 
 

@@ -217,15 +217,17 @@ class BudgetConfig:
     expected_fallback: when no alpha <= alpha_max meets the WORST bound, choose alpha* for
         the EXPECTED bound instead of alpha_max (the promise is lost either way; evict only
         what the expected time needs, since each evicted token costs answer quality).
-        false = the paper's rule (Eq. 10c clamps alpha* to alpha_max). For skip_next and
-        partial goals only, whose late or truncated answer is still delivered: a kill goal's
-        late answer is lost, so it always takes the clamp (its best chance to finish).
+        false = the paper's rule (Eq. 10c clamps alpha* to alpha_max). For partial goals
+        only, whose cut answer still arrives: kill and skip_next goals always take the clamp
+        (their best chance to finish), since a late Kill answer is lost and a late Skip-Next
+        one makes the goals after it skip.
     keep_cache_when_hopeless: when not even alpha_max fits (at the EXPECTED bound with the
-        fallback, else at WORST), keep the whole cache (alpha 0) instead of alpha_max: the goal
-        is predicted to miss whatever is evicted, so eviction buys no deadline and costs
-        answer quality. false = the paper's clamp to alpha_max. Not for kill goals (as
-        expected_fallback): on robot contexts, kill goals kept their cache at budgets of
-        0.3-0.6 of the Vanilla time and all missed, where alpha = 0.95 completed some
+        fallback, else at the decision bound), keep the whole cache (alpha 0) instead of
+        alpha_max: the goal is predicted to miss whatever is evicted, so eviction buys no
+        deadline and costs answer quality. false = the paper's clamp to alpha_max. For
+        partial goals only (as expected_fallback): on robot contexts, kill goals that kept
+        their cache at 0.3-0.6 of the Vanilla time all missed where alpha = 0.95 completed
+        some, and skip_next goals that kept it ran late and skipped half the stream
         (docs/benchmark.md).
     """
 
@@ -334,8 +336,14 @@ class TimingConfig:
     speed_gain: weight of a goal that ran faster than assumed in a phase's speed factor, in
         (0, 1]; a slower goal sets the factor at once (a peak follower, timing/online.py).
     residual_window: goals whose residuals (measured / corrected estimate) are kept per phase.
-    wcet_quantile: upper quantile of the residuals that t^_WCET and alpha* use; admission
-        and early Kill use 1 - it.
+    wcet_quantile: upper quantile of the residuals that t^_WCET uses (the WORST bound);
+        admission and early Kill use 1 - it.
+    decision_quantile: upper quantile of the residuals alpha* is solved at, in [0.5, 1]
+        (the smaller of it and wcet_quantile is used). Below wcet_quantile: the length bound
+        N^_W is already an upper quantile (budget.upper_quantile), and the speed factor a
+        peak follower, so solving at the WORST residual too stacks three margins and evicts
+        where the whole cache fits (docs/benchmark.md, robot contexts). t^_WCET stays at
+        wcet_quantile.
     min_residuals: below this many residuals a phase also uses prior_margin.
     prior_margin: margin (>= 1) of a phase with too few residuals; least times use 1 / it.
     warm_up: at start-up run one synthetic goal (prefill, predictor, eviction, a few steps)
@@ -353,6 +361,7 @@ class TimingConfig:
     speed_gain: float = 0.3
     residual_window: int = 64
     wcet_quantile: float = 0.99
+    decision_quantile: float = 0.9
     min_residuals: int = 8
     prior_margin: float = 1.3
     warm_up: bool = True
@@ -370,7 +379,8 @@ class TimingConfig:
         return OnlineSettings(
             enabled=self.online, speed_gain=self.speed_gain,
             residual_window=self.residual_window, wcet_quantile=self.wcet_quantile,
-            min_residuals=self.min_residuals, prior_margin=self.prior_margin)
+            decision_quantile=self.decision_quantile, min_residuals=self.min_residuals,
+            prior_margin=self.prior_margin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,6 +392,8 @@ class OnlineSettings:
         (0, 1] (a slower goal sets it at once).
     residual_window: residuals kept per phase (goals).
     wcet_quantile: upper quantile of the residuals for WORST; 1 - it for LEAST.
+    decision_quantile: upper quantile of the residuals for DECIDE (what alpha* is solved at);
+        min(it, wcet_quantile) is used.
     min_residuals: below this many residuals the prior margin is used as well.
     prior_margin: upper margin (>= 1) before enough residuals; LEAST uses its inverse.
     """
@@ -391,6 +403,7 @@ class OnlineSettings:
     speed_gain: float = TimingConfig.speed_gain
     residual_window: int = TimingConfig.residual_window
     wcet_quantile: float = TimingConfig.wcet_quantile
+    decision_quantile: float = TimingConfig.decision_quantile
     min_residuals: int = TimingConfig.min_residuals
     prior_margin: float = TimingConfig.prior_margin
 
@@ -403,6 +416,9 @@ class OnlineSettings:
         if not 0.5 <= self.wcet_quantile <= 1:
             raise ValueError(
                 f'timing.wcet_quantile must be in [0.5, 1], got {self.wcet_quantile!r}')
+        if not 0.5 <= self.decision_quantile <= 1:
+            raise ValueError(f'timing.decision_quantile must be in [0.5, 1], got '
+                             f'{self.decision_quantile!r}')
         if not math.isfinite(self.prior_margin) or self.prior_margin < 1:
             raise ValueError(f'timing.prior_margin must be >= 1, got {self.prior_margin!r}')
 

@@ -91,6 +91,11 @@ class InstructClient(Node):
         response = future.result()
         return response.result, response.status
 
+    def finished(self, handle):
+        """Return True once the result of a goal :meth:`send` sent has arrived."""
+        future = self._results.get(bytes(handle.goal_id.uuid))
+        return future is not None and future.done()
+
     def run(self, goal, on_feedback=None, timeout_s=600.0):
         """Send a goal and wait for its result; return (Instruct.Result, GoalStatus code)."""
         handle = self.send(goal, on_feedback)

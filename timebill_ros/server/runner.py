@@ -2,11 +2,11 @@
 
 prefill in chunks sized from the time model (the length predictor beside it on a CPU thread)
 -> wait for N^ (with a prefill readout: read N^ from the prefill's pooled states) -> alpha*
-for the time actually left (Eq. 11, corrected WORST model) -> evict -> decode. Cancel and
-the Kill / Partial deadline are checked before every decoder layer, between prefill chunks,
-while waiting for the predictor and between eviction layers; Kill
-and Partial goals also stop as soon as the time model says they can no longer finish, so
-their compute goes to the next goal. Every measured phase updates the online time model.
+for the time actually left (Eq. 11, the corrected model at its DECIDE bound) -> evict ->
+decode. Cancel and the Kill / Partial deadline are checked before every decoder layer, between
+prefill chunks, while waiting for the predictor and between eviction layers; Kill and Partial
+goals also stop as soon as the time model says they can no longer finish, so their compute
+goes to the next goal. Every measured phase updates the online time model.
 """
 
 import concurrent.futures
@@ -23,7 +23,7 @@ from timebill_ros.server import status
 from timebill_ros.server.goals import Feedback, JobResult
 from timebill_ros.timing.batch import BatchScale, ScaledSteps
 from timebill_ros.timing.budget import decide_remaining
-from timebill_ros.timing.online import EXPECTED, LEAST, WORST
+from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, WORST
 
 # The finish_reason of each engine stop reason, and how a COMPLETED message says it.
 FINISH_OF_STOP = {
@@ -512,13 +512,15 @@ class _GoalRun:
         """Choose alpha* for the time left; fill the budget fields of the result."""
         job, cfg = self.job, self.runner.config.budget
         fixed = cfg.fixed_alpha if cfg.mode == 'fixed' else None
-        # The two quality-keeping rules serve goals whose late answer is still delivered; a
-        # kill goal's is lost (it scores nothing), so it takes the paper's clamp to alpha_max.
-        late_kept = not job.policy.discards_late_result
+        # The two quality-keeping rules serve goals whose answer still arrives (Partial); a
+        # late Kill answer is lost and a late Skip-Next one skips its successors, so those
+        # take the paper's clamp to alpha_max (OverrunPolicy.clamps_alpha).
+        late_kept = not job.policy.clamps_alpha
         decision = decide_remaining(self.decode_model,
                                     job.deadline_s - self.clock() - self.wait_s, job.n_x, n_hat,
                                     job.n_max, cfg.pessimistic_factor, cfg.alpha_max,
                                     fixed_alpha=fixed, n_upper=self.n_upper,
+                                    bound=DECIDE, report_bound=WORST,
                                     fallback_bound=(EXPECTED if cfg.expected_fallback
                                                     and late_kept else None),
                                     keep_cache_when_hopeless=(cfg.keep_cache_when_hopeless

@@ -112,26 +112,31 @@ def upper_tokens(n_hat: int, k: float, n_max: int, n_upper=None) -> int:
 
 def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
                      fixed_alpha=None, bound='worst', fallback_bound=None,
-                     keep_cache_when_hopeless=False, n_upper=None):
+                     keep_cache_when_hopeless=False, n_upper=None, report_bound=None):
     """Pick alpha for the time actually left after the prefill and the predictor.
 
     Eq. 11 with T - t^_prefill - t_Predict replaced by what they are once both have run:
     ``time_left_s`` = deadline - now, seconds. The decoding coefficients p, q and the
-    eviction time come from ``time_model`` (timing.online.TimeModel) at ``bound`` (WORST:
-    corrected speed x learned margin). Keeping the whole cache is preferred whenever it fits,
-    since eviction itself costs time; otherwise alpha* is solved for the time left minus the
-    eviction. fallback_bound: when no alpha <= alpha_max fits at ``bound``, alpha is chosen
-    the same way at this bound (e.g. EXPECTED) instead of clamping to alpha_max; None = the
-    paper's clamp. ``remaining_s`` and ``fits`` are always at ``bound``.
+    eviction time come from ``time_model`` (timing.online.TimeModel) at ``bound`` (WORST or
+    DECIDE: corrected speed x learned margin at an upper residual quantile). Keeping the
+    whole cache is preferred whenever it fits, since eviction itself costs time; otherwise
+    alpha* is solved for the time left minus the eviction. fallback_bound: when no alpha <=
+    alpha_max fits at ``bound``, alpha is chosen the same way at this bound (e.g. EXPECTED)
+    instead of clamping to alpha_max; None = the paper's clamp. ``remaining_s`` and ``fits``
+    are at ``report_bound``.
     keep_cache_when_hopeless: when not even alpha_max fits (at the fallback bound if there
     is one, else at ``bound``), keep the whole cache (alpha 0) instead of clamping to
     alpha_max: the goal is predicted to miss whatever is evicted, and each evicted token
     costs answer quality.
     fixed_alpha: when not None, use it (the fixed-ratio baselines).
     n_upper: N^_q, tokens, or None: N^_W is :func:`upper_tokens`.
+    report_bound: the bound ``remaining_s`` and ``fits`` are given at (t^_WCET: WORST while
+    alpha is solved at DECIDE); None = ``bound``.
     """
     n_w = upper_tokens(n_hat, k, n_max, n_upper)
     alpha, remaining = _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound)
+    report = remaining if report_bound in (None, bound) else _choose(
+        time_model, time_left_s, n_x, n_w, alpha_max, report_bound)[1]
     if fixed_alpha is not None:
         alpha = float(fixed_alpha)
     elif not _fits(remaining(alpha), time_left_s):
@@ -140,7 +145,7 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
             alpha, last = _choose(time_model, time_left_s, n_x, n_w, alpha_max, fallback_bound)
         if keep_cache_when_hopeless and not _fits(last(alpha), time_left_s):
             alpha = 0.0
-    need_s = remaining(alpha)
+    need_s = report(alpha)
     return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s,
                              fits=_fits(need_s, time_left_s))
 

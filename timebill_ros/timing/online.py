@@ -19,10 +19,12 @@ stays and each phase tracks
   s (so they are honest out-of-sample errors), over the last ``timing.residual_window``
   goals (not for the first sample, which measures the calibration's age, not the model).
 
-Every estimate comes in three bounds: ``EXPECTED`` = s x calibrated; ``WORST`` = that x the
-``timing.wcet_quantile`` upper quantile of the residuals (at least 1) - what t^_WCET and
-alpha* use; ``LEAST`` = that x the lower quantile (at most 1) - what admission and early Kill
-use, so a goal is never refused for a slowness the machine might not show. Until a phase has
+Every estimate comes in four bounds: ``EXPECTED`` = s x calibrated; ``WORST`` = that x the
+``timing.wcet_quantile`` upper quantile of the residuals (at least 1) - what t^_WCET uses;
+``DECIDE`` = the same at ``timing.decision_quantile`` - what alpha* is solved at (the length
+bound N^_W already carries the predictor's margin); ``LEAST`` = that x the lower quantile (at
+most 1) - what admission and early Kill use, so a goal is never refused for a slowness the
+machine might not show. Until a phase has
 ``timing.min_residuals`` residuals, ``timing.prior_margin`` (and its inverse) widen the bounds.
 
 Phases: ``prefill`` (Eq. 4a, measured as the server runs it: with the length predictor
@@ -47,8 +49,8 @@ from timebill_ros.checks import check_int, check_nonneg_real
 from timebill_ros.config import OnlineSettings
 from timebill_ros.timing.model import TimingCoefficients, now_iso
 
-EXPECTED, WORST, LEAST = 'expected', 'worst', 'least'
-BOUNDS = (EXPECTED, WORST, LEAST)
+EXPECTED, WORST, LEAST, DECIDE = 'expected', 'worst', 'least', 'decide'
+BOUNDS = (EXPECTED, WORST, LEAST, DECIDE)
 PREFILL, DECODE, EVICT, PREDICT = 'prefill', 'decode', 'evict', 'predict'
 PHASES = (PREFILL, DECODE, EVICT, PREDICT)
 # Calibrated eviction cost before any is measured: SnapKV scoring + gather measured at about
@@ -94,10 +96,12 @@ class PhaseTracker:
         if bound == EXPECTED or not self.settings.enabled:
             return 1.0
         s = self.settings
-        upper = bound == WORST
+        upper = bound in (WORST, DECIDE)
         values = np.asarray(self.residuals, dtype=float)
         if values.size:
-            q = s.wcet_quantile if upper else 1.0 - s.wcet_quantile
+            q = {WORST: s.wcet_quantile,
+                 DECIDE: min(s.decision_quantile, s.wcet_quantile)}.get(
+                     bound, 1.0 - s.wcet_quantile)
             # 'higher' / 'lower': never interpolate towards the middle of a small window.
             seen = float(np.quantile(values, q, method='higher' if upper else 'lower'))
         else:
@@ -254,9 +258,10 @@ class TimeModel:
     def overhang_s(self, n_x: int, bound: str = EXPECTED, n_cached: int = 0) -> float:
         """Return the predictor time not hidden behind the prefill (it starts with it).
 
-        WORST pairs the slowest predictor with the fastest prefill, LEAST the reverse.
+        WORST (and DECIDE) pair the slowest predictor with the fastest prefill, LEAST the
+        reverse.
         """
-        other = {WORST: LEAST, LEAST: WORST, EXPECTED: EXPECTED}[bound]
+        other = {WORST: LEAST, DECIDE: LEAST, LEAST: WORST, EXPECTED: EXPECTED}[bound]
         return max(0.0, self.predict_s(n_x, bound)
                    - self.prefill_s(n_x, other, n_cached=n_cached))
 

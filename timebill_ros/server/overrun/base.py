@@ -13,12 +13,18 @@ class OverrunPolicy(abc.ABC):
     refuses it when it cannot fit at all.
     ``keeps_text_at_deadline``: a goal stopped at (or just before) its deadline while
     decoding returns the text so far as COMPLETED, ``truncated`` (the anytime answer).
+    ``clamps_alpha``: when no eviction ratio fits the time left, alpha* is clamped to
+    alpha_max (the paper's Eq. 10c: the goal's best chance to finish), because lateness costs
+    more than eviction: a late Kill answer is lost, a late Skip-Next answer makes the goals
+    after it skip. False: the budget's quality rules apply (``budget.expected_fallback``,
+    ``budget.keep_cache_when_hopeless``), for goals whose answer still arrives whole or cut.
     """
 
     name = 'base'
     discards_late_result = False
     stops_early = False
     keeps_text_at_deadline = False
+    clamps_alpha = False
 
     @abc.abstractmethod
     def stop_criteria(self, deadline_s, clock):

@@ -9,6 +9,7 @@ class KillPolicy(OverrunPolicy):
 
     name = 'kill'
     discards_late_result = True
+    clamps_alpha = True
     stops_early = True
 
     def stop_criteria(self, deadline_s, clock):

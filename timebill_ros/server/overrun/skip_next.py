@@ -12,6 +12,7 @@ class SkipNextPolicy(OverrunPolicy):
 
     name = 'skip_next'
     discards_late_result = False
+    clamps_alpha = True
 
     def stop_criteria(self, deadline_s, clock):
         """No deadline criterion: the goal finishes late."""
