@@ -426,8 +426,11 @@ def test_luf_runs_the_shortest_predicted_answer_first_and_reuses_u_j(make_servic
 
 
 def test_u_j_is_predicted_at_admission_only_when_something_reads_it(make_service):
-    """fifo / edf with a prefill readout read no u_J: predicting it would only take the CPU
-    from the goal running meanwhile (the RLP over a long prompt, docs/benchmark.md)."""
+    """Not under fifo / edf with a prefill readout: nothing there reads u_J.
+
+    Predicting it would only take the CPU from the goal running meanwhile (the RLP over a
+    long prompt, docs/benchmark.md).
+    """
     from timebill_ros.config import SchedulerConfig
     predictor = PromptLengthPredictor()
     service = make_service(predictor=predictor)  # fifo
