@@ -22,7 +22,8 @@ from timebill_ros.bench.scheduling.workload import (DEFAULT_LENGTHS, GOALS, MAX_
                                                     predicted_service_s, subset_stats,
                                                     trace_seed)
 from timebill_ros.bench.server_process import rotate, start_servers
-from timebill_ros.server.status import POLICY_CODES, POLICY_KILL
+from timebill_ros.server.overrun import POLICY_CODES
+from timebill_ros.server.status import POLICY_KILL
 
 LOADS = (0.5, 0.8, 1.0, 1.2)
 REPEATS = 2

@@ -17,6 +17,11 @@ class SchedulerPolicy(abc.ABC):
 
     name = 'base'
 
+    @classmethod
+    def from_config(cls, config):
+        """Return the policy for a ServerConfig (make_scheduler_policy's one factory shape)."""
+        return cls()
+
     @abc.abstractmethod
     def key(self, job, now_s):
         """Return a sortable priority key of ``job`` at ``now_s`` (seconds): smaller first."""
