@@ -6,6 +6,7 @@ import pathlib
 from timebill_ros.predictors import make_predictor, make_readout
 from timebill_ros.server.heap import release_free_heap, resident_mb
 from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.startup import load_or_calibrate, online_state_path, with_probed
 
 
 def build_service(config, log=print):
@@ -35,7 +36,6 @@ def _build_service(config, log):
     """Build the service on the calling thread (:func:`build_service`)."""
     from timebill_ros.engine import LlmEngine
     from timebill_ros.timing.profiler import format_report
-    from timebill_ros.timing.startup import load_or_calibrate, online_state_path
 
     memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
@@ -97,7 +97,6 @@ def with_mask_cost(config, engine, calibration, log=print):
     A probe's figure is saved with the cached calibration (not into an explicit
     ``timing.calibration_file``); without xgrammar it is 0 and nothing is saved.
     """
-    import dataclasses
     if calibration.mask_step_s is not None:
         log(f'json_schema: the token mask adds {calibration.mask_step_s * 1e3:.2f} ms a '
             'decoding step (calibration)')
@@ -105,13 +104,8 @@ def with_mask_cost(config, engine, calibration, log=print):
     seconds = mask_cost(engine, log)
     if seconds <= 0:
         return calibration
-    calibration = dataclasses.replace(calibration, mask_step_s=seconds)
-    if not config.timing.calibration_file:
-        from timebill_ros.timing.model import default_calibration_path
-        path = default_calibration_path(calibration.key)
-        calibration.save(path)
-        log(f'json_schema mask cost saved with the calibration ({path})')
-    return calibration
+    return with_probed(calibration, config.timing, 'json_schema mask cost', log,
+                       mask_step_s=seconds)
 
 
 def mask_cost(engine, log=print):
@@ -133,20 +127,13 @@ def with_prefix_points(config, engine, calibration, log=print):
     (timing/prefix.py; ~10 s here), saved with the cached calibration (not into an
     explicit ``timing.calibration_file``).
     """
-    import dataclasses
-
     from timebill_ros.timing.prefix import hit_mape_pct, probe_prefix
     if engine.prefix_store is None:
         return calibration
     if not calibration.prefix_points:
         log('prefix store: the calibration has no prefix-hit points; probing')
-        points = tuple(probe_prefix(engine, progress=log))
-        calibration = dataclasses.replace(calibration, prefix_points=points)
-        if not config.timing.calibration_file:
-            from timebill_ros.timing.model import default_calibration_path
-            path = default_calibration_path(calibration.key)
-            calibration.save(path)
-            log(f'prefix-hit points saved with the calibration ({path})')
+        calibration = with_probed(calibration, config.timing, 'prefix-hit points', log,
+                                  prefix_points=tuple(probe_prefix(engine, progress=log)))
     copy_s = calibration.copy_token_s
     mape = hit_mape_pct(calibration.coefficients, calibration.prefix_points, copy_s)
     log(f'prefix store: {copy_s * 1e6:.1f} us a copied prompt token; hit prefill model '
@@ -216,18 +203,13 @@ def build_batch_step(config, engine, calibration, log=print):
 
 def _batch_fit(config, engine, calibration, log):
     """Return (fit, points): the calibration's batch points, probed (and cached) if none."""
-    import dataclasses
-
     from timebill_ros.timing.batch import fit_batch_step, probe_batches
     points = calibration.batch_points
     if not points:
         log('batching: the calibration has no batched-step points; probing')
         points = tuple(probe_batches(engine, progress=log))
-        if not config.timing.calibration_file:
-            from timebill_ros.timing.model import default_calibration_path
-            path = default_calibration_path(calibration.key)
-            dataclasses.replace(calibration, batch_points=points).save(path)
-            log(f'batched-step points saved with the calibration ({path})')
+        with_probed(calibration, config.timing, 'batched-step points', log,
+                    batch_points=points)
     fit = fit_batch_step(points)
     log(f'batched step: t_step(B, S) = {fit.q * 1e3:.1f} ms + {fit.r * 1e3:.2f} ms (B - 1) '
         f'+ {fit.p * 1e6:.2f} us/token S')
@@ -289,8 +271,7 @@ def build_offload(config, engine, predictor, log=print, readout=None, requested=
     import dataclasses
 
     from timebill_ros.predictors.threshold import offload_threshold
-    from timebill_ros.predictors.contract import default_onnx_path
-    from timebill_ros.timing.startup import load_or_calibrate, online_state_path
+    from timebill_ros.predictors.contract import predictor_files
     engine_config = offload_engine_config(config, requested)
     timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
     offload_engine = _offload_engine(engine, engine_config, config, log)
@@ -308,8 +289,7 @@ def build_offload(config, engine, predictor, log=print, readout=None, requested=
                              online_state_path(engine_config, timing_config), log)
     model_file = None
     if config.predictor.kind == 'rlp':
-        model_file = config.predictor.model_file or default_onnx_path(
-            engine.model_key, config.engine.model_cache_dir or None)
+        model_file = predictor_files(config, engine.model_key)['RLP']
     tau = offload_threshold(predictor, config.offload.quantile, config.engine.max_new_tokens,
                             model_file, log)
     return (offload_engine, model), tau
@@ -357,16 +337,14 @@ def predictor_upgrade(service):
     ``predictor`` group asks for, or their files are still missing.
     """
     from timebill_ros.predictors import FallbackPredictor
-    from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
+    from timebill_ros.predictors.contract import predictor_files
     config = service.config.predictor
     if config.kind != 'rlp':
         return None
-    model_key = service.engine.model_key
-    cache_dir = service.config.engine.model_cache_dir or None
-    wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor),
-               config.model_file or default_onnx_path(model_key, cache_dir)),
+    paths = predictor_files(service.config, service.engine.model_key)
+    wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor), paths['RLP']),
               ('the prefill readout', config.prefill_readout and service.readout is None,
-               config.readout_file or default_readout_path(model_key, cache_dir))]
+               paths['readout'])]
     found = []
     for text, missing, path in wanted:
         path = pathlib.Path(path)
