@@ -1,11 +1,19 @@
 """Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
 
 import concurrent.futures
+import dataclasses
 import pathlib
 
-from timebill_ros.predictors import make_predictor, make_readout
+from timebill_ros.engine import LlmEngine
+from timebill_ros.predictors import FallbackPredictor, make_predictor, make_readout
+from timebill_ros.predictors.contract import predictor_files
+from timebill_ros.predictors.threshold import offload_threshold
 from timebill_ros.server.heap import release_free_heap, resident_mb
 from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.batch import choose_batch_size, fit_batch_step, probe_batches
+from timebill_ros.timing.online import TimeModel
+from timebill_ros.timing.prefix import hit_mape_pct, probe_prefix
+from timebill_ros.timing.profiler import format_report
 from timebill_ros.timing.startup import load_or_calibrate, online_state_path, with_probed
 
 
@@ -34,9 +42,6 @@ def build_service(config, log=print):
 
 def _build_service(config, log):
     """Build the service on the calling thread (:func:`build_service`)."""
-    from timebill_ros.engine import LlmEngine
-    from timebill_ros.timing.profiler import format_report
-
     memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
@@ -127,7 +132,6 @@ def with_prefix_points(config, engine, calibration, log=print):
     (timing/prefix.py; ~10 s here), saved with the cached calibration (not into an
     explicit ``timing.calibration_file``).
     """
-    from timebill_ros.timing.prefix import hit_mape_pct, probe_prefix
     if engine.prefix_store is None:
         return calibration
     if not calibration.prefix_points:
@@ -158,7 +162,6 @@ def resolved_engine(config, engine, log=print):
 
     Calibration files and the online state key on the resolved format.
     """
-    import dataclasses
     if engine.step_format_probe:
         probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms'
                           for name, seconds in engine.step_format_probe.items())
@@ -182,14 +185,12 @@ def build_batch_step(config, engine, calibration, log=print):
     ``scheduler.batch_size`` 0 resolved (timing.batch.choose_batch_size; 1 when nothing
     batches).
     """
-    import dataclasses
     scheduler = config.scheduler
     batches = scheduler.consolidation or scheduler.continuous
     fit, points = None, ()
     if batches and engine.forward.max_batch >= 2:
         fit, points = _batch_fit(config, engine, calibration, log)
     if scheduler.batch_size == 0:
-        from timebill_ros.timing.batch import choose_batch_size
         size = 1
         if fit is not None:
             sizes = [b for b in {b for b, _, _ in points} if b <= engine.forward.max_batch]
@@ -203,7 +204,6 @@ def build_batch_step(config, engine, calibration, log=print):
 
 def _batch_fit(config, engine, calibration, log):
     """Return (fit, points): the calibration's batch points, probed (and cached) if none."""
-    from timebill_ros.timing.batch import fit_batch_step, probe_batches
     points = calibration.batch_points
     if not points:
         log('batching: the calibration has no batched-step points; probing')
@@ -235,7 +235,6 @@ def offload_engine_config(config, requested=None):
     fast on the GPU (a float16 step copy), and ``auto`` chooses again on the offload device
     (the GGUF kernels for the embedded model on the CPU).
     """
-    import dataclasses
     offload, primary = config.offload, config.engine
     dtype = offload.weight_dtype(primary.dtype)
     if (offload.device, dtype) == (primary.device, primary.dtype):
@@ -246,7 +245,6 @@ def offload_engine_config(config, requested=None):
 
 def _offload_engine(engine, engine_config, config, log):
     """Return the offload executor's engine: the primary's twin on its device, else loaded."""
-    from timebill_ros.engine import LlmEngine
     where = (f'{engine_config.device}, {engine_config.dtype}, '
              f'{engine_config.threads} threads')
     try:
@@ -268,10 +266,6 @@ def build_offload(config, engine, predictor, log=print, readout=None, requested=
     format and thread count, profiled at start-up when missing; never the primary's
     ``timing.calibration_file``) and online state.
     """
-    import dataclasses
-
-    from timebill_ros.predictors.threshold import offload_threshold
-    from timebill_ros.predictors.contract import predictor_files
     engine_config = offload_engine_config(config, requested)
     timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
     offload_engine = _offload_engine(engine, engine_config, config, log)
@@ -301,7 +295,6 @@ def build_time_model(config, calibration, predictor, state_path, log=print):
     predictor: the length predictor running beside each prefill (its t^_Predict overhang is
     part of a goal's time), or None (a prefill readout: the runner counts its time itself).
     """
-    from timebill_ros.timing.online import TimeModel
     model = TimeModel(calibration.coefficients, config.timing.online_settings(),
                       predict_s=None if predictor is None else predictor.expected_time_s,
                       calibration_created=calibration.created,
@@ -336,8 +329,6 @@ def predictor_upgrade(service):
     so one set of files is tried once. None when the service runs every predictor its
     ``predictor`` group asks for, or their files are still missing.
     """
-    from timebill_ros.predictors import FallbackPredictor
-    from timebill_ros.predictors.contract import predictor_files
     config = service.config.predictor
     if config.kind != 'rlp':
         return None
