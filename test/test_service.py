@@ -425,6 +425,33 @@ def test_luf_runs_the_shortest_predicted_answer_first_and_reuses_u_j(make_servic
                                               'Count to 9.'])
 
 
+def test_u_j_is_predicted_at_admission_only_when_something_reads_it(make_service):
+    """Not under fifo / edf with a prefill readout: nothing there reads u_J.
+
+    Predicting it would only take the CPU from the goal running meanwhile (the RLP over a
+    long prompt, docs/benchmark.md).
+    """
+    from timebill_ros.config import SchedulerConfig
+    predictor = PromptLengthPredictor()
+    service = make_service(predictor=predictor)  # fifo
+    service.readout = object()  # the service's own choice only; the runner keeps its own
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    queued = submit(service, GoalRequest('Count to 3.', budget_s=LONG))
+    assert queued.job.prediction is None
+    first.release.set()
+    assert queued.wait().uncertainty_tokens == 0
+    assert not service._uses_uncertainty()
+    service.readout = None  # without a readout the run reuses u_J as its N^
+    assert service._uses_uncertainty()
+    for policy, reads in (('edf', False), ('luf', True), ('muf', True), ('slack', True),
+                          ('up', True)):
+        other = make_service(predictor=predictor, scheduler=SchedulerConfig(policy=policy))
+        other.readout = object()
+        assert other._uses_uncertainty() is reads, policy
+
+
 def test_muf_and_uncertainty_none(make_service):
     from timebill_ros.config import SchedulerConfig
     service = make_service(predictor=PromptLengthPredictor(),

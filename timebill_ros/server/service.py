@@ -448,12 +448,27 @@ class TimeBillService:
         return (model.prefill_s(n_x, EXPECTED, n_cached=job.n_cached)
                 + steps * model.step_s(n_x + steps // 2, EXPECTED))
 
+    def _uses_uncertainty(self):
+        """Return whether anything reads a waiting goal's u_J (so it is worth predicting).
+
+        The scheduler's order (luf, muf, slack, up), consolidation and continuous batching
+        (goals of similar u_J together), the offload route (u_J > tau) and, without a prefill
+        readout, the run (u_J is its N^). Otherwise - the default fifo with the readout - the
+        prediction would only take the CPU from the goal that runs meanwhile: the RLP over
+        a 2-3k-token robot context, queued behind a Skip-Next overrun, runs beside that
+        goal's steps on the same cores (docs/benchmark.md).
+        """
+        cfg = self.config.scheduler
+        return (self.queue.policy.uses_uncertainty or cfg.consolidation or cfg.continuous
+                or self.tau_tokens is not None or self.readout is None)
+
     def _predict_uncertainty(self, job):
         """Start u_J for a goal that has to wait (``scheduler.uncertainty: predictor``).
 
         The prediction runs on its own CPU thread; the run reuses it as N^ (runner.py).
+        Not started when nothing would read it (:meth:`_uses_uncertainty`).
         """
-        if self.config.scheduler.uncertainty != 'predictor':
+        if self.config.scheduler.uncertainty != 'predictor' or not self._uses_uncertainty():
             return
         future = self._uncertainty_pool.submit(timed_predict, self.predictor,
                                                job.request.prompt, job.input_ids, job.n_max,

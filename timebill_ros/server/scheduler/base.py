@@ -16,6 +16,9 @@ class SchedulerPolicy(abc.ABC):
     """
 
     name = 'base'
+    # Whether key() reads u_J or t^_J (uncertainty_tokens, estimated_time_s): a waiting
+    # goal's length is predicted at admission only when something reads it (service.py).
+    uses_uncertainty = True
 
     @classmethod
     def from_config(cls, config):

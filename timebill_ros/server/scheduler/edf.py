@@ -10,6 +10,7 @@ class EdfPolicy(SchedulerPolicy):
     """
 
     name = 'edf'
+    uses_uncertainty = False
 
     def key(self, job, now_s):
         """Return the deadline, service-clock seconds."""

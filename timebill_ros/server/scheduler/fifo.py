@@ -7,6 +7,7 @@ class FifoPolicy(SchedulerPolicy):
     """Run goals in order of receipt (``received_s``), not of reaching the queue."""
 
     name = 'fifo'
+    uses_uncertainty = False
 
     def key(self, job, now_s):
         """Return the receipt time, seconds."""
