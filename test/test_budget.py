@@ -4,7 +4,10 @@ import math
 
 import pytest
 
+from timebill_ros.config import OnlineSettings
 from timebill_ros.timing import budget
+from timebill_ros.timing.model import TimingCoefficients
+from timebill_ros.timing.online import TimeModel
 
 
 class Coeffs:
@@ -85,9 +88,12 @@ def test_alpha_star_degenerate_cases_keep_the_cache():
 
 
 def test_decide_fixed_alpha_and_fit_flag():
-    decision = budget.decide(COEFFS, 100.0, 1000, 20, 128, 5.0, 0.95)
+    """The one alpha* entry (decide_remaining), on a model with no margin, k N^ = N^_W."""
+    model = TimeModel(TimingCoefficients(a=1e-7, b=2e-3, c=0.02, p=2e-5, q=0.05),
+                      OnlineSettings(prior_margin=1.0))
+    decision = budget.decide_remaining(model, 100.0, 1000, 20, 128, 5.0, 0.95)
     assert decision.n_w == 100 and decision.alpha == 0.0 and decision.fits
-    fixed = budget.decide(COEFFS, 0.5, 1000, 20, 128, 5.0, 0.95, fixed_alpha=0.5)
+    fixed = budget.decide_remaining(model, 0.5, 1000, 20, 128, 5.0, 0.95, fixed_alpha=0.5)
     assert fixed.alpha == 0.5 and not fixed.fits
-    assert math.isclose(fixed.wcet_s,
-                        COEFFS.prefill_s(1000) + COEFFS.decode_phase_s(1000, 0.5, 100))
+    assert math.isclose(fixed.remaining_s,
+                        model.evict_s(1000, 'worst') + COEFFS.decode_phase_s(1000, 0.5, 100))

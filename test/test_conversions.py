@@ -2,7 +2,12 @@
 
 import dataclasses
 
-from timebill_ros.ros.conversions import duration_to_s, event_msg, result_to_msg
+import pytest
+
+from timebill_ros.action import Instruct
+from timebill_ros.msg import GoalEvent
+from timebill_ros.ros.conversions import (duration_to_s, event_msg, result_sources,
+                                          result_to_msg)
 from timebill_ros.server import status
 from timebill_ros.server.goals import JobResult
 
@@ -45,3 +50,22 @@ def test_the_result_and_event_carry_each_field_they_have():
     assert checked >= 20
     assert msg.cached_tokens == result.cached_tokens and event.cached_tokens > 0
     assert event.overrun_policy == 1  # POLICY_KILL
+
+
+def test_every_result_and_event_field_has_a_source():
+    """The mapping is made from the messages' own fields: none is left without a source."""
+    result = result_sources(Instruct.Result)
+    assert set(result) == set(Instruct.Result.get_fields_and_field_types())
+    assert result['predicted_wcet'] == 'predicted_wcet_s' and result['status'] == 'status'
+    event = result_sources(GoalEvent, given=('stamp', 'overrun_policy'))
+    assert set(event) | {'stamp', 'overrun_policy'} == set(GoalEvent.get_fields_and_field_types())
+
+
+def test_a_field_without_a_source_is_named():
+    class Unknown:
+        @staticmethod
+        def get_fields_and_field_types():
+            return {'status': 'uint8', 'wall_clock': 'builtin_interfaces/Duration'}
+
+    with pytest.raises(KeyError, match=r'Unknown.wall_clock .*no JobResult source'):
+        result_sources(Unknown)

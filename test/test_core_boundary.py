@@ -1,4 +1,4 @@
-"""The layout's rules, by folder (DESIGN.md, two wings).
+"""The layout's rules, by folder (docs/architecture.md, "Two wings").
 
 - Every module lives in a known folder of one wing, or is one of the modules below both.
 - The robot side (server, engine, timing, predictors, ros) imports nothing of the offline
@@ -130,7 +130,7 @@ def test_modules_found_in_both_wings():
 def test_module_lives_in_a_wing(path):
     assert _wing(path) is not None, (
         f'{path.relative_to(PACKAGE)} is in no wing: robot side {ROBOT}, offline side '
-        f'{OFFLINE}, or below both {BELOW_BOTH} (DESIGN.md)')
+        f'{OFFLINE}, or below both {BELOW_BOTH} (docs/architecture.md)')
 
 
 @pytest.mark.parametrize('path', FILES, ids=lambda p: str(p.relative_to(PACKAGE)))

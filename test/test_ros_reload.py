@@ -80,7 +80,7 @@ def test_a_service_built_while_the_node_shuts_down_is_never_swapped_in(
         old = server.service
         server.shutdown()
         release.set()
-        wait_for(lambda: len(inner.built) == 2 and not server._rebuilding, 30,
+        wait_for(lambda: len(inner.built) == 2 and not server.slot.rebuilding, 30,
                  'the rebuild never ended')
         assert not inner.built[1].healthy  # started, then shut down: never swapped in
         assert server.service is old and not old.healthy

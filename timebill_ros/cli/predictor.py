@@ -40,11 +40,8 @@ def _engine(args, config=None):
 
 def _paths(args, config):
     """Return (ONNX path, torch checkpoint path); needs no loaded model."""
-    from timebill_ros.engine import model_source
-    from timebill_ros.predictors.contract import default_onnx_path
-    onnx_path = pathlib.Path(args.onnx or config.predictor.model_file
-                             or default_onnx_path(model_source.model_key(config.engine),
-                                                  config.engine.model_cache_dir or None))
+    from timebill_ros.predictors.contract import predictor_files
+    onnx_path = pathlib.Path(args.onnx or predictor_files(config)['RLP'])
     return onnx_path, onnx_path.with_suffix('.pt')
 
 
@@ -221,11 +218,8 @@ def _features(engine, config, splits, layers):
 
 
 def _readout_path(args, config):
-    from timebill_ros.engine import model_source
-    from timebill_ros.predictors.contract import default_readout_path
-    return pathlib.Path(args.onnx or config.predictor.readout_file
-                        or default_readout_path(model_source.model_key(config.engine),
-                                                config.engine.model_cache_dir or None))
+    from timebill_ros.predictors.contract import predictor_files
+    return pathlib.Path(args.onnx or predictor_files(config)['readout'])
 
 
 def cmd_readout(args, ros_args):

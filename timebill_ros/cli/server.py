@@ -2,7 +2,7 @@
 
 import sys
 
-from timebill_ros.server.status import POLICY_CODES
+from timebill_ros.server.overrun import POLICY_CODES
 
 
 def cmd_serve(args, ros_args):

@@ -17,8 +17,8 @@ def make_predictor(predictor_config, model_key='', prefill_s=None, cache_dir=Non
     if predictor_config.kind != 'rlp':
         raise ValueError(f'unknown predictor.kind {predictor_config.kind!r}')
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
-    from timebill_ros.predictors.contract import default_onnx_path
-    path = predictor_config.model_file or default_onnx_path(model_key, cache_dir)
+    from timebill_ros.predictors.contract import predictor_paths
+    path = predictor_paths(predictor_config, model_key, cache_dir)['RLP']
     try:
         predictor = OnnxRlpPredictor.load(
             path, threads=predictor_config.threads, provider=predictor_config.provider,
@@ -49,8 +49,8 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_la
     if predictor_config.kind != 'rlp' or not predictor_config.prefill_readout:
         return None
     from timebill_ros.predictors.prefill_readout import PrefillReadout
-    from timebill_ros.predictors.contract import default_readout_path
-    path = predictor_config.readout_file or default_readout_path(model_key, cache_dir)
+    from timebill_ros.predictors.contract import predictor_paths
+    path = predictor_paths(predictor_config, model_key, cache_dir)['readout']
     try:
         readout = PrefillReadout.load(path, threads=predictor_config.threads,
                                       provider=predictor_config.provider)

@@ -28,18 +28,28 @@ def default_readout_path(model_key: str, cache_dir=None) -> pathlib.Path:
     return pathlib.Path(paths.cache_root(cache_dir)) / 'rlp' / f'{model_key}__readout.onnx'
 
 
-def predictor_files(config) -> Dict[str, pathlib.Path]:
-    """Return {'RLP': path, 'readout': path}: the files a server of ``config`` would load.
+def predictor_paths(predictor_config, model_key, cache_dir=None) -> Dict[str, pathlib.Path]:
+    """Return {'RLP': path, 'readout': path}: the one rule of which predictor files load.
 
-    config: a ServerConfig; its ``predictor.model_file`` / ``readout_file`` when set, else
-    the cache defaults of its engine's model key.
+    predictor_config: a PredictorConfig; its ``model_file`` / ``readout_file`` when set,
+    else the cache entries of ``model_key`` under ``cache_dir`` (None: the default cache).
     """
-    from timebill_ros.engine import model_source
-    key = model_source.model_key(config.engine)
-    cache = config.engine.model_cache_dir or None
-    return {'RLP': pathlib.Path(config.predictor.model_file or default_onnx_path(key, cache)),
-            'readout': pathlib.Path(config.predictor.readout_file
-                                    or default_readout_path(key, cache))}
+    return {'RLP': pathlib.Path(predictor_config.model_file
+                                or default_onnx_path(model_key, cache_dir)),
+            'readout': pathlib.Path(predictor_config.readout_file
+                                    or default_readout_path(model_key, cache_dir))}
+
+
+def predictor_files(config, model_key=None) -> Dict[str, pathlib.Path]:
+    """Return :func:`predictor_paths` of a ServerConfig: the files its server would load.
+
+    model_key: the loaded engine's key; None = the key of ``config.engine`` (no model
+    loaded).
+    """
+    if model_key is None:
+        from timebill_ros.engine import model_source
+        model_key = model_source.model_key(config.engine)
+    return predictor_paths(config.predictor, model_key, config.engine.model_cache_dir or None)
 
 
 def read_metadata(session) -> Dict[str, str]:

@@ -6,7 +6,8 @@ import math
 from builtin_interfaces.msg import Duration, Time
 
 from timebill_ros.action import Instruct
-from timebill_ros.server.goals import GoalRequest
+from timebill_ros.server.goals import GoalRequest, JobResult
+from timebill_ros.server.overrun import POLICY_CODES
 from timebill_ros.msg import GoalEvent
 
 NS_PER_S = 1_000_000_000
@@ -67,26 +68,48 @@ def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:
         seed=int(goal.seed) or None, json_schema=goal.json_schema)
 
 
+# How a message field's value is made from a JobResult attribute, by the field's ROS type.
+_CASTS = {'boolean': bool, 'string': str, 'float': float, 'double': float, 'uint8': int,
+          'uint16': int, 'uint32': int, 'uint64': int, 'int32': int, 'int64': int}
+DURATION = 'builtin_interfaces/Duration'
+
+
+def result_sources(msg_type, given=()):
+    """Return {field: JobResult attribute} of a result message (``given`` fields: none).
+
+    The mapping is made from the message's own fields, so a field added to the .action or
+    .msg needs only its JobResult attribute: a Duration field ``x`` comes from ``x_s``
+    (seconds), any other field from the attribute of its name. KeyError names a field
+    without a source.
+    """
+    names = {field.name for field in dataclasses.fields(JobResult)}
+    sources = {}
+    for name, kind in msg_type.get_fields_and_field_types().items():
+        if name in given:
+            continue
+        source = f'{name}_s' if kind == DURATION else name
+        if source not in names or (kind != DURATION and kind not in _CASTS):
+            raise KeyError(f'{msg_type.__name__}.{name} ({kind}) has no JobResult source')
+        sources[name] = source
+    return sources
+
+
+def _from_result(msg_type, result, **given):
+    """Return ``msg_type`` filled from JobResult ``result``; ``given`` fields as they are."""
+    kinds = msg_type.get_fields_and_field_types()
+    values = dict(given)
+    for name, source in result_sources(msg_type, given).items():
+        value = getattr(result, source)
+        if kinds[name] == DURATION:
+            values[name] = s_to_duration(value)
+        else:  # None (e.g. kill_latency_s of a goal that was not killed) is sent as 0
+            values[name] = _CASTS[kinds[name]](0 if value is None else value)
+    return msg_type(**values)
+
+
 def result_to_msg(result) -> Instruct.Result:
     """Return the action result for a core JobResult."""
-    return Instruct.Result(
-        status=result.status, error_code=int(result.error_code), message=result.message,
-        response=result.response,
-        prompt_tokens=result.prompt_tokens, response_tokens=result.response_tokens,
-        predicted_tokens=result.predicted_tokens, pessimistic_tokens=result.pessimistic_tokens,
-        eviction_ratio=float(result.eviction_ratio),
-        predicted_wcet=s_to_duration(result.predicted_wcet_s),
-        predict_time=s_to_duration(result.predict_time_s),
-        prefill_time=s_to_duration(result.prefill_time_s),
-        decode_time=s_to_duration(result.decode_time_s),
-        total_time=s_to_duration(result.total_time_s),
-        deadline_met=bool(result.deadline_met), predictor=result.predictor,
-        truncated=bool(result.truncated), infeasible=bool(result.infeasible),
-        min_time=s_to_duration(result.min_time_s), queue_time=s_to_duration(result.queue_time_s),
-        executor=result.executor, uncertainty_tokens=int(result.uncertainty_tokens),
-        batch_size=int(result.batch_size), cached_tokens=int(result.cached_tokens),
-        finish_reason=result.finish_reason,
-        schedule_time=s_to_duration(result.schedule_time_s))
+    return _from_result(Instruct.Result, result)
 
 
 def feedback_to_msg(feedback) -> Instruct.Feedback:
@@ -99,18 +122,5 @@ def feedback_to_msg(feedback) -> Instruct.Feedback:
 
 def event_msg(result, stamp: Time) -> GoalEvent:
     """Return the ~/events message for a terminal JobResult."""
-    policy = {'kill': Instruct.Goal.POLICY_KILL, 'skip_next': Instruct.Goal.POLICY_SKIP_NEXT,
-              'partial': Instruct.Goal.POLICY_PARTIAL}
-    return GoalEvent(
-        stamp=stamp, goal_id=result.goal_id, status=result.status,
-        error_code=int(result.error_code), message=result.message,
-        overrun_policy=policy.get(result.overrun_policy, 0), budget_s=float(result.budget_s),
-        total_time_s=float(result.total_time_s),
-        predicted_wcet_s=float(result.predicted_wcet_s),
-        eviction_ratio=float(result.eviction_ratio), prompt_tokens=result.prompt_tokens,
-        response_tokens=result.response_tokens, deadline_met=bool(result.deadline_met),
-        truncated=bool(result.truncated), infeasible=bool(result.infeasible),
-        queue_time_s=float(result.queue_time_s),
-        kill_latency_s=float(result.kill_latency_s or 0.0), executor=result.executor,
-        uncertainty_tokens=int(result.uncertainty_tokens), batch_size=int(result.batch_size),
-        cached_tokens=int(result.cached_tokens), finish_reason=result.finish_reason)
+    return _from_result(GoalEvent, result, stamp=stamp,
+                        overrun_policy=POLICY_CODES.get(result.overrun_policy, 0))

@@ -42,6 +42,7 @@ from std_msgs.msg import Header
 from timebill_ros.server import status
 from timebill_ros.server.executor import max_running_goals
 from timebill_ros.server.factory import predictor_upgrade
+from timebill_ros.server.service_slot import ServiceSlot
 from timebill_ros.action import Instruct
 from timebill_ros.msg import GoalEvent, ServerStats
 from timebill_ros.ros import conversions
@@ -57,7 +58,6 @@ EARLY_CANCEL_KEEP_S = 60.0  # how long a cancel that came before its goal's job 
 EVENTS_KEPT = 100  # GoalEvents the ~/events publisher keeps for late subscribers
 DESTROY_WAIT_S = 5.0  # longest wait in destroy_node() for execute callbacks to return, s
 SPARE_THREADS = 4  # executor threads beyond the goals' execute callbacks
-SWAP_POLL_S = 0.05  # how often a built replacement service checks that the old one is idle, s
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
 
@@ -76,12 +76,9 @@ class TimeBillNode(LifecycleNode):
         self.config = declare_and_read(self)
         self._service_factory = service_factory
         self._freeze_heap = freeze_heap
-        self._upgrade_check = upgrade_check
-        self._upgrades_tried = set()  # keys of upgrade_check already built (once each)
-        self._rebuilding = False
-        self._closing = False  # shutdown() was called: no replacement service is swapped in
-        self._swap_lock = threading.Lock()  # submit vs. swapping or releasing the service
-        self.service = None  # the TimeBillService while configured
+        # Which service serves, and its hot swap when predictor files appear (server/).
+        self.slot = ServiceSlot(service_factory, upgrade_check, self.get_logger().info,
+                                self._log_fault, on_swap=self._took_config)
         self.lifecycle_state = 'unconfigured'
         self._jobs = {}  # goal id bytes -> Job, while its execute callback waits
         self._early_cancels = {}  # goal id bytes -> monotonic s: canceled before submitted
@@ -106,6 +103,14 @@ class TimeBillNode(LifecycleNode):
             self.create_timer(self.config.predictor.reload_check_s, self._check_upgrade,
                               callback_group=self._group)
         self.get_logger().info('unconfigured')
+
+    @property
+    def service(self):
+        """Return the serving TimeBillService (None while unconfigured)."""
+        return self.slot.service
+
+    def _took_config(self, service):
+        self.config = service.config
 
     @property
     def executor_threads(self):
@@ -134,7 +139,7 @@ class TimeBillNode(LifecycleNode):
             self._log_fault('configure')
             self.lifecycle_state = 'unconfigured'
             return FAILURE
-        self.service = service
+        self.slot.install(service)
         if self._action is None:
             self._open_action()
         self.lifecycle_state = 'inactive'
@@ -154,11 +159,13 @@ class TimeBillNode(LifecycleNode):
         """Serve goals."""
         self.service.resume()
         self.lifecycle_state = 'active'
+        self.slot.active = True
         self.get_logger().info(f'active: serving {self._action_name()}')
         return super().on_activate(state)
 
     def on_deactivate(self, state):
         """Refuse new goals (INACTIVE); queued and running goals go on to their end."""
+        self.slot.active = False
         self.service.pause()
         self.lifecycle_state = 'inactive'
         self.get_logger().info('inactive: new goals are refused; queued and running goals '
@@ -184,8 +191,8 @@ class TimeBillNode(LifecycleNode):
 
     def _release_service(self):
         """End every goal (FAILED, SHUTDOWN) and free the model; the action server stays."""
-        with self._swap_lock:
-            service, self.service = self.service, None
+        self.slot.active = False
+        service = self.slot.release()
         self.lifecycle_state = 'unconfigured'
         if service is None:
             return
@@ -199,67 +206,17 @@ class TimeBillNode(LifecycleNode):
 
         A replacement service being built meanwhile is never swapped in (it shuts down).
         """
-        with self._swap_lock:
-            self._closing = True
-            service = self.service
+        service = self.slot.close()
         if service is not None:
             service.shutdown()
 
     # --- predictors built after the start ----------------------------------------------------
     def _check_upgrade(self):
-        """Timer: start building a service with predictors that appeared, once per file set."""
+        """Timer: build a service with predictors that appeared (ServiceSlot.check_upgrade)."""
         try:
-            service = self.service
-            if (service is None or self.lifecycle_state != 'active' or self._rebuilding
-                    or self._closing):
-                return
-            found = self._upgrade_check(service)
-            if found is None or found[1] in self._upgrades_tried:
-                return
-            what, key = found
-            self._upgrades_tried.add(key)
-            self._rebuilding = True
-            self.get_logger().info(f'{what} is ready: building a service with it beside the '
-                                   'running one')
-            threading.Thread(target=self._rebuild, args=(what,), name='timebill-rebuild',
-                             daemon=True).start()
+            self.slot.check_upgrade(lambda: read_config(self))
         except Exception:
             self._log_fault('predictor check')
-
-    def _rebuild(self, what):
-        """Build the replacement service and swap it in once the running one is idle."""
-        try:
-            config = read_config(self)
-            new = self._service_factory(config, self.get_logger().info)
-            new.start()
-        except Exception:
-            self._log_fault(f'building a service with {what}')
-            self._rebuilding = False
-            return
-        old = self._swap_when_idle(new)
-        if old is None:
-            new.shutdown()
-            self._rebuilding = False
-            self.get_logger().info(f'{what}: not switched (the node left the active state)')
-            return
-        self._rebuilding = False
-        old.shutdown()
-        self.get_logger().info(f'switched to a service with {what}: length predictor '
-                               f'{new.predictor.name}, readout '
-                               f'{"on" if new.readout is not None else "off"}')
-
-    def _swap_when_idle(self, new):
-        """Swap ``new`` in when no goal is queued or running; return the old service or None."""
-        while True:
-            with self._swap_lock:
-                old = self.service
-                if old is None or self.lifecycle_state != 'active' or self._closing:
-                    return None
-                if old.idle:
-                    self.config = new.config
-                    self.service = new
-                    return old
-            time.sleep(SWAP_POLL_S)
 
     def destroy_node(self):
         """End every goal in flight (FAILED), then destroy the action server and the node.
@@ -360,7 +317,7 @@ class TimeBillNode(LifecycleNode):
             finally:
                 finished.set()
 
-        with self._swap_lock:  # a replacement service is never swapped in mid-submit
+        with self.slot.lock:  # a replacement service is never swapped in mid-submit
             service = self.service
             if service is not None:
                 job = service.submit(request, on_feedback, on_done, received_s=received_s)

@@ -1,11 +1,20 @@
 """Build the server's parts from a ServerConfig: engine, time model, predictor, service."""
 
 import concurrent.futures
+import dataclasses
 import pathlib
 
-from timebill_ros.predictors import make_predictor, make_readout
+from timebill_ros.engine import LlmEngine
+from timebill_ros.predictors import FallbackPredictor, make_predictor, make_readout
+from timebill_ros.predictors.contract import predictor_files
+from timebill_ros.predictors.threshold import offload_threshold
 from timebill_ros.server.heap import release_free_heap, resident_mb
 from timebill_ros.server.service import TimeBillService
+from timebill_ros.timing.batch import choose_batch_size, fit_batch_step, probe_batches
+from timebill_ros.timing.online import TimeModel
+from timebill_ros.timing.prefix import hit_mape_pct, probe_prefix
+from timebill_ros.timing.profiler import format_report
+from timebill_ros.timing.startup import load_or_calibrate, online_state_path, with_probed
 
 
 def build_service(config, log=print):
@@ -33,10 +42,6 @@ def build_service(config, log=print):
 
 def _build_service(config, log):
     """Build the service on the calling thread (:func:`build_service`)."""
-    from timebill_ros.engine import LlmEngine
-    from timebill_ros.timing.profiler import format_report
-    from timebill_ros.timing.startup import load_or_calibrate, online_state_path
-
     memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
@@ -97,7 +102,6 @@ def with_mask_cost(config, engine, calibration, log=print):
     A probe's figure is saved with the cached calibration (not into an explicit
     ``timing.calibration_file``); without xgrammar it is 0 and nothing is saved.
     """
-    import dataclasses
     if calibration.mask_step_s is not None:
         log(f'json_schema: the token mask adds {calibration.mask_step_s * 1e3:.2f} ms a '
             'decoding step (calibration)')
@@ -105,13 +109,8 @@ def with_mask_cost(config, engine, calibration, log=print):
     seconds = mask_cost(engine, log)
     if seconds <= 0:
         return calibration
-    calibration = dataclasses.replace(calibration, mask_step_s=seconds)
-    if not config.timing.calibration_file:
-        from timebill_ros.timing.model import default_calibration_path
-        path = default_calibration_path(calibration.key)
-        calibration.save(path)
-        log(f'json_schema mask cost saved with the calibration ({path})')
-    return calibration
+    return with_probed(calibration, config.timing, 'json_schema mask cost', log,
+                       mask_step_s=seconds)
 
 
 def mask_cost(engine, log=print):
@@ -133,20 +132,12 @@ def with_prefix_points(config, engine, calibration, log=print):
     (timing/prefix.py; ~10 s here), saved with the cached calibration (not into an
     explicit ``timing.calibration_file``).
     """
-    import dataclasses
-
-    from timebill_ros.timing.prefix import hit_mape_pct, probe_prefix
     if engine.prefix_store is None:
         return calibration
     if not calibration.prefix_points:
         log('prefix store: the calibration has no prefix-hit points; probing')
-        points = tuple(probe_prefix(engine, progress=log))
-        calibration = dataclasses.replace(calibration, prefix_points=points)
-        if not config.timing.calibration_file:
-            from timebill_ros.timing.model import default_calibration_path
-            path = default_calibration_path(calibration.key)
-            calibration.save(path)
-            log(f'prefix-hit points saved with the calibration ({path})')
+        calibration = with_probed(calibration, config.timing, 'prefix-hit points', log,
+                                  prefix_points=tuple(probe_prefix(engine, progress=log)))
     copy_s = calibration.copy_token_s
     mape = hit_mape_pct(calibration.coefficients, calibration.prefix_points, copy_s)
     log(f'prefix store: {copy_s * 1e6:.1f} us a copied prompt token; hit prefill model '
@@ -171,7 +162,6 @@ def resolved_engine(config, engine, log=print):
 
     Calibration files and the online state key on the resolved format.
     """
-    import dataclasses
     if engine.step_format_probe:
         probe = ', '.join(f'{name} {seconds * 1e3:.1f} ms'
                           for name, seconds in engine.step_format_probe.items())
@@ -195,14 +185,12 @@ def build_batch_step(config, engine, calibration, log=print):
     ``scheduler.batch_size`` 0 resolved (timing.batch.choose_batch_size; 1 when nothing
     batches).
     """
-    import dataclasses
     scheduler = config.scheduler
     batches = scheduler.consolidation or scheduler.continuous
     fit, points = None, ()
     if batches and engine.forward.max_batch >= 2:
         fit, points = _batch_fit(config, engine, calibration, log)
     if scheduler.batch_size == 0:
-        from timebill_ros.timing.batch import choose_batch_size
         size = 1
         if fit is not None:
             sizes = [b for b in {b for b, _, _ in points} if b <= engine.forward.max_batch]
@@ -216,18 +204,12 @@ def build_batch_step(config, engine, calibration, log=print):
 
 def _batch_fit(config, engine, calibration, log):
     """Return (fit, points): the calibration's batch points, probed (and cached) if none."""
-    import dataclasses
-
-    from timebill_ros.timing.batch import fit_batch_step, probe_batches
     points = calibration.batch_points
     if not points:
         log('batching: the calibration has no batched-step points; probing')
         points = tuple(probe_batches(engine, progress=log))
-        if not config.timing.calibration_file:
-            from timebill_ros.timing.model import default_calibration_path
-            path = default_calibration_path(calibration.key)
-            dataclasses.replace(calibration, batch_points=points).save(path)
-            log(f'batched-step points saved with the calibration ({path})')
+        with_probed(calibration, config.timing, 'batched-step points', log,
+                    batch_points=points)
     fit = fit_batch_step(points)
     log(f'batched step: t_step(B, S) = {fit.q * 1e3:.1f} ms + {fit.r * 1e3:.2f} ms (B - 1) '
         f'+ {fit.p * 1e6:.2f} us/token S')
@@ -253,7 +235,6 @@ def offload_engine_config(config, requested=None):
     fast on the GPU (a float16 step copy), and ``auto`` chooses again on the offload device
     (the GGUF kernels for the embedded model on the CPU).
     """
-    import dataclasses
     offload, primary = config.offload, config.engine
     dtype = offload.weight_dtype(primary.dtype)
     if (offload.device, dtype) == (primary.device, primary.dtype):
@@ -264,7 +245,6 @@ def offload_engine_config(config, requested=None):
 
 def _offload_engine(engine, engine_config, config, log):
     """Return the offload executor's engine: the primary's twin on its device, else loaded."""
-    from timebill_ros.engine import LlmEngine
     where = (f'{engine_config.device}, {engine_config.dtype}, '
              f'{engine_config.threads} threads')
     try:
@@ -286,11 +266,6 @@ def build_offload(config, engine, predictor, log=print, readout=None, requested=
     format and thread count, profiled at start-up when missing; never the primary's
     ``timing.calibration_file``) and online state.
     """
-    import dataclasses
-
-    from timebill_ros.predictors.threshold import offload_threshold
-    from timebill_ros.predictors.contract import default_onnx_path
-    from timebill_ros.timing.startup import load_or_calibrate, online_state_path
     engine_config = offload_engine_config(config, requested)
     timing_config = dataclasses.replace(config.timing, calibration_file='', state_file='')
     offload_engine = _offload_engine(engine, engine_config, config, log)
@@ -308,8 +283,7 @@ def build_offload(config, engine, predictor, log=print, readout=None, requested=
                              online_state_path(engine_config, timing_config), log)
     model_file = None
     if config.predictor.kind == 'rlp':
-        model_file = config.predictor.model_file or default_onnx_path(
-            engine.model_key, config.engine.model_cache_dir or None)
+        model_file = predictor_files(config, engine.model_key)['RLP']
     tau = offload_threshold(predictor, config.offload.quantile, config.engine.max_new_tokens,
                             model_file, log)
     return (offload_engine, model), tau
@@ -321,7 +295,6 @@ def build_time_model(config, calibration, predictor, state_path, log=print):
     predictor: the length predictor running beside each prefill (its t^_Predict overhang is
     part of a goal's time), or None (a prefill readout: the runner counts its time itself).
     """
-    from timebill_ros.timing.online import TimeModel
     model = TimeModel(calibration.coefficients, config.timing.online_settings(),
                       predict_s=None if predictor is None else predictor.expected_time_s,
                       calibration_created=calibration.created,
@@ -356,17 +329,13 @@ def predictor_upgrade(service):
     so one set of files is tried once. None when the service runs every predictor its
     ``predictor`` group asks for, or their files are still missing.
     """
-    from timebill_ros.predictors import FallbackPredictor
-    from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
     config = service.config.predictor
     if config.kind != 'rlp':
         return None
-    model_key = service.engine.model_key
-    cache_dir = service.config.engine.model_cache_dir or None
-    wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor),
-               config.model_file or default_onnx_path(model_key, cache_dir)),
+    paths = predictor_files(service.config, service.engine.model_key)
+    wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor), paths['RLP']),
               ('the prefill readout', config.prefill_readout and service.readout is None,
-               config.readout_file or default_readout_path(model_key, cache_dir))]
+               paths['readout'])]
     found = []
     for text, missing, path in wanted:
         path = pathlib.Path(path)

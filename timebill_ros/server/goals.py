@@ -9,7 +9,7 @@ import math
 from typing import Optional
 
 from timebill_ros.engine.sampling import SamplingConfig
-from timebill_ros.server import status
+from timebill_ros.server import overrun, status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,15 +177,14 @@ def resolve_deadline(request: GoalRequest, received_s: float) -> float:
 
 
 def resolve_policy(request: GoalRequest, default_policy: str) -> str:
-    """Return the overrun policy name of a goal ('kill', 'skip_next' or 'partial')."""
+    """Return the overrun policy name of a goal (a key of server.overrun.POLICIES)."""
     code = request.overrun_policy
     if code == status.POLICY_DEFAULT:
         return default_policy
-    if code not in status.POLICY_BY_CODE:
+    if code not in overrun.POLICY_BY_CODE:
         raise GoalRejected(
-            f'unknown overrun_policy {code!r}; expected 0 (default), 1 (kill), 2 (skip-next) '
-            'or 3 (partial)')
-    return status.POLICY_BY_CODE[code]
+            f'unknown overrun_policy {code!r}; expected {overrun.codes_text()}')
+    return overrun.POLICY_BY_CODE[code]
 
 
 def resolve_max_new_tokens(request: GoalRequest, default_n_max: int, n_model: int) -> int:

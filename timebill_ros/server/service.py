@@ -570,7 +570,7 @@ class TimeBillService:
         model got faster meanwhile and the goal fits again (its expiry moves).
         """
         for running in (job for executor in self.executors for job in executor.running):
-            if running.policy.name == 'skip_next' and running.deadline_s < now:
+            if running.policy.skips_due_goals and running.deadline_s < now:
                 return JobResult(
                     status=status.SKIPPED, kill_latency_s=None, stop_phase='queue',
                     message=f'skipped: came due while goal {running.goal_id} overran '

@@ -28,9 +28,6 @@ POLICY_KILL = 1
 POLICY_SKIP_NEXT = 2
 POLICY_PARTIAL = 3
 
-POLICY_CODES = {'kill': POLICY_KILL, 'skip_next': POLICY_SKIP_NEXT, 'partial': POLICY_PARTIAL}
-POLICY_BY_CODE = {code: name for name, code in POLICY_CODES.items()}
-
 # Why a goal's answer ended (result and GoalEvent ``finish_reason``): one word per way.
 FINISH_EOS = 'eos'                # the model ended its answer
 FINISH_LENGTH = 'length'          # max_new_tokens (or the model's context) reached

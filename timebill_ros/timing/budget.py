@@ -53,35 +53,6 @@ def alpha_star(budget_s, n_x, n_w, t_prefill_hat_s, t_predict_s, p, q, alpha_max
 
 
 @dataclasses.dataclass(frozen=True)
-class BudgetDecision:
-    """What the budget math decided for one goal (tokens, seconds, ratio)."""
-
-    n_hat: int
-    n_w: int
-    alpha: float
-    wcet_s: float
-    fits: bool
-
-
-def decide(coefficients, budget_s, n_x, n_hat, n_max, k, alpha_max, t_predict_s=0.0,
-           fixed_alpha=None):
-    """Pick alpha for one goal and estimate its WCET (Eq. 9) at that alpha.
-
-    fixed_alpha: when not None, use it instead of Eq. 11 (the fixed-ratio baselines).
-    ``fits`` says whether t_Predict + t^_WCET <= T at the chosen alpha.
-    """
-    n_w = pessimistic_tokens(n_hat, k, n_max)
-    if fixed_alpha is None:
-        alpha = alpha_star(budget_s, n_x, n_w, coefficients.prefill_s(n_x), t_predict_s,
-                           coefficients.p, coefficients.q, alpha_max)
-    else:
-        alpha = float(fixed_alpha)
-    wcet_s = coefficients.prefill_s(n_x) + coefficients.decode_phase_s(n_x, alpha, n_w)
-    return BudgetDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, wcet_s=wcet_s,
-                          fits=t_predict_s + wcet_s <= budget_s)
-
-
-@dataclasses.dataclass(frozen=True)
 class RemainingDecision:
     """The budget decision taken after the prefill (tokens, ratio, seconds from now).
 

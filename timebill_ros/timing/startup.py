@@ -5,6 +5,7 @@ weight format and threads, else a bounded start-up calibration (five few-shot pr
 start-up grid) saved to that entry. Also where the online time-model state lives.
 """
 
+import dataclasses
 import os
 
 from timebill_ros.config import TimingConfig
@@ -90,6 +91,22 @@ def load_or_calibrate(engine, engine_config, timing_config, *, log=print):
     raise RuntimeError(
         f'no timing calibration for {key} (looked for {path}) and timing.calibrate_on_start '
         'is false; run `timebill profile` to create one, or set timing.calibration_file')
+
+
+def with_probed(calibration, timing_config, what, log=print, **fields):
+    """Return ``calibration`` with ``fields`` (probed at start-up), saved with the cache entry.
+
+    The one place a start-up probe's figures (prefix-hit points, batched-step points, the
+    json_schema mask's cost) join the calibration: saved into the per-user cache entry so the
+    next start-up reads them, never into an explicit ``timing.calibration_file`` (the user's
+    file is not rewritten). what: the figures in words, for the log.
+    """
+    calibration = dataclasses.replace(calibration, **fields)
+    if not timing_config.calibration_file:
+        path = default_calibration_path(calibration.key)
+        calibration.save(path)
+        log(f'{what} saved with the calibration ({path})')
+    return calibration
 
 
 def online_state_path(engine_config, timing_config):

@@ -22,7 +22,8 @@ from timebill_ros.bench.scheduling.workload import (DEFAULT_LENGTHS, GOALS, MAX_
                                                     predicted_service_s, subset_stats,
                                                     trace_seed)
 from timebill_ros.bench.server_process import rotate, start_servers
-from timebill_ros.server.status import POLICY_CODES, POLICY_KILL
+from timebill_ros.server.overrun import POLICY_CODES
+from timebill_ros.server.status import POLICY_KILL
 
 LOADS = (0.5, 0.8, 1.0, 1.2)
 REPEATS = 2
@@ -67,13 +68,11 @@ def _resolve(args):
 def missing_predictor(config=None):
     """Return why the servers would run without the RLP (text), or None when it is there."""
     from timebill_ros import params
-    from timebill_ros.engine import model_source
-    from timebill_ros.predictors.contract import default_onnx_path
+    from timebill_ros.predictors.contract import predictor_files
     config = config or params.config_from_flat({})
     if config.predictor.kind != 'rlp':
         return None
-    path = pathlib.Path(config.predictor.model_file or default_onnx_path(
-        model_source.model_key(config.engine), config.engine.model_cache_dir or None))
+    path = predictor_files(config)['RLP']
     if path.expanduser().is_file():
         return None
     return f'no RLP at {path} (make predictor builds it)'

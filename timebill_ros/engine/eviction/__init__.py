@@ -1,5 +1,6 @@
 """KV-cache eviction scorers (kvpress wrappers) chosen by ``EvictionConfig.scorer``."""
 
+from timebill_ros.checks import choose
 from timebill_ros.config import EvictionConfig
 from timebill_ros.engine.eviction.base import (EvictionScorer, gather_positions, keep_indices,
                                                n_keep_for)
@@ -7,7 +8,10 @@ from timebill_ros.engine.eviction.knorm import KnormScorer
 from timebill_ros.engine.eviction.snapkv import SnapKVScorer
 from timebill_ros.engine.eviction.streaming_llm import StreamingLLMScorer
 
-__all__ = ['EvictionScorer', 'KnormScorer', 'SnapKVScorer', 'StreamingLLMScorer',
+# The registry (config.SCORER_NAMES agrees with it: test/test_registries.py).
+SCORERS = {cls.name: cls for cls in (SnapKVScorer, StreamingLLMScorer, KnormScorer)}
+
+__all__ = ['EvictionScorer', 'KnormScorer', 'SnapKVScorer', 'StreamingLLMScorer', 'SCORERS',
            'gather_positions', 'keep_indices', 'make_scorer', 'n_keep_for']
 
 
@@ -15,11 +19,5 @@ def make_scorer(eviction_config: EvictionConfig) -> EvictionScorer:
     """Return the scorer named by ``eviction_config.scorer``."""
     if not isinstance(eviction_config, EvictionConfig):
         raise TypeError(f'eviction_config must be an EvictionConfig, got {eviction_config!r}')
-    name = eviction_config.scorer
-    if name == 'snapkv':
-        return SnapKVScorer(window_size=eviction_config.window_size)
-    if name == 'streaming_llm':
-        return StreamingLLMScorer()
-    if name == 'knorm':
-        return KnormScorer()
-    raise ValueError(f'unknown eviction scorer {name!r}')
+    return choose('eviction scorer', SCORERS, eviction_config.scorer).from_config(
+        eviction_config)

@@ -18,6 +18,11 @@ class EvictionScorer:
 
     name = 'base'
 
+    @classmethod
+    def from_config(cls, eviction_config):
+        """Return the scorer for an EvictionConfig (make_scorer's one factory shape)."""
+        return cls()
+
     def score(self, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor,
               values: torch.Tensor, kwargs: dict,
               n_keep: Optional[int] = None) -> torch.Tensor:

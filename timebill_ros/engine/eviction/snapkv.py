@@ -19,6 +19,11 @@ class SnapKVScorer(EvictionScorer):
         """Build the kvpress press; window_size in tokens."""
         self.press = SnapKVPress(window_size=window_size)
 
+    @classmethod
+    def from_config(cls, eviction_config):
+        """Return the scorer with ``eviction.window_size``."""
+        return cls(window_size=eviction_config.window_size)
+
     def score(self, module, hidden_states, keys, values, kwargs, n_keep=None):
         """Return kvpress SnapKV scores, (B, H, N); the window gets the top score."""
         window = self.press.window_size

@@ -1,19 +1,29 @@
 """Overrun policies: what happens when a goal would miss its deadline."""
 
+from timebill_ros.checks import choose
 from timebill_ros.server.overrun.base import OverrunPolicy
 from timebill_ros.server.overrun.kill import KillPolicy
 from timebill_ros.server.overrun.partial import PartialPolicy
 from timebill_ros.server.overrun.skip_next import SkipNextPolicy
 
-POLICIES = {'kill': KillPolicy(), 'skip_next': SkipNextPolicy(), 'partial': PartialPolicy()}
+# The registry: one instance per policy, by name. config.POLICY_NAMES, the action's POLICY_*
+# constants and the ROS conversions agree with it (test/test_registries.py).
+POLICIES = {policy.name: policy for policy in (KillPolicy(), SkipNextPolicy(), PartialPolicy())}
+# A goal's overrun_policy code <-> policy name (0, POLICY_DEFAULT: the server's default).
+POLICY_CODES = {name: policy.code for name, policy in POLICIES.items()}
+POLICY_BY_CODE = {code: name for name, code in POLICY_CODES.items()}
 
 
 def policy_by_name(name):
-    """Return the policy called ``name`` ('kill', 'skip_next' or 'partial')."""
-    if name not in POLICIES:
-        raise ValueError(f'unknown overrun policy {name!r}; expected one of {sorted(POLICIES)}')
-    return POLICIES[name]
+    """Return the registered policy called ``name`` (a key of POLICIES)."""
+    return choose('overrun policy', POLICIES, name)
+
+
+def codes_text():
+    """Return the accepted overrun_policy codes in words, e.g. "0 (default), 1 (kill), ..."."""
+    words = ['0 (default)'] + [f'{code} ({name})' for name, code in POLICY_CODES.items()]
+    return ', '.join(words[:-1]) + ' or ' + words[-1]
 
 
 __all__ = ['OverrunPolicy', 'KillPolicy', 'SkipNextPolicy', 'PartialPolicy', 'POLICIES',
-           'policy_by_name']
+           'POLICY_CODES', 'POLICY_BY_CODE', 'policy_by_name', 'codes_text']

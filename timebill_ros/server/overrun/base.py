@@ -2,6 +2,8 @@
 
 import abc
 
+from timebill_ros.server import status
+
 
 class OverrunPolicy(abc.ABC):
     """Decides how a running goal treats its deadline.
@@ -13,6 +15,10 @@ class OverrunPolicy(abc.ABC):
     refuses it when it cannot fit at all.
     ``keeps_text_at_deadline``: a goal stopped at (or just before) its deadline while
     decoding returns the text so far as COMPLETED, ``truncated`` (the anytime answer).
+    ``skips_due_goals``: while this goal runs past its deadline, queued goals whose own
+    deadline passes end SKIPPED (the job queue does it).
+    ``code``: the goal's ``overrun_policy`` constant of ``action/Instruct.action``
+    (server/status.py mirrors them).
     ``clamps_alpha``: when no eviction ratio fits the time left, alpha* is clamped to
     alpha_max (the paper's Eq. 10c: the goal's best chance to finish), because lateness costs
     more than eviction: a late Kill answer is lost, a late Skip-Next answer makes the goals
@@ -21,9 +27,11 @@ class OverrunPolicy(abc.ABC):
     """
 
     name = 'base'
+    code = status.POLICY_DEFAULT
     discards_late_result = False
     stops_early = False
     keeps_text_at_deadline = False
+    skips_due_goals = False
     clamps_alpha = False
 
     @abc.abstractmethod

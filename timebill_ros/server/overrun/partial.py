@@ -7,6 +7,7 @@ every goal (Eq. 11 with N^_W): eviction is never needed to meet the deadline her
 room for more of the answer before it.
 """
 
+from timebill_ros.server import status
 from timebill_ros.server.overrun.base import OverrunPolicy
 from timebill_ros.engine.stopping import DeadlineStop
 
@@ -15,6 +16,7 @@ class PartialPolicy(OverrunPolicy):
     """Stop decoding at the deadline and keep the text."""
 
     name = 'partial'
+    code = status.POLICY_PARTIAL
     discards_late_result = False
     stops_early = True
     keeps_text_at_deadline = True

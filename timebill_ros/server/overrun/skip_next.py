@@ -4,6 +4,7 @@ The skipping itself is done by the job queue, which ends queued goals whose dead
 while the running goal overruns under this policy with status SKIPPED.
 """
 
+from timebill_ros.server import status
 from timebill_ros.server.overrun.base import OverrunPolicy
 
 
@@ -11,6 +12,8 @@ class SkipNextPolicy(OverrunPolicy):
     """Never stop a running goal for its deadline."""
 
     name = 'skip_next'
+    code = status.POLICY_SKIP_NEXT
+    skips_due_goals = True
     discards_late_result = False
     clamps_alpha = True
 

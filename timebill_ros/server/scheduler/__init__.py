@@ -1,5 +1,6 @@
 """Scheduling of admitted goals: a bounded queue and the policy that picks the next goal."""
 
+from timebill_ros.checks import choose
 from timebill_ros.server.scheduler.base import SchedulerPolicy
 from timebill_ros.server.scheduler.edf import EdfPolicy
 from timebill_ros.server.scheduler.fifo import FifoPolicy
@@ -10,18 +11,16 @@ from timebill_ros.server.scheduler.uncertainty_first import (LeastUncertaintyFir
 from timebill_ros.server.scheduler.up import UncertaintyPriority
 
 
+# The registry (config.SCHEDULER_POLICIES agrees with it: test/test_registries.py).
+POLICIES = {cls.name: cls for cls in (FifoPolicy, EdfPolicy, LeastUncertaintyFirst,
+                                      MostUncertaintyFirst, SlackPolicy, UncertaintyPriority)}
+
+
 def make_scheduler_policy(config):
     """Return the SchedulerPolicy of ``config.scheduler.policy`` (a ServerConfig)."""
-    name = config.scheduler.policy
-    if name == 'up':
-        return UncertaintyPriority(config.scheduler.up_alpha, config.engine.max_new_tokens)
-    policies = {'fifo': FifoPolicy, 'edf': EdfPolicy, 'luf': LeastUncertaintyFirst,
-                'muf': MostUncertaintyFirst, 'slack': SlackPolicy}
-    if name not in policies:
-        raise ValueError(f'unknown scheduler policy {name!r}')
-    return policies[name]()
+    return choose('scheduler policy', POLICIES, config.scheduler.policy).from_config(config)
 
 
 __all__ = ['SchedulerPolicy', 'FifoPolicy', 'EdfPolicy', 'LeastUncertaintyFirst',
            'MostUncertaintyFirst', 'SlackPolicy', 'UncertaintyPriority', 'JobQueue',
-           'QueueFull', 'make_scheduler_policy']
+           'QueueFull', 'POLICIES', 'make_scheduler_policy']

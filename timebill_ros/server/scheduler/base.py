@@ -20,6 +20,11 @@ class SchedulerPolicy(abc.ABC):
     # goal's length is predicted at admission only when something reads it (service.py).
     uses_uncertainty = True
 
+    @classmethod
+    def from_config(cls, config):
+        """Return the policy for a ServerConfig (make_scheduler_policy's one factory shape)."""
+        return cls()
+
     @abc.abstractmethod
     def key(self, job, now_s):
         """Return a sortable priority key of ``job`` at ``now_s`` (seconds): smaller first."""

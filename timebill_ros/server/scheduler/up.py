@@ -40,6 +40,11 @@ class UncertaintyPriority(SchedulerPolicy):
         self.alpha = float(alpha)
         self.n_max_tokens = n_max_tokens
 
+    @classmethod
+    def from_config(cls, config):
+        """Return the policy with ``scheduler.up_alpha``, normalised by engine N_max."""
+        return cls(config.scheduler.up_alpha, config.engine.max_new_tokens)
+
     def priority(self, job, now_s):
         """Return p_J, 1 / seconds (<= 0: the goal runs after every positive one)."""
         zeta = slack_s(job, now_s)
