@@ -19,7 +19,7 @@ def _distinct_result():
     values = {}
     for index, field in enumerate(dataclasses.fields(JobResult), start=1):
         if field.name in ('status', 'message', 'goal_id', 'response', 'predictor',
-                          'executor', 'stop_phase', 'overrun_policy'):
+                          'executor', 'stop_phase', 'overrun_policy', 'finish_reason'):
             continue
         if field.type in (bool, 'bool'):
             values[field.name] = True
@@ -28,7 +28,8 @@ def _distinct_result():
         else:
             values[field.name] = index + 0.25
     return JobResult(status=status.COMPLETED, message='m', goal_id='g', response='r',
-                     predictor='p', executor='primary', overrun_policy='kill', **values)
+                     predictor='p', executor='primary', overrun_policy='kill',
+                     finish_reason=status.FINISH_EOS, **values)
 
 
 def test_the_result_and_event_carry_each_field_they_have():
