@@ -1,6 +1,7 @@
 """Conversions between Instruct action messages and the core's dataclasses."""
 
 import dataclasses
+import functools
 import math
 
 from builtin_interfaces.msg import Duration, Time
@@ -74,13 +75,15 @@ _CASTS = {'boolean': bool, 'string': str, 'float': float, 'double': float, 'uint
 DURATION = 'builtin_interfaces/Duration'
 
 
+@functools.lru_cache(maxsize=None)
 def result_sources(msg_type, given=()):
     """Return {field: JobResult attribute} of a result message (``given`` fields: none).
 
     The mapping is made from the message's own fields, so a field added to the .action or
     .msg needs only its JobResult attribute: a Duration field ``x`` comes from ``x_s``
     (seconds), any other field from the attribute of its name. KeyError names a field
-    without a source.
+    without a source. Made once per message type (cached): every goal's result and event
+    read it.
     """
     names = {field.name for field in dataclasses.fields(JobResult)}
     sources = {}
@@ -98,7 +101,7 @@ def _from_result(msg_type, result, **given):
     """Return ``msg_type`` filled from JobResult ``result``; ``given`` fields as they are."""
     kinds = msg_type.get_fields_and_field_types()
     values = dict(given)
-    for name, source in result_sources(msg_type, given).items():
+    for name, source in result_sources(msg_type, tuple(sorted(given))).items():
         value = getattr(result, source)
         if kinds[name] == DURATION:
             values[name] = s_to_duration(value)

@@ -106,8 +106,8 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
     """
     n_w = upper_tokens(n_hat, k, n_max, n_upper)
     alpha, remaining = _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound)
-    report = remaining if report_bound in (None, bound) else _choose(
-        time_model, time_left_s, n_x, n_w, alpha_max, report_bound)[1]
+    report = remaining if report_bound in (None, bound) else _remaining_at(
+        time_model, n_x, n_w, report_bound)[0]
     if fixed_alpha is not None:
         alpha = float(fixed_alpha)
     elif not _fits(remaining(alpha), time_left_s):
@@ -121,11 +121,11 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
                              fits=_fits(need_s, time_left_s))
 
 
-def _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound):
-    """Return (alpha, remaining) at ``bound``.
+def _remaining_at(time_model, n_x, n_w, bound):
+    """Return (remaining, coefficients, evict_s) of the time model at ``bound``.
 
     remaining(alpha): seconds of eviction (when alpha > 0) plus N_W decoding steps.
-    alpha: 0 when the whole cache fits the time left, else Eq. 11 net of the eviction.
+    coefficients: Eq. 4 with p, q at ``bound``; evict_s: the eviction's seconds.
     """
     coefficients = time_model.decode_coefficients(bound)
     evict_s = time_model.evict_s(n_x, bound)
@@ -133,6 +133,15 @@ def _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound):
     def remaining(alpha):
         return (evict_s if alpha > 0 else 0.0) + coefficients.decode_phase_s(n_x, alpha, n_w)
 
+    return remaining, coefficients, evict_s
+
+
+def _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound):
+    """Return (alpha, remaining) at ``bound`` (remaining: :func:`_remaining_at`).
+
+    alpha: 0 when the whole cache fits the time left, else Eq. 11 net of the eviction.
+    """
+    remaining, coefficients, evict_s = _remaining_at(time_model, n_x, n_w, bound)
     if remaining(0.0) <= time_left_s:
         return 0.0, remaining
     return alpha_star(time_left_s - evict_s, n_x, n_w, 0.0, 0.0, coefficients.p,
