@@ -55,6 +55,7 @@ def test_the_servers_of_fig_7_and_of_the_k_sweep(tmp_path):
     assert [name for name, _ in sweep] == ['vanilla'] + [f'timebill-k{k}' for k in range(1, 9)]
     for name, flat in sweep:  # every server's parameters are accepted as the node reads them
         assert flat['prefix_cache.max_mb'] == robot_bench.PREFIX_MB
+        assert flat['engine.prefill_dtype'] == 'float32'  # logits whatever the chunk plan
         write_params(tmp_path, name, flat, robot_bench.N_MAX)
     assert dict(sweep)['timebill-k3']['budget.pessimistic_factor'] == 3.0
     assert dict(sweep)['timebill-k3']['budget.upper_quantile'] == 0.0  # k in N^_W
@@ -74,6 +75,29 @@ def test_the_table_shows_intervals():
 def test_the_k_sweep_given_a_vanilla_pass_starts_no_vanilla_server():
     sweep = robot_bench._method_servers(_args(k_sweep=True, vanilla='robot_bench_vanilla.json'))
     assert [name for name, _ in sweep] == [f'timebill-k{k}' for k in range(1, 9)]
+
+
+def test_servers_start_in_groups_and_the_vanilla_pass_runs_once(tmp_path, monkeypatch):
+    started, played = [], []
+    monkeypatch.setattr(robot_bench, 'start_servers', lambda stack, methods, *a: (
+        started.append([name for name, _ in methods]) or [(n, n) for n, _ in methods]))
+    monkeypatch.setattr(robot_bench, 'warm_contexts', lambda *a: None)
+    vanilla = {item.item_id: {'tokens': 100, 'seconds': 1.0} for item in _items()}
+    passes = []
+    monkeypatch.setattr(robot_bench, 'vanilla_pass',
+                        lambda client, *a: passes.append(client) or vanilla)
+    monkeypatch.setattr(robot_bench, 'play_all', lambda clients, *a: (
+        played.append([n for n, _ in clients]) or [{'method': n} for n, _ in clients]))
+    methods = [('vanilla', {})] + [(f'timebill-k{k}', {}) for k in range(1, 9)]
+    plan = {'n_items': 0, 'fractions': (0.95,), 'policies': ['kill']}
+    got, chosen, rows = robot_bench._play_groups(methods, 4, None, _items(), None, plan,
+                                                 tmp_path / 'k', lambda phase: None, print)
+    assert started == played == [['vanilla', 'timebill-k1', 'timebill-k2', 'timebill-k3'],
+                                 ['timebill-k4', 'timebill-k5', 'timebill-k6', 'timebill-k7'],
+                                 ['timebill-k8']]
+    assert passes == ['vanilla'] and got == vanilla and len(chosen) == 12
+    assert [row['method'] for row in rows] == [name for name, _ in methods]
+    assert (tmp_path / 'k_vanilla.json').exists()
 
 
 def test_a_timebill_method_without_its_trained_predictor_is_refused(tmp_path):

@@ -59,6 +59,16 @@ N_MAX = 128
 MIN_ANSWER_TOKENS = 64
 CONTEXT_SIZES = (1200, 2200, 3200)
 PREFIX_MB = 2400.0  # every context of the workload (~45 KiB a token here) and room to spare
+# Every server prefills in fp32. The bf16 prefill (engine.prefill_dtype auto here) rounds each
+# GEMM's output to bf16, so a prompt's logits depend on how its prefill was cut into chunks,
+# and each server cuts by its own time model: the third run's TimeBill gave 10 of its 54
+# whole-cache answers unlike the Vanilla server's, which scored them as losses of eviction
+# (docs/benchmark.md). In fp32 the chunk plans of two servers left the logits within 5e-5 and
+# the answer equal; the prefills here are the ~50-token questions after a cached context.
+PREFILL_DTYPE = 'float32'
+# The k sweep's servers start this many at a time (eight with a full prefix store each do not
+# fit a 23 GB machine); the methods of one group are interleaved per item, groups in turn.
+K_SWEEP_GROUP = 4
 WARM_QUESTION = 'Reply with OK.'
 K_SWEEP = (1, 2, 3, 4, 5, 6, 7, 8)
 # The paper's N^_W = min(k N^, N_max): the server's default takes the predictor's upper
@@ -313,7 +323,7 @@ def plot(lines, path, methods):
 
 def _method_servers(args):
     """Return [(name, flat parameters)] of the run's servers (vanilla first)."""
-    extra = {'prefix_cache.max_mb': PREFIX_MB}
+    extra = {'prefix_cache.max_mb': PREFIX_MB, 'engine.prefill_dtype': PREFILL_DTYPE}
     if args.k_sweep:
         timebill = next(m for m in METHODS if m[0] == 'timebill')
         vanilla = [] if getattr(args, 'vanilla', None) else [
@@ -347,6 +357,38 @@ def require_predictor(methods, config=None):
                                 'build it first with `make predictor`')
 
 
+def _play_groups(methods, group, calibration, items, vanilla, plan, stem_path, mark, log):
+    """Start the servers ``group`` at a time, play every run on each; return what they made.
+
+    methods: [(name, flat parameters)], Vanilla first where ``vanilla`` (a given pass,
+    {item_id: ...}) is None. plan: {'n_items', 'fractions', 'policies'}. stem_path: the
+    output files' path without suffix (``_vanilla.json``, ``_rows.jsonl`` are added).
+    mark(phase): notes the minutes a phase ('setup_min', 'vanilla_min') took.
+    Returns (vanilla pass, kept items, rows).
+    """
+    rows, chosen = [], None
+    rows_path = stem_path.with_name(stem_path.name + '_rows.jsonl')
+    for first in range(0, len(methods), group):
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
+            clients = start_servers(servers, methods[first:first + group], calibration, tmp,
+                                    N_MAX, tmp, 'timebill_robot', log)
+            # With a Vanilla pass done (or given) only the kept items' contexts need to be warm.
+            warm_contexts(clients, items if vanilla is None else select_items(
+                items, vanilla, plan['n_items']), N_MAX, log)
+            if vanilla is None:
+                mark('setup_min')
+                vanilla = vanilla_pass(dict(clients)['vanilla'], items, N_MAX, log)
+                stem_path.with_name(stem_path.name + '_vanilla.json').write_text(
+                    json.dumps(vanilla, indent=1), encoding='utf-8')
+                mark('vanilla_min')
+            chosen = select_items(items, vanilla, plan['n_items'])
+            log(f'{len(chosen)} of {len(items)} items kept (vanilla answer >= '
+                f'{MIN_ANSWER_TOKENS} tokens)')
+            rows += play_all(clients, chosen, vanilla, plan['fractions'], plan['policies'],
+                             N_MAX, log, rows_path)
+    return vanilla, chosen, rows
+
+
 def run_robot_bench(args):
     """Run the robot-context benchmark (module docstring); write its files under args.out."""
     from timebill_ros.timing.profiler import format_report
@@ -356,7 +398,7 @@ def run_robot_bench(args):
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    engine, calibration = fresh_calibration(N_MAX)
+    engine, calibration = fresh_calibration(N_MAX, PREFILL_DTYPE)
     quick = {'kinds': KINDS[:2], 'sizes': CONTEXT_SIZES[:1]} if args.quick else {}
     items = build_workload(lambda text: len(engine.encode(text)),
                            **{'sizes': CONTEXT_SIZES, **quick})
@@ -368,30 +410,21 @@ def run_robot_bench(args):
     if unknown:
         raise ValueError(f'unknown policies {unknown}; known: {list(dict(POLICIES))}')
     stem = 'robot_bench_k' if args.k_sweep else 'robot_bench'
-    rows_path = out_dir / f'{stem}_rows.jsonl'
-    rows_path.unlink(missing_ok=True)
+    (out_dir / f'{stem}_rows.jsonl').unlink(missing_ok=True)
     log = functools.partial(print, flush=True)
     given = json.loads(pathlib.Path(args.vanilla).read_text(encoding='utf-8')) if getattr(
         args, 'vanilla', None) else None
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
-        clients = start_servers(servers, _method_servers(args), calibration, tmp, N_MAX, tmp,
-                                'timebill_robot', log)
-        # With a given Vanilla pass only the kept items' contexts need to be warm.
-        warm_contexts(clients, items if given is None else select_items(
-            items, given, args.items), N_MAX, log)
-        phases = {'setup_min': (time.monotonic() - started) / 60}
-        vanilla = given or vanilla_pass(dict(clients)['vanilla'], items, N_MAX, log)
-        (out_dir / f'{stem}_vanilla.json').write_text(json.dumps(vanilla, indent=1),
-                                                      encoding='utf-8')
-        phases['vanilla_min'] = (time.monotonic() - started) / 60 - phases['setup_min']
-        chosen = select_items(items, vanilla, args.items)
-        log(f'{len(chosen)} of {len(items)} items kept (vanilla answer >= '
-            f'{MIN_ANSWER_TOKENS} tokens)')
-        rows = play_all(clients, chosen, vanilla, fractions, policies, N_MAX, log, rows_path)
+    methods = _method_servers(args)
+    phases = {}
+    vanilla, chosen, rows = _play_groups(
+        methods, K_SWEEP_GROUP if args.k_sweep else len(methods), calibration, items, given,
+        dict(n_items=args.items, fractions=fractions, policies=policies), out_dir / stem,
+        lambda name: phases.setdefault(name, (time.monotonic() - started) / 60
+                                       - sum(phases.values())), log)
     minutes = (time.monotonic() - started) / 60
     raw = {'rows': rows, 'vanilla': vanilla, 'items': [i.item_id for i in chosen],
            'references': {i.item_id: i.reference for i in chosen if i.reference},
-           'methods': [name for name, _ in _method_servers(args)], 'minutes': minutes,
+           'methods': [name for name, _ in methods], 'minutes': minutes,
            'phases': phases, 'calibration': format_report(calibration)}
     (out_dir / f'{stem}_raw.json').write_text(json.dumps(raw, indent=1), encoding='utf-8')
     return write_report(raw, out_dir, stem)
