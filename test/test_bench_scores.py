@@ -56,6 +56,8 @@ def test_summary_and_who_is_best_within_the_interval():
     assert by_method['good']['mean_alpha'] == pytest.approx(0.3)
     assert by_method['good']['task_score'] == pytest.approx(0.75)
     assert by_method['bad']['completion'][0] == pytest.approx(0.5)
+    assert by_method['bad']['per_completed'] == pytest.approx(1.0)  # each answer it gave
+    assert by_method['good']['per_completed'] == pytest.approx(1.0)
     assert scores.best_within_interval(lines, 'good') == {('kill', 0.5): True}
     assert scores.best_within_interval(lines, 'bad') == {('kill', 0.5): False}
     assert scores.best_within_interval(lines, 'close') == {('kill', 0.5): False}

@@ -66,10 +66,10 @@ def test_the_servers_of_fig_7_and_of_the_k_sweep(tmp_path):
 def test_the_table_shows_intervals():
     lines = [{'policy': 'kill', 'fraction': 0.55, 'method': 'timebill', 'n_items': 60,
               'score': (0.5, 0.4, 0.6), 'completion': (0.9, 0.8, 0.95), 'mean_alpha': 0.7,
-              'task_score': None}]
+              'task_score': None, 'per_completed': 0.556}]
     table = robot_bench.report_lines(lines, 'run')
     assert table[-1] == ('| kill | 0.55 | timebill | 0.900 [0.800, 0.950] | '
-                         '0.500 [0.400, 0.600] | - | 0.70 |')
+                         '0.500 [0.400, 0.600] | 0.556 | - | 0.70 |')
 
 
 def test_the_k_sweep_given_a_vanilla_pass_starts_no_vanilla_server():

@@ -261,11 +261,13 @@ def report_lines(lines, title):
     """Return Markdown table lines of :func:`scores.summarize`'s lines."""
     out = [f'### {title}', '',
            '| policy | T / t_v | method | completion [95 % CI] | ROUGE-L [95 % CI] | '
-           'task score | mean alpha* |', '|---|---|---|---|---|---|---|']
+           'ROUGE-L of a completed job | task score | mean alpha* |',
+           '|---|---|---|---|---|---|---|---|']
     for line in lines:
-        task = line.get('task_score')
+        task, each = line.get('task_score'), line.get('per_completed')
         out.append(f"| {line['policy']} | {line['fraction']:.2f} | {line['method']} | "
                    f"{_fmt(line['completion'])} | {_fmt(line['score'])} | "
+                   f"{'-' if each is None else f'{each:.3f}'} | "
                    f"{'-' if task is None else f'{task:.3f}'} | {line['mean_alpha']:.2f} |")
     return out
 

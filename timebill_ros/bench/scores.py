@@ -70,7 +70,10 @@ def summarize(rows: List[dict], references: Dict[str, str],
     ``deadline_met``, ``response``, ``alpha``; references: {item: full-cache answer};
     item_references: {item: its own reference answer} where it has one (scored as
     ``task_score`` over those items only). Each line: ``score`` and ``completion`` as
-    (mean, low, high); ``n_items``; ``mean_alpha`` of the jobs that ran; ``task_score``.
+    (mean, low, high); ``n_items``; ``mean_alpha`` of the jobs that ran; ``task_score``;
+    ``per_completed``: the mean score of the completed jobs (None: none completed), so that
+    score = completion x per_completed tells a method that completes little from one whose
+    answers score little.
     """
     groups: Dict[tuple, Dict[str, dict]] = {}
     for row in rows:
@@ -89,7 +92,9 @@ def summarize(rows: List[dict], references: Dict[str, str],
         line = {'policy': policy, 'fraction': fraction, 'method': method,
                 'n_items': len(items), 'score': bootstrap_interval(scores, draws),
                 'completion': bootstrap_interval(done, draws),
-                'mean_alpha': float(np.mean(ran)) if ran else 0.0}
+                'mean_alpha': float(np.mean(ran)) if ran else 0.0,
+                'per_completed': (float(np.mean([s for s, d in zip(scores, done) if d]))
+                                  if any(done) else None)}
         if item_references:
             own = [job_score(r, similarity, item_references[r['item']]) for r in ordered
                    if r['item'] in item_references]
