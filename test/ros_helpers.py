@@ -11,7 +11,8 @@ from rclpy.executors import MultiThreadedExecutor
 
 from timebill_ros.action import Instruct
 from timebill_ros.engine import LlmEngine
-from timebill_ros.ros.node import bring_up, spin_through_faults, TimeBillNode
+from timebill_ros.ros.node import TimeBillNode
+from timebill_ros.ros.spin import bring_up, spin_through_faults
 from timebill_ros.timing.model import TimingCoefficients
 
 # Time-model coefficients that make every goal feasible on the tiny models, seconds.

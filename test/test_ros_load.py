@@ -225,7 +225,7 @@ def _run_wave(action, n):
 
 def _handles(server):
     """Goal handles rclpy's ActionServer still keeps (private dict, Humble to Kilted)."""
-    return len(server._action._goal_handles)
+    return len(server.goals.action._goal_handles)
 
 
 def test_finished_goals_are_released_after_the_result_timeout(load):
@@ -244,7 +244,7 @@ def test_finished_goals_are_released_after_the_result_timeout(load):
     wait_for(lambda: heard['events'][bytes(late.goal_id.uuid).hex()] == 1, 10, 'no event')
     wait_for(lambda: _handles(server) == 0, RESULT_TIMEOUT_S + 10,
              f'{_handles(server)} handles kept after the result timeout')
-    assert server._jobs == {} and server._executing == 0
+    assert server.goals.jobs == {} and server.goals.executing == 0
     response = wait_future(late.get_result_async())
     assert response.status == GoalStatus.STATUS_UNKNOWN
     growth_mb = _rss_mb() - rss_before_mb

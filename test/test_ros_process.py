@@ -30,7 +30,7 @@ from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.ros.client import client_session
 from timebill_ros.server.service import TimeBillService
 
-# Keys an operator's rqt_runtime_monitor / aggregator rules rely on (ros/node.py).
+# Keys an operator's rqt_runtime_monitor / aggregator rules rely on (ros/diagnostics.py).
 DIAGNOSTIC_KEYS = {'active_goals', 'queue_depth', 'busy', 'completion_rate', 'deadline_misses',
                    'misses_total', 'consecutive_misses', 'firm_met', 'total_goals',
                    'kill_latency_max_ms', 'wcet_coverage', 'speed_factor', 'wcet_margin'}
@@ -241,7 +241,7 @@ def test_destroy_node_with_live_goals_ends_them_and_stops_every_thread(
         wait_for(lambda: len(ended) == 4, 10, f'{len(ended)} of 4 goals ended')
         assert all(h.accepted for h in handles)
         assert [r.status for r in ended] == [R.FAILED] * 4
-        assert server._jobs == {}
+        assert server.goals.jobs == {}
 
 
 def test_a_goal_behind_a_dead_executor_thread_ends_failed(tiny_model, smollm2_tokenizer):

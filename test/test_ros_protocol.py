@@ -23,7 +23,7 @@ from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.ros.node import spin_through_faults
+from timebill_ros.ros.spin import spin_through_faults
 from timebill_ros.server.service import TimeBillService
 
 
@@ -157,7 +157,7 @@ def test_a_cancel_before_the_job_is_submitted_is_not_lost(graph, monkeypatch):
     response = _wait(handle.get_result_async(), timeout=10)
     assert response.status == GoalStatus.STATUS_CANCELED, response.result.message
     assert response.result.status == R.CANCELED
-    assert graph['server']._early_cancels == {}
+    assert graph['server'].goals.early_cancels == {}
 
 
 def test_cancel_of_an_unknown_goal_id(graph):

@@ -51,8 +51,8 @@ PROMPT = 'List the tools on the bench, then say which one opens the hatch and wh
 # Reads that compare the clock with a deadline or stamp feedback: not measurements of work
 # (on a GPU ``Forward.layer_wait`` synchronizes before the per-layer deadline checks).
 NOT_TIMING = {'DeadlineStop.should_stop', 'PrefillCannotFinish.should_stop',
-              'NextStepCannotFinish.should_stop', '_GoalRun._cannot_decode',
-              '_GoalRun._decide', '_GoalRun._await_prediction', '_GoalRun._feedback'}
+              'NextStepCannotFinish.should_stop', 'GoalRun._cannot_decode',
+              'GoalRun._decide', 'GoalRun._await_prediction', 'GoalRun._feedback'}
 
 
 class Timeline:

@@ -13,7 +13,8 @@ from timebill_ros.checks import (check_choice, check_count, check_int, check_non
 
 # The plugin families' names, in their registries' order (server/overrun, server/admission,
 # engine/eviction, server/scheduler): config sits below the plugins and cannot import them,
-# so test/test_registries.py holds each tuple equal to its registry.
+# so test/test_registries.py holds each tuple equal to its registry. POLICY_NAMES is the
+# overrun registry itself: server/overrun loads the policy of each name from <name>.py.
 POLICY_NAMES = ('kill', 'skip_next', 'partial')
 ADMISSION_POLICIES = ('feasibility', 'none')
 SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')

@@ -77,7 +77,7 @@ def expected_prefill_s(service, goal):
     The cached head the store holds now, and the chunks the runner will cut the rest into
     (each chunk pays the per-call overhead).
     """
-    from timebill_ros.server.runner import chunk_sizes
+    from timebill_ros.timing.chunks import chunk_sizes
     from timebill_ros.timing.online import EXPECTED
     engine = service.engine
     ids = engine.encode(goal.prompt, goal.system_prompt)

@@ -8,7 +8,8 @@ from timebill_ros.server.overrun import POLICY_CODES
 def cmd_serve(args, ros_args):
     """Start the timebill node (the same node launch/llm.launch.py starts)."""
     from timebill_ros.server.factory import build_service
-    from timebill_ros.ros.node import TimeBillNode, spin
+    from timebill_ros.ros.node import TimeBillNode
+    from timebill_ros.ros.spin import spin
     if args.params:
         ros_args = (ros_args or ['--ros-args']) + ['--params-file', args.params]
     spin(lambda: TimeBillNode(build_service, node_name=args.node_name, freeze_heap=True),

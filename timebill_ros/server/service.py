@@ -18,7 +18,8 @@ from timebill_ros.server.executor import Executor
 from timebill_ros.server.heap import HeapTrimmer
 from timebill_ros.server.goals import GoalRejected, JobResult
 from timebill_ros.server.job import Job
-from timebill_ros.server.runner import JobRunner, timed_predict
+from timebill_ros.server.prediction import timed_predict
+from timebill_ros.server.runner import JobRunner
 from timebill_ros.server.scheduler import JobQueue, QueueFull, make_scheduler_policy
 from timebill_ros.server.scheduler.consolidation import cut_batch, join_batch, keep_on_time
 from timebill_ros.server.stats import ServerStats
@@ -465,7 +466,7 @@ class TimeBillService:
     def _predict_uncertainty(self, job):
         """Start u_J for a goal that has to wait (``scheduler.uncertainty: predictor``).
 
-        The prediction runs on its own CPU thread; the run reuses it as N^ (runner.py).
+        The prediction runs on its own CPU thread; the run reuses it as N^ (goal_run.py).
         Not started when nothing would read it (:meth:`_uses_uncertainty`).
         """
         if self.config.scheduler.uncertainty != 'predictor' or not self._uses_uncertainty():

@@ -1,0 +1,339 @@
+"""One goal's run through the pipeline on one engine (JobRunner's unit of work).
+
+prefill in chunks (timing/chunks.py) with the length predictor beside it -> N^ -> alpha* for
+the time left (timing/goal_budget.py) -> evict -> decode under the goal's criteria
+(goal_criteria.py and its overrun policy) -> its terminal result (outcome.py). The run reads
+the clock; the budget only computes.
+"""
+
+import concurrent.futures
+
+from timebill_ros.engine import GenerationStopped
+from timebill_ros.engine import stopping
+from timebill_ros.server import outcome, status
+from timebill_ros.server.goal_criteria import answer_criteria, sampler_for
+from timebill_ros.server.goals import Feedback
+from timebill_ros.timing.chunks import chunk_sizes, planned
+from timebill_ros.timing.goal_budget import GoalBudget
+from timebill_ros.timing.online import EXPECTED, LEAST
+
+POLL_S = 0.005          # the predictor wait re-checks cancel and the deadline this often
+
+
+class GoalRun:
+    """The state of one goal while it runs (phase, criteria, timings).
+
+    step_scale: the decoding step of the batch it runs in over a goal's step alone (1.0
+    alone); the budget math and the early stop use the step so scaled. wait_s: expected
+    seconds between its eviction and its first batched step (the prefills of the goals
+    after it in the batch); alpha* and t^_WCET count them. scale_size: the batch size
+    step_scale is for (what the batch scale learns this goal's measured steps as).
+    """
+
+    def __init__(self, runner, job, result, step_scale=1.0, wait_s=0.0, scale_size=1):
+        self.runner = runner
+        self.engine = runner.engine
+        self.model = runner.time_model
+        # A schema's token mask adds its cost to every step (measured at start-up).
+        self.budget = GoalBudget(self.model, job.n_x, job.deadline_s, job.policy, step_scale,
+                                 runner.mask_step_s if job.grammar is not None else 0.0,
+                                 wait_s)
+        self.scale_size = scale_size
+        self.clock = runner.clock
+        self.job = job
+        self.result = result
+        self.n_upper = None  # N^_q of the prediction, tokens (budget.upper_quantile)
+        self.phase = 'prefill'
+        self.interrupt = stopping.StopCriteria(
+            [stopping.CancelStop(job.cancel_event)]
+            + list(job.policy.stop_criteria(job.deadline_s, self.clock)))
+
+    # --- the pipeline ------------------------------------------------------------------
+    def execute(self):
+        """Run the goal alone: prepare, then decode."""
+        prepared = self.prepare()
+        if prepared is not None:
+            self._decode(*prepared)
+
+    def prepare(self):
+        """Prefill, predict, budget and evict; return (state, alpha) or None when it ended."""
+        job, model, result = self.job, self.model, self.result
+        prefix = self._find_prefix()
+        if prefix is None:
+            return None
+        chunks = chunk_sizes(self.model, self.runner.config.engine, self.engine.n_layers,
+                             job.n_x, job.n_cached)
+        # u_J predicted while the goal waited is reused as N^ (its call may still run).
+        readout = self.runner.readout
+        prediction = job.prediction
+        # Not started on the admission thread: it never runs (the goal predicts beside its
+        # prefill); with a readout N^ comes from the prefill, a u_J call in flight just ends.
+        if prediction is not None and (prediction.cancel() or readout is not None):
+            prediction = None
+        early = prediction is not None
+        # t^_WCET's head is predicted before anything runs, so the WCET is a true forecast.
+        if readout is not None:
+            overhang_s = readout.time_s
+        else:
+            overhang_s = 0.0 if early and prediction.done() else None
+        self.budget.set_head(len(chunks), job.n_cached, overhang_s)
+        self._feedback(status.PHASE_PREFILL)
+        if not early and readout is None:
+            prediction = self.runner.submit_prediction(job.request.prompt, job.input_ids,
+                                                       job.n_max)
+        try:
+            state = self.engine.prefill(job.input_ids, self._prefill_stop(),
+                                        chunk_plan=planned(chunks, job.n_cached),
+                                        interrupt=self.interrupt, prefix=prefix,
+                                        store=self.engine.prefix_store)
+        except GenerationStopped as stop:
+            if prediction is not None:
+                self._drop(prediction)
+            self._stopped(stop.reason)
+            return
+        prefill_end = self.clock()
+        result.prefill_time_s = state.prefill_s
+        result.cached_tokens = state.n_cached
+        model.observe_prefill(job.n_x, state.prefill_s, state.n_chunks, state.n_cached)
+        self.phase = 'predictor'
+        if readout is not None:
+            n_hat = self._read_out(readout, state)
+        else:
+            n_hat = self._await_prediction(prediction, prefill_end, early)
+        if n_hat is None:
+            return None
+        decision = self._decide(n_hat)
+        self.phase = 'eviction'
+        if not self._evict(state, decision.alpha):
+            return None
+        self.phase = 'decode'
+        return state, decision.alpha
+
+    def _find_prefix(self):
+        """Return the prefix store's match for the prompt, or None when the goal ended.
+
+        The goal was admitted counting ``job.n_cached`` tokens (the primary engine's store at
+        admission); this engine's store may hold less now (dropped to make room, or another
+        executor's store): the goal is then checked again as admission would.
+        """
+        job = self.job
+        match = self.engine.match_prefix(job.input_ids, count=False)
+        admitted_with = job.n_cached
+        job.n_cached = match.n_tokens
+        if match.n_tokens < admitted_with and self.runner.recheck is not None:
+            refused = self.runner.recheck(job)
+            if refused is not None:
+                result = self.result
+                result.status, result.infeasible = refused.status, refused.infeasible
+                result.error_code = refused.error_code
+                result.min_time_s, result.stop_phase = refused.min_time_s, 'prefill'
+                result.message = (f'{refused.message} (its cached prompt head went from '
+                                  f'{admitted_with} to {match.n_tokens} tokens)')
+                return None
+        return match
+
+    def failed(self, exc):
+        """Record a model or predictor fault as this goal's FAILED result."""
+        outcome.failed(self.result, exc, self.phase)
+
+    def ended(self):
+        """Stamp the run's end on the result and return it."""
+        end, job, result = self.runner.timed_now(), self.job, self.result
+        result.execution_time_s = end - job.started_s
+        result.total_time_s = end - job.received_s
+        return result
+
+    def _feedback(self, phase, tokens=0, text='', alpha=0.0):
+        self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
+                                      elapsed_s=self.clock() - self.job.received_s,
+                                      eviction_ratio=alpha))
+
+    def _prefill_stop(self):
+        """Interrupts, plus (Kill / Partial) stop once the rest of the prefill cannot fit."""
+        criteria = list(self.interrupt.criteria)
+        if self.job.policy.stops_early:
+            criteria.append(stopping.PrefillCannotFinish(
+                self.job.deadline_s, self.budget.least_rest_s, self.clock))
+        return stopping.StopCriteria(criteria)
+
+    def _drop(self, future):
+        """Give up a prediction: unstarted, it never runs; running, the predictor aborts.
+
+        The predictor's abort ends its call in flight; on the admission thread that may be
+        another waiting goal's u_J, which then stays N_max until that goal runs and predicts
+        again (harmless, and only when both calls overlap).
+        """
+        if not future.cancel() and not future.done():
+            self.runner.predictor.abort()
+
+    def _await_prediction(self, future, prefill_end, early=False):
+        """Return N^ (the fallback N_max when late or broken), or None when the goal stopped.
+
+        The wait re-checks cancel, the deadline and (Kill / Partial) whether one decoding
+        step still fits, every POLL_S seconds; it gives up after predictor.timeout_s.
+        early: the prediction was started at admission (u_J); its time is not a
+        beside-the-prefill t_Predict, so the time model does not learn from it.
+        """
+        job, result = self.job, self.result
+        limit = prefill_end + self.runner.config.predictor.timeout_s
+        predictor = self.runner.predictor
+        while True:
+            reason = self.interrupt.check(0, None) or self._cannot_decode(0.0)
+            if reason is not None:
+                self._drop(future)
+                self._stopped(reason)
+                return None
+            if self.clock() >= limit and not future.done():
+                future.cancel()
+                result.predictor = 'fallback (predictor late)'
+                break
+            try:
+                done = future.result(timeout=max(0.0, min(POLL_S, limit - self.clock())))
+            except concurrent.futures.TimeoutError:
+                continue
+            except Exception as exc:
+                result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
+                break
+            n_hat = done.n_hat
+            if 0 <= n_hat <= job.n_max:
+                result.predictor = predictor.name + (' (at admission)' if early else '')
+                result.predict_time_s = done.end_s - done.start_s
+                if not early:
+                    self.model.observe_predict(job.n_x, done.end_s - done.start_s)
+                self._keep_upper(n_hat, done.n_upper)
+                return n_hat
+            result.predictor = (f'fallback (predictor error: predicted {n_hat} tokens, '
+                                f'outside [0, {job.n_max}])')
+            break
+        result.predict_time_s = self.clock() - prefill_end
+        return job.n_max
+
+    def _read_out(self, readout, state):
+        """Return N^ read from the prefill's pooled states (the fallback N_max if it fails).
+
+        Also sets N^_q (``budget.upper_quantile``). About a millisecond: no interrupt check.
+        """
+        job, result = self.job, self.result
+        start = self.clock()
+        try:
+            n_hat, n_upper = readout.predict_bounds(state.pooled, job.n_max,
+                                                    self.runner.config.budget.upper_quantile)
+            if not 0 <= n_hat <= job.n_max:
+                raise ValueError(f'predicted {n_hat} tokens, outside [0, {job.n_max}]')
+            result.predictor = readout.name
+        except Exception as exc:
+            result.predictor = f'fallback (readout error: {type(exc).__name__}: {exc})'
+            n_hat, n_upper = job.n_max, None
+        result.predict_time_s = self.clock() - start
+        self._keep_upper(n_hat, n_upper)
+        return n_hat
+
+    def _keep_upper(self, n_hat, n_upper):
+        """Budget with N^_q when there is one and N^ <= N^_q <= N_max, tokens."""
+        if n_upper is not None and n_hat <= n_upper <= self.job.n_max:
+            self.n_upper = n_upper
+
+    def _cannot_decode(self, extra_s):
+        """Return CANNOT_FINISH when ``extra_s`` seconds plus one step no longer fit."""
+        if not self.job.policy.stops_early:
+            return None
+        return stopping.CANNOT_FINISH if self.budget.cannot_decode(self.clock(), extra_s) \
+            else None
+
+    def _decide(self, n_hat):
+        """Choose alpha* for the time left; fill the budget fields of the result."""
+        decision, wcet_s = self.budget.decide(self.clock(), n_hat, self.job.n_max,
+                                              self.runner.config.budget, self.n_upper)
+        self.result.predicted_tokens = decision.n_hat
+        self.result.pessimistic_tokens = decision.n_w
+        self.result.eviction_ratio = decision.alpha
+        self.result.predicted_wcet_s = wcet_s
+        return decision
+
+    def _evict(self, state, alpha):
+        """Evict ``alpha`` of the prompt KV under the interrupts; return False if stopped."""
+        if alpha <= 0:
+            return True
+        reason = self._cannot_decode(self.model.evict_s(self.job.n_x, LEAST))
+        start = self.runner.timed_now()
+        try:
+            if reason is not None:
+                raise GenerationStopped(reason)
+            n_kv = self.engine.evict(state, alpha, interrupt=self.interrupt)
+        except GenerationStopped as stop:
+            self._stopped(stop.reason)
+            return False
+        if n_kv < state.n_x:
+            self.model.observe_evict(state.n_x, self.runner.timed_now() - start)
+        return True
+
+    def _decode(self, state, alpha):
+        """Decode alone on the engine, then record the outcome."""
+        stop, on_tokens = self._decode_criteria(state, alpha)
+        out = self.engine.decode(state, self.job.n_max, stop, on_tokens,
+                                 self.runner.config.engine.feedback_every_tokens,
+                                 interrupt=self.interrupt, sampler=self._sampler())
+        self.decoded(out)
+
+    def join(self, batch, state, alpha):
+        """Join ``batch`` (engine DecodeBatch) under this goal's criteria; return the row id."""
+        stop, on_tokens = self._decode_criteria(state, alpha)
+        return batch.join(state, self.job.n_max, stop, on_tokens,
+                          self.runner.config.engine.feedback_every_tokens,
+                          interrupt=self.interrupt, sampler=self._sampler())
+
+    def _sampler(self):
+        """Return the goal's token picker (goal_criteria.sampler_for), None: greedy."""
+        return sampler_for(self.job, self.engine, self.runner.config.engine)
+
+    def _decode_criteria(self, state, alpha):
+        """Return (stop criteria, feedback callback) of the decoding phase."""
+        job = self.job
+        self.n_kv_first = n_kv_first = state.n_kv
+        self.timer = stopping.StepTimer(self.clock, sync=self.engine.synchronize)
+        # The timer first: check() returns at the first criterion that fires, and the
+        # boundary after the last step must still be recorded.
+        criteria = [self.timer, stopping.EosStop(self.engine.eos_token_ids),
+                    stopping.MaxTokensStop(job.n_max)] \
+            + answer_criteria(job, self.engine, self.runner.config.engine) \
+            + list(self.interrupt.criteria)
+        if job.policy.stops_early:
+            def next_step_s(n_generated):
+                return self.budget.next_step_s(n_kv_first + n_generated - 1)
+
+            criteria.append(stopping.NextStepCannotFinish(job.deadline_s, next_step_s,
+                                                          self.clock))
+        self._feedback(status.PHASE_DECODE, alpha=alpha)
+
+        def on_tokens(n_generated, text):
+            self._feedback(status.PHASE_DECODE, n_generated, text, alpha)
+
+        return stopping.StopCriteria(criteria), on_tokens
+
+    def decoded(self, out):
+        """Record the decoding phase's outcome ``out`` (engine DecodeResult)."""
+        result = self.result
+        # The model learns the step without the mask (its cost is the start-up figure).
+        steps = [step / self.budget.mask_scale for step in self.timer.step_durations_s()]
+        if self.budget.step_scale == 1.0:  # the online model learns a goal's step alone
+            self.model.observe_decode(self.n_kv_first, len(steps), sum(steps))
+        elif steps:  # the batch scale learns how much slower its step was in the batch
+            alone_s = self.model.step_s(self.n_kv_first + len(steps) // 2, EXPECTED)
+            if alone_s > 0:
+                self.runner.batch_scale.observe(self.scale_size,
+                                                sum(steps) / len(steps) / alone_s)
+        result.decode_time_s = out.decode_s
+        result.response_tokens = len(out.token_ids)
+        self._decoded(out)
+
+    # --- outcomes (server/outcome.py) -----------------------------------------------------
+    def _decoded(self, out):
+        if outcome.ends_stopped(self.job, out):
+            self._stopped(out.stop_reason)
+            return
+        outcome.decoded(self.job, self.result, out, self.clock() - self.job.deadline_s)
+
+    def _stopped(self, reason):
+        """Fill the result of a goal stopped by ``reason`` during ``self.phase``."""
+        now = self.runner.timed_now()  # kill latency: once the stopped work has drained
+        outcome.stopped(self.job, self.result, reason, self.phase, now)

@@ -1,0 +1,84 @@
+"""One goal's time arithmetic: t^_WCET's head, what must still fit, alpha* for the time left.
+
+The goal run (server/goal_run.py) reads the clock and hands the time to these methods; they only
+compute, from the online time model (timing.online.TimeModel), so a test drives them with
+plain numbers.
+"""
+
+from timebill_ros.timing.batch import ScaledSteps
+from timebill_ros.timing.budget import decide_remaining
+from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, WORST
+
+
+class GoalBudget:
+    """The budget of one goal of ``n_x`` prompt tokens due at ``deadline_s``.
+
+    model: the TimeModel. policy: the goal's OverrunPolicy (``stops_early``,
+    ``keeps_text_at_deadline``, ``clamps_alpha``). step_scale: its batch's decoding step over
+    a step alone (1.0 alone). mask_step_s: seconds a schema's token mask adds to each step
+    (0: no schema). wait_s: expected seconds between its eviction and its first batched step.
+    ``decode_model`` is the model with the steps so scaled (the model itself when 1.0).
+    """
+
+    def __init__(self, model, n_x, deadline_s, policy, step_scale=1.0, mask_step_s=0.0,
+                 wait_s=0.0):
+        self.model = model
+        self.n_x = n_x
+        self.deadline_s = deadline_s
+        self.policy = policy
+        self.step_scale = step_scale
+        self.wait_s = wait_s
+        self.mask_scale = 1.0
+        if mask_step_s > 0:
+            self.mask_scale = 1.0 + mask_step_s / max(model.step_s(n_x, EXPECTED), 1e-6)
+        scale = step_scale * self.mask_scale
+        self.decode_model = model if scale == 1.0 else ScaledSteps(model, scale)
+        self.wcet_head_s = 0.0
+
+    def set_head(self, n_chunks, n_cached, overhang_s=None):
+        """Predict t^_WCET's head before anything runs: prefill and predictor overhang, s.
+
+        overhang_s: the predictor's time past the prefill when known (a readout's, or 0 for
+        a prediction already done); None: the time model's WORST overhang.
+        """
+        if overhang_s is None:
+            overhang_s = self.model.overhang_s(self.n_x, WORST, n_cached)
+        self.wcet_head_s = self.model.prefill_s(self.n_x, WORST, n_chunks, n_cached) + overhang_s
+
+    def least_rest_s(self, n_done):
+        """Return the least seconds the prefill's rest after ``n_done`` tokens and a step take."""
+        model = self.decode_model
+        return model.prefill_rest_s(n_done, self.n_x, LEAST) + model.step_s(self.n_x, LEAST)
+
+    def cannot_decode(self, now_s, extra_s):
+        """Return True when a Kill / Partial goal cannot fit ``extra_s`` s and one step."""
+        if not self.policy.stops_early:
+            return False
+        return now_s + extra_s + self.decode_model.step_s(self.n_x, LEAST) > self.deadline_s
+
+    def next_step_s(self, n_kv):
+        """Return the next decoding step's seconds at ``n_kv`` cached tokens, at the bound.
+
+        Kill stops only when the step surely cannot finish (LEAST); an anytime answer stops
+        before a step that might not (WORST): it must arrive in time.
+        """
+        bound = WORST if self.policy.keeps_text_at_deadline else LEAST
+        return self.decode_model.step_s(n_kv, bound)
+
+    def decide(self, now_s, n_hat, n_max, budget_config, n_upper=None):
+        """Return (timing.budget.Decision for the time left at ``now_s``, t^_WCET in s).
+
+        The two quality-keeping rules serve goals whose answer still arrives (Partial); a
+        late Kill answer is lost and a late Skip-Next one skips its successors, so those take
+        the paper's clamp to alpha_max (OverrunPolicy.clamps_alpha).
+        """
+        cfg = budget_config
+        late_kept = not self.policy.clamps_alpha
+        decision = decide_remaining(
+            self.decode_model, self.deadline_s - now_s - self.wait_s, self.n_x, n_hat, n_max,
+            cfg.pessimistic_factor, cfg.alpha_max,
+            fixed_alpha=cfg.fixed_alpha if cfg.mode == 'fixed' else None, n_upper=n_upper,
+            bound=DECIDE, report_bound=WORST,
+            fallback_bound=EXPECTED if cfg.expected_fallback and late_kept else None,
+            keep_cache_when_hopeless=cfg.keep_cache_when_hopeless and late_kept)
+        return decision, self.wcet_head_s + self.wait_s + decision.remaining_s
