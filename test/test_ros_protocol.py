@@ -216,7 +216,7 @@ def test_a_raising_event_publisher_still_delivers_the_result(graph, monkeypatch)
     def broken_publish(msg):
         raise RuntimeError('event publisher exploded')
 
-    monkeypatch.setattr(server._events_pub, 'publish', broken_publish)
+    monkeypatch.setattr(server.goals.events_pub, 'publish', broken_publish)
     response = _wait(_send(graph).get_result_async())
     assert response.status == GoalStatus.STATUS_SUCCEEDED
     monkeypatch.undo()
