@@ -25,6 +25,8 @@ def _distinct_result():
             values[field.name] = True
         elif field.type in (int, 'int'):
             values[field.name] = index
+        elif field.type in (str, 'str'):  # a field added later, e.g. an echoed goal option
+            values[field.name] = f'{field.name}-{index}'
         else:
             values[field.name] = index + 0.25
     return JobResult(status=status.COMPLETED, message='m', goal_id='g', response='r',
