@@ -12,7 +12,6 @@ may be queued or running (the node's ``executor_threads``).
 
 import threading
 import time
-import traceback
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -31,11 +30,13 @@ class InstructGoals:
     """Serves the Instruct action of ``node`` through whatever service ``node.slot`` holds.
 
     node: the TimeBillNode (its slot, lifecycle_state, clock and logger); events_pub: the
-    GoalEvent publisher every ended goal is announced on.
+    GoalEvent publisher every ended goal is announced on; log_fault(where): logs the
+    exception being handled (the node's).
     """
 
-    def __init__(self, node, events_pub, callback_group):
+    def __init__(self, node, events_pub, callback_group, log_fault):
         self.node = node
+        self._log_fault = log_fault
         self.events_pub = events_pub
         self.callback_group = callback_group
         self.action = None  # the ActionServer, once opened
@@ -60,9 +61,6 @@ class InstructGoals:
             self._executing_cond.wait_for(lambda: self.executing == 0, wait_s)
         if self.action is not None:
             self.action.destroy()
-
-    def _log_fault(self, where):
-        self.node.get_logger().error(f'{where} failed: {traceback.format_exc()}')
 
     # --- rclpy's callbacks -----------------------------------------------------------------
     def on_goal(self, goal_request):

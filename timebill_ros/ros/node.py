@@ -74,7 +74,7 @@ class TimeBillNode(LifecycleNode):
         events_pub = self.create_publisher(GoalEvent, self.config.ros.events_topic, QoSProfile(
             depth=EVENTS_KEPT, durability=DurabilityPolicy.TRANSIENT_LOCAL,
             reliability=ReliabilityPolicy.RELIABLE))
-        self.goals = InstructGoals(self, events_pub, self._group)
+        self.goals = InstructGoals(self, events_pub, self._group, self._log_fault)
         self._stats_pub = self.create_publisher(ServerStats, self.config.ros.stats_topic, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self._hardware_id = f'{platform.node() or "localhost"}/{self.config.engine.device}'

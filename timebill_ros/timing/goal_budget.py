@@ -51,9 +51,10 @@ class GoalBudget:
         return model.prefill_rest_s(n_done, self.n_x, LEAST) + model.step_s(self.n_x, LEAST)
 
     def cannot_decode(self, now_s, extra_s):
-        """Return True when a Kill / Partial goal cannot fit ``extra_s`` s and one step."""
-        if not self.policy.stops_early:
-            return False
+        """Return True when ``extra_s`` s and one step no longer fit before the deadline.
+
+        Only a policy that ``stops_early`` (Kill, Partial) acts on it: the caller asks.
+        """
         return now_s + extra_s + self.decode_model.step_s(self.n_x, LEAST) > self.deadline_s
 
     def next_step_s(self, n_kv):
