@@ -60,18 +60,10 @@ run: build
 bench: build
 	$(ENV) && timebill bench
 
-# Optional: llama.cpp for the side-by-side row of `timebill enginebench` (builds from source
-# with cmake + gcc, ~4 min on 2 cores). Nothing else needs it. On CPUs with AMX (Sapphire
-# Rapids and later) llama.cpp 0.3.36's AMX kernels crash on this model's Q4_1 weights
-# (SIGSEGV in ggml_backend_amx_mul_mat, seen 2026-11-24), so there it is built for AVX-512
-# without AMX.
-LLAMA_NO_AMX := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
-	-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+# llama.cpp (llama-cpp-python[server]) is installed by scripts/setup_venv.sh: the remote
+# backend's tests start its server on loopback, and `timebill enginebench` compares with it.
+# Kept for venvs made before it was: the same as `make venv`.
 bench-deps: venv
-	$(ENV) && if grep -qw amx_int8 /proc/cpuinfo; then \
-		CMAKE_ARGS="$(LLAMA_NO_AMX)" pip install llama-cpp-python==0.3.36; \
-	else pip install llama-cpp-python==0.3.36; fi
 
 # The CUDA path on a machine with an NVIDIA GPU and CUDA torch (docs/gpu.md): refused formats,
 # stop latency and chunked prefill, enginebench --device cuda, the demo's goals on

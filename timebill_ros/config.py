@@ -27,6 +27,10 @@ PREDICTOR_KINDS = ('rlp', 'fallback')
 PREFILL_DTYPES = ('auto', 'float32', 'bfloat16')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 OFFLOAD_DTYPES = ('auto',) + WEIGHT_FORMATS
+# Where goals run: this process's engine, or an existing serving engine over its
+# OpenAI-compatible HTTP API (docs/remote.md), through one of its two endpoints.
+BACKENDS = ('local', 'openai')
+REMOTE_APIS = ('completions', 'chat')
 
 
 STARTUP_METHODS = ('few_shot', 'grid')
@@ -83,6 +87,23 @@ class EngineConfig:
     loop_guard_min_repeats: how many copies of a cycle make a loop (>= 2).
     loop_guard_min_span: the fewest tokens a loop spans (all its copies together): shorter
         repeats (a table rule, "- - -") are not loops.
+    backend: ``local`` (the model runs in this process) or ``openai``: goals run on an
+        existing serving engine (llama.cpp's server, vLLM, Triton's OpenAI front end) over
+        its OpenAI-compatible HTTP API; ``model_path`` then gives only the tokenizer (N_x and
+        the predictors run here), and there is no KV eviction: the budget decision is the
+        request's ``max_tokens`` (docs/remote.md).
+    remote_url: the engine's API base, e.g. ``http://127.0.0.1:8080/v1`` (backend openai).
+    remote_model: the model name sent with each request; empty = the first id the
+        server's ``/models`` lists.
+    remote_api: ``completions`` (``/completions`` with the prompt as this tokenizer's chat
+        template renders it: N_x is exact) or ``chat`` (``/chat/completions``: the server
+        applies its own template; N_x is this tokenizer's count).
+    remote_connect_timeout_s: the longest a connection to the engine may take, seconds.
+    remote_idle_timeout_s: the longest the engine may stay silent during a request (its
+        queueing and prefill included), seconds; Kill and Partial goals end at their
+        deadline first.
+    remote_context_tokens: the engine's context, tokens (prompt + answer); 0 = the
+        tokenizer model's own context.
     """
 
     model_path: str = ''
@@ -102,9 +123,17 @@ class EngineConfig:
     loop_guard_max_period: int = 64
     loop_guard_min_repeats: int = 3
     loop_guard_min_span: int = 48
+    backend: str = 'local'
+    remote_url: str = ''
+    remote_model: str = ''
+    remote_api: str = 'completions'
+    remote_connect_timeout_s: float = 2.0
+    remote_idle_timeout_s: float = 30.0
+    remote_context_tokens: int = 0
 
     def __post_init__(self):
         check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
+        self._check_remote()
         if not isinstance(self.loop_guard, bool):
             raise TypeError(f'engine.loop_guard must be a bool, got {self.loop_guard!r}')
         for name in ('loop_guard_max_period', 'loop_guard_min_span'):
@@ -125,6 +154,23 @@ class EngineConfig:
             raise ValueError(
                 f'engine.max_new_tokens ({self.max_new_tokens}) exceeds '
                 f'engine.max_model_new_tokens ({self.max_model_new_tokens})')
+
+    def _check_remote(self):
+        """Check the remote backend's fields (ValueError / TypeError naming the value)."""
+        check_choice('engine.backend', self.backend, BACKENDS)
+        check_choice('engine.remote_api', self.remote_api, REMOTE_APIS)
+        check_positive('engine.remote_connect_timeout_s', self.remote_connect_timeout_s)
+        check_positive('engine.remote_idle_timeout_s', self.remote_idle_timeout_s)
+        check_int('engine.remote_context_tokens', self.remote_context_tokens)
+        for name in ('remote_url', 'remote_model'):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f'engine.{name} must be a string, got '
+                                f'{getattr(self, name)!r}')
+        if self.backend != 'openai':
+            return
+        if not self.remote_url.startswith(('http://', 'https://')):
+            raise ValueError('engine.backend openai needs engine.remote_url, an http(s) URL '
+                             f'such as http://127.0.0.1:8080/v1; got {self.remote_url!r}')
 
     def _check_device(self):
         """Refuse a device that the chosen weight format cannot run on (ValueError).

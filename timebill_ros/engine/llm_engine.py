@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from timebill_ros.checks import check_count
 from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import kernels, model_source
+from timebill_ros.engine.chat import encode_chat
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
 from timebill_ros.engine.forward import Forward, HiddenPool, Interrupted, PassHooks
 from timebill_ros.engine.hf_forward import TransformersForward
@@ -374,23 +375,7 @@ class LlmEngine:
         A tokenizer without a chat template (a base model's GGUF) gets the contents joined by
         blank lines, as plain text.
         """
-        for name, value in (('prompt', prompt), ('system_prompt', system_prompt)):
-            if not isinstance(value, str):
-                raise TypeError(f'{name} must be a str, got {value!r}')
-        if getattr(self.tokenizer, 'chat_template', None) is None:
-            # A base model (a GGUF without a chat template): the turns as plain text, with the
-            # BOS the file asks for.
-            parts = [system_prompt] + [content for _, content in messages] + [prompt]
-            text = '\n\n'.join(part for part in parts if part)
-            return list(self.tokenizer(text)['input_ids'])
-        turns = [{'role': 'system', 'content': system_prompt}] if system_prompt else []
-        turns += [{'role': role, 'content': content} for role, content in messages]
-        if prompt or not turns:
-            turns.append({'role': 'user', 'content': prompt})
-        text = self.tokenizer.apply_chat_template(
-            turns, add_generation_prompt=True, tokenize=False)
-        # The template text already holds its special tokens: add none.
-        return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
+        return encode_chat(self.tokenizer, prompt, system_prompt, messages)
 
     def match_prefix(self, input_ids, count: bool = True) -> PrefixMatch:
         """Return the head of ``input_ids`` the prefix store holds (an empty match without one).

@@ -42,6 +42,9 @@ def build_service(config, log=print):
 
 def _build_service(config, log):
     """Build the service on the calling thread (:func:`build_service`)."""
+    if config.engine.backend == 'openai':
+        from timebill_ros.server.remote_factory import build_remote_service
+        return build_remote_service(config, log)
     memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
@@ -332,9 +335,12 @@ def predictor_upgrade(service):
     config = service.config.predictor
     if config.kind != 'rlp':
         return None
+    # A remote backend reads no prefill states: its readout is never wanted.
+    remote = service.config.engine.backend != 'local'
     paths = predictor_files(service.config, service.engine.model_key)
     wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor), paths['RLP']),
-              ('the prefill readout', config.prefill_readout and service.readout is None,
+              ('the prefill readout',
+               config.prefill_readout and service.readout is None and not remote,
                paths['readout'])]
     found = []
     for text, missing, path in wanted:

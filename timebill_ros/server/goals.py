@@ -77,6 +77,8 @@ class JobResult:
     finish_reason: why the answer ended, one of ``status.FINISH_REASONS``.
     error_code: why it did not complete, one of ``status.ERROR_*`` (0: it completed or was
     canceled).
+    max_tokens_sent: a remote goal's request max_tokens, tokens (timing/remote.py
+    decide_max_tokens); 0 when it ran locally or sent no request.
     """
 
     status: int
@@ -111,6 +113,7 @@ class JobResult:
     cached_tokens: int = 0
     finish_reason: str = ''
     error_code: int = 0
+    max_tokens_sent: int = 0
 
     @property
     def status_name(self) -> str:

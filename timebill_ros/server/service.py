@@ -90,11 +90,14 @@ class TimeBillService:
     batch_step: the primary engine's batched-step fit (timing.batch.BatchStepCoefficients)
     that goals decoding in a batch budget with (``scheduler.consolidation``), or None.
     mask_step_s: seconds a json_schema goal's token mask adds to a decoding step.
+    runner: what runs the primary's goals; None = a JobRunner on ``engine`` (the remote
+    backend passes its RemoteRunner, ``engine`` then its RemoteModel).
     """
 
     def __init__(self, config, engine, predictor, timing, clock=time.monotonic,
                  scheduler_policy=None, state_path=None, log=lambda line: None,
-                 offload=None, tau_tokens=None, batch_step=None, readout=None, mask_step_s=0.0):
+                 offload=None, tau_tokens=None, batch_step=None, readout=None, mask_step_s=0.0,
+                 runner=None):
         batching = config.scheduler
         if batching.batch_size == 0 and (batching.consolidation or batching.continuous):
             raise ValueError('scheduler.batch_size 0 must be resolved before the service is '
@@ -122,8 +125,9 @@ class TimeBillService:
             engine.pool_layers = readout.pool_layers
             if offload is not None:
                 offload[0].pool_layers = readout.pool_layers
-        self.runner = JobRunner(engine, predictor, timing, config, clock, batch_step, readout,
-                                recheck=self._on_dequeue, mask_step_s=mask_step_s)
+        self.runner = runner or JobRunner(engine, predictor, timing, config, clock, batch_step,
+                                          readout, recheck=self._on_dequeue,
+                                          mask_step_s=mask_step_s)
         self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
                                    self._after_job, log,
                                    accept=lambda job: self._accepts(PRIMARY, job),

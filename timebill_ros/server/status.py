@@ -63,6 +63,12 @@ ERROR_SKIPPED_OVERRUN = 132     # SKIPPED: came due while another goal overran (
 ERROR_INACTIVE = 140            # the node is not active (lifecycle): configure and activate it
 ERROR_SHUTDOWN = 150            # the server shut down (or cleaned up) before the goal ended
 ERROR_INTERNAL = 160            # a model, predictor or server fault; the message says which
+# engine.backend openai: the remote engine failed the goal (engine/remote/client.py).
+ERROR_REMOTE_UNREACHABLE = 170  # the connection was refused (the engine is down) or failed
+ERROR_REMOTE_TIMEOUT = 171      # connecting, or the engine went silent mid-answer
+ERROR_REMOTE_BUSY = 172         # HTTP 429 / 503: the engine refused more work
+ERROR_REMOTE_HTTP = 173         # another HTTP error, or an error the engine streamed
+ERROR_REMOTE_STREAM = 174       # the stream was cut mid-answer (the engine died or restarted)
 ERROR_CODES = {
     'NONE': ERROR_NONE, 'INVALID_TIMING': ERROR_INVALID_TIMING,
     'INVALID_PROMPT': ERROR_INVALID_PROMPT, 'INVALID_OPTION': ERROR_INVALID_OPTION,
@@ -71,6 +77,9 @@ ERROR_CODES = {
     'INFEASIBLE': ERROR_INFEASIBLE, 'DEADLINE': ERROR_DEADLINE,
     'SKIPPED_OVERRUN': ERROR_SKIPPED_OVERRUN,
     'INACTIVE': ERROR_INACTIVE, 'SHUTDOWN': ERROR_SHUTDOWN, 'INTERNAL': ERROR_INTERNAL,
+    'REMOTE_UNREACHABLE': ERROR_REMOTE_UNREACHABLE, 'REMOTE_TIMEOUT': ERROR_REMOTE_TIMEOUT,
+    'REMOTE_BUSY': ERROR_REMOTE_BUSY, 'REMOTE_HTTP': ERROR_REMOTE_HTTP,
+    'REMOTE_STREAM': ERROR_REMOTE_STREAM,
 }
 ERROR_NAMES = {code: name for name, code in ERROR_CODES.items()}
 # The error code a status implies when nothing more precise was recorded.

@@ -1,0 +1,383 @@
+"""One goal on a remote engine (``engine.backend: openai``), under its deadline.
+
+N^ (only when the time left might not hold N_max tokens) -> max_tokens for the time left
+(timing/remote.py decide_max_tokens: the remote alpha*) -> one streamed request
+(engine/remote/client.py) -> tokens as feedback. Kill ends the request at the deadline by
+closing its connection, cancel at once; Partial returns the text streamed so far just before
+the deadline; Skip-Next lets it finish late. The first token's time and the steps correct
+the remote time model. A refused connection, a timeout, a 429 / 503, another HTTP error or a
+stream cut mid-answer end the goal FAILED with its own error code (server/status.py).
+"""
+
+import concurrent.futures
+import dataclasses
+import queue
+import time
+
+from timebill_ros.engine import stopping
+from timebill_ros.engine.remote import client
+from timebill_ros.server import outcome, status
+from timebill_ros.server.goals import check_prompt, Feedback, JobResult
+from timebill_ros.server.prediction import timed_predict
+from timebill_ros.timing.budget import upper_tokens
+from timebill_ros.timing.online import WORST
+from timebill_ros.timing.remote import (decide_max_tokens, DECIDE, MaxTokensDecision,
+                                        ProbePoint)
+
+POLL_S = 0.005  # the goal's thread re-checks cancel and the deadline this often, seconds
+# Partial stops this long before its deadline, so that its text is returned on time.
+PARTIAL_MARGIN_S = 2 * POLL_S
+FINISH_OF_SERVER = {'length': stopping.MAX_TOKENS, 'stop': stopping.EOS}
+ERROR_OF_KIND = {client.UNREACHABLE: status.ERROR_REMOTE_UNREACHABLE,
+                 client.TIMEOUT: status.ERROR_REMOTE_TIMEOUT,
+                 client.BUSY: status.ERROR_REMOTE_BUSY,
+                 client.HTTP: status.ERROR_REMOTE_HTTP,
+                 client.STREAM_CUT: status.ERROR_REMOTE_STREAM}
+
+
+@dataclasses.dataclass
+class Answer:
+    """What a request streamed (the DecodeResult fields outcome.py reads)."""
+
+    text: str
+    token_ids: list
+    stop_reason: str
+
+
+class RemoteRunner:
+    """Runs jobs on a remote engine and returns their JobResult (never raises for job faults).
+
+    model: engine.remote.model.RemoteModel. predictor: LengthPredictor. time_model:
+    timing.remote.RemoteTimeModel. endpoint: client.Endpoint. clock: monotonic seconds.
+    open_stream(path, body) -> client.CompletionStream (tests may point it elsewhere).
+    """
+
+    readout = None
+
+    def __init__(self, model, predictor, time_model, server_config, endpoint,
+                 clock=time.monotonic):
+        self.engine = model
+        self.predictor = predictor
+        self.time_model = time_model
+        self.config = server_config
+        self.endpoint = endpoint
+        self.clock = clock
+        self._predict_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix='timebill-predict')
+
+    def timed_now(self) -> float:
+        """Return the clock (nothing is queued on this side)."""
+        return self.clock()
+
+    def close(self):
+        """Stop the predictor thread."""
+        self.predictor.abort()
+        self._predict_pool.shutdown(wait=True, cancel_futures=True)
+
+    def warm_up(self):
+        """Nothing: the start-up probes (:meth:`probe`) measured the engine of the moment."""
+
+    def open_stream(self, body):
+        """Start one streamed request of ``body`` on ``engine.remote_api``'s endpoint."""
+        engine = self.config.engine
+        path = '/chat/completions' if engine.remote_api == 'chat' else '/completions'
+        return client.CompletionStream(self.endpoint, path, body,
+                                       engine.remote_connect_timeout_s,
+                                       engine.remote_idle_timeout_s, self.clock)
+
+    def request_body(self, request, messages, max_tokens):
+        """Return the request body of a goal: its prompt, max_tokens, sampling and stops."""
+        model = self.engine
+        body = {'model': model.name, 'max_tokens': int(max_tokens),
+                'temperature': float(request.temperature)}
+        if self.config.engine.remote_api == 'chat':
+            body['messages'] = model.chat_messages(request.prompt, request.system_prompt,
+                                                   messages)
+        else:
+            body['prompt'] = model.prompt_text(request.prompt, request.system_prompt, messages)
+        if request.temperature > 0:
+            body['top_p'] = float(request.top_p or 1.0)
+            if request.top_k:
+                body['top_k'] = int(request.top_k)
+            if request.seed is not None:
+                body['seed'] = int(request.seed)
+        if request.repetition_penalty and request.repetition_penalty != 1.0:
+            # llama.cpp's name, and vLLM's.
+            body['repeat_penalty'] = body['repetition_penalty'] = float(
+                request.repetition_penalty)
+        if request.stop:
+            body['stop'] = list(request.stop)
+        return body
+
+    def run(self, job) -> JobResult:
+        """Run ``job`` to a terminal JobResult."""
+        goal = RemoteGoal(self, job)
+        try:
+            goal.execute()
+        except Exception as exc:  # a fault in this goal ends this goal only
+            goal.close()
+            outcome.failed(goal.result, exc, goal.phase)
+        return goal.ended()
+
+    def run_batch(self, jobs, finish, more=None, capacity=None):
+        """Run ``jobs`` one after another (the remote engine batches on its side)."""
+        for job in jobs:
+            finish(job, self.run(job))
+
+    def probe(self, text, max_tokens, timeout_s=120.0) -> ProbePoint:
+        """Send one greedy request of the user turn ``text``; return its times.
+
+        RemoteError when the request fails.
+        """
+        model = self.engine
+        input_ids = model.encode(text)
+        n_cached = model.match_prefix(input_ids).n_tokens
+        body = {'model': model.name, 'max_tokens': max_tokens, 'temperature': 0.0}
+        if self.config.engine.remote_api == 'chat':
+            body['messages'] = model.chat_messages(text)
+        else:
+            body['prompt'] = model.prompt_text(text)
+        start = self.clock()
+        stream = self.open_stream(body)
+        self.engine.sent(input_ids)
+        arrivals = []
+        while True:
+            try:
+                event = stream.events.get(timeout=max(0.0, start + timeout_s - self.clock()))
+            except queue.Empty:
+                stream.close()
+                raise client.RemoteError(client.TIMEOUT, f'probe took over {timeout_s} s')
+            if event.kind == client.TEXT:
+                arrivals.append(event.at_s)
+            elif event.kind == client.ERROR:
+                self.engine.forget()
+                raise event.error
+            else:
+                break
+        if not arrivals:
+            raise client.RemoteError(client.HTTP, 'the probe got no token')
+        return ProbePoint(len(input_ids), n_cached, arrivals[0] - start, len(arrivals) - 1,
+                          arrivals[-1] - arrivals[0])
+
+
+class RemoteGoal:
+    """The state of one goal while its request runs."""
+
+    def __init__(self, runner, job):
+        self.runner, self.job = runner, job
+        self.model = runner.time_model
+        self.clock = runner.clock
+        self.phase = 'queue'
+        self.stream = None
+        job.started_s = runner.timed_now()
+        self.result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
+                                queue_time_s=job.started_s - job.received_s, batch_size=1)
+        self.parts, self.first_s, self.last_s = [], None, None
+        self.n_tokens, self.n_sent_feedback = 0, 0
+        self.n_cached = 0
+        self.stops_at_deadline = bool(job.policy.stop_criteria(job.deadline_s, self.clock))
+
+    def close(self):
+        """End the request if one is open."""
+        if self.stream is not None:
+            self.stream.close()
+
+    def ended(self):
+        """Stamp the run's end on the result and return it."""
+        end, job, result = self.runner.timed_now(), self.job, self.result
+        result.execution_time_s = end - job.started_s
+        result.total_time_s = end - job.received_s
+        return result
+
+    # --- the pipeline ------------------------------------------------------------------
+    def execute(self):
+        """Decide max_tokens, send the request, stream the answer to its end."""
+        job, result = self.job, self.result
+        if job.cancel_event.is_set():
+            self._stopped(stopping.CANCELED)
+            return
+        self.n_cached = self.runner.engine.match_prefix(job.input_ids).n_tokens
+        result.cached_tokens = self.n_cached
+        decision = self._decide()
+        if decision is None:
+            return
+        messages = check_prompt(job.request, self.runner.config.queue.max_prompt_chars)
+        body = self.runner.request_body(job.request, messages, decision.max_tokens)
+        self.phase = 'prefill'
+        self.start_s = self.clock()
+        self.stream = self.runner.open_stream(body)
+        self.runner.engine.sent(job.input_ids)
+        self._feedback(status.PHASE_PREFILL)
+        self._stream_answer(decision)
+
+    def _decide(self):
+        """Return the MaxTokensDecision for the time left, or None when the goal stopped.
+
+        N^ is predicted only where it can change the decision: under Kill (a late answer is
+        lost, so a capped one is worth more) when N_max tokens do not fit the time left.
+        """
+        job, result, config = self.job, self.result, self.runner.config
+        self.phase = 'predictor'
+        left_s = job.deadline_s - self.clock()
+        n_hat, n_upper = job.n_max, None
+        caps = job.policy.discards_late_result and job.policy.stops_early
+        fits_all = self.model.tokens_fitting(left_s, job.n_x, self.n_cached, job.n_max,
+                                             DECIDE) >= job.n_max
+        if caps and not fits_all:
+            prediction = self._predict()
+            if prediction is None:
+                return None
+            n_hat, n_upper = prediction
+        else:
+            result.predictor = 'not needed (N_max fits)' if caps else 'not needed'
+        n_w = upper_tokens(n_hat, config.budget.pessimistic_factor, job.n_max, n_upper)
+        left_s = job.deadline_s - self.clock()
+        if caps:
+            decision = decide_max_tokens(self.model, left_s, job.n_x, self.n_cached,
+                                         job.n_max, n_w)
+        else:  # Partial returns what came by the deadline, Skip-Next finishes late
+            decision = MaxTokensDecision(job.n_max, False, job.n_max, n_w)
+        result.predicted_tokens, result.pessimistic_tokens = n_hat, n_w
+        result.max_tokens_sent = decision.max_tokens
+        self.decision_text = decision.describe(job.n_max)
+        result.predicted_wcet_s = self.model.answer_s(
+            job.n_x, self.n_cached, min(n_w, decision.max_tokens), WORST)
+        return decision
+
+    def _predict(self):
+        """Return (N^, N^_q) from the queue-time prediction or a new one; None if stopped."""
+        job, result, runner = self.job, self.result, self.runner
+        future = job.prediction
+        if future is None:
+            future = runner._predict_pool.submit(
+                timed_predict, runner.predictor, job.request.prompt, job.input_ids, job.n_max,
+                self.clock, runner.config.budget.upper_quantile)
+        limit = self.clock() + runner.config.predictor.timeout_s
+        while True:
+            if job.cancel_event.is_set():
+                future.cancel()
+                self._stopped(stopping.CANCELED)
+                return None
+            if self.stops_at_deadline and self.clock() >= job.deadline_s:
+                future.cancel()
+                self._stopped(stopping.DEADLINE)
+                return None
+            if self.clock() >= limit:
+                future.cancel()
+                result.predictor = 'fallback (predictor late)'
+                return job.n_max, None
+            try:
+                done = future.result(timeout=POLL_S)
+            except concurrent.futures.TimeoutError:
+                continue
+            except Exception as exc:
+                result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
+                return job.n_max, None
+            result.predict_time_s = done.end_s - done.start_s
+            if not 0 <= done.n_hat <= job.n_max:
+                result.predictor = f'fallback (predicted {done.n_hat} tokens)'
+                return job.n_max, None
+            result.predictor = runner.predictor.name
+            n_upper = done.n_upper
+            if n_upper is not None and not done.n_hat <= n_upper <= job.n_max:
+                n_upper = None
+            return done.n_hat, n_upper
+
+    def _stop_at_s(self):
+        """Return when the goal's thread must end the request, or None (Skip-Next)."""
+        if not self.stops_at_deadline:
+            return None
+        margin = PARTIAL_MARGIN_S if self.job.policy.keeps_text_at_deadline else 0.0
+        return self.job.deadline_s - margin
+
+    def _stream_answer(self, decision):
+        """Read the stream until it ends, the goal is canceled or its deadline comes."""
+        job, stop_at = self.job, self._stop_at_s()
+        while True:
+            now = self.clock()
+            if job.cancel_event.is_set():
+                self.stream.close()
+                self._stopped(stopping.CANCELED)
+                return
+            if stop_at is not None and now >= stop_at:
+                self.stream.close()
+                self._at_deadline()
+                return
+            wait_s = POLL_S if stop_at is None else max(0.0, min(POLL_S, stop_at - now))
+            try:
+                event = self.stream.events.get(timeout=wait_s)
+            except queue.Empty:
+                continue
+            if event.kind == client.TEXT:
+                self._token(event)
+            elif event.kind == client.ERROR:
+                self._remote_error(event.error)
+                return
+            else:
+                self._answered(event, decision)
+                return
+
+    def _token(self, event):
+        if self.first_s is None:
+            self.first_s = event.at_s
+            self.phase = 'decode'
+        self.last_s = event.at_s
+        self.parts.append(event.text)
+        self.n_tokens += 1
+        every = self.runner.config.engine.feedback_every_tokens
+        if self.n_tokens - self.n_sent_feedback >= every:
+            text = ''.join(self.parts[self.n_sent_feedback:])
+            self.n_sent_feedback = self.n_tokens
+            self._feedback(status.PHASE_DECODE, self.n_tokens, text)
+
+    def _observe(self):
+        """Feed the measured first-token time and steps to the time model."""
+        job, result = self.job, self.result
+        if self.first_s is None:
+            return
+        result.prefill_time_s = self.first_s - self.start_s
+        result.decode_time_s = self.last_s - self.first_s
+        self.model.observe_prefill(job.n_x, result.prefill_time_s, n_cached=self.n_cached)
+        self.model.observe_decode(job.n_x + 1, self.n_tokens - 1, result.decode_time_s)
+
+    def _answered(self, event, decision):
+        """Fill the result of an answer the engine ended (END event)."""
+        job, result = self.job, self.result
+        self._observe()
+        usage = event.usage or {}
+        n_tokens = int(usage.get('completion_tokens') or self.n_tokens)
+        result.response_tokens = n_tokens
+        answer = Answer(''.join(self.parts), [0] * n_tokens,
+                        FINISH_OF_SERVER.get(event.finish_reason, stopping.EOS))
+        outcome.decoded(job, result, answer, event.at_s - job.deadline_s)
+        if result.status == status.COMPLETED and decision.capped \
+                and answer.stop_reason == stopping.MAX_TOKENS:
+            result.message += f'; {self.decision_text}'
+
+    def _at_deadline(self):
+        """End the goal whose deadline (less Partial's margin) came with its request open."""
+        self._observe()
+        self.result.response_tokens = self.n_tokens
+        if self.job.policy.keeps_text_at_deadline and self.n_tokens:
+            answer = Answer(''.join(self.parts), [0] * self.n_tokens, stopping.DEADLINE)
+            outcome.decoded(self.job, self.result, answer,
+                            self.clock() - self.job.deadline_s)
+            return
+        self._stopped(stopping.DEADLINE)
+
+    def _stopped(self, reason):
+        outcome.stopped(self.job, self.result, reason, self.phase, self.runner.timed_now())
+
+    def _remote_error(self, error):
+        """End the goal FAILED with the error code of the remote failure's kind."""
+        self.runner.engine.forget()  # a restarted or failing engine holds nothing of ours
+        result = self.result
+        result.status = status.FAILED
+        result.error_code = ERROR_OF_KIND.get(error.kind, status.ERROR_REMOTE_HTTP)
+        result.stop_phase = self.phase
+        result.message = f'remote engine: {error}'
+        result.response = ''
+
+    def _feedback(self, phase, tokens=0, text=''):
+        self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
+                                      elapsed_s=self.clock() - self.job.received_s))
