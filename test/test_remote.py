@@ -199,16 +199,22 @@ def test_infeasible_goals_are_refused_before_any_request(service):
 
 
 def test_a_busy_server_raises_the_first_token_estimate_and_admission_refuses(llama, service):
+    short = dict(prompt='Say yes.', n_max=4)
+    assert ask(service, goal(budget_s=20.0, policy=SKIP, **short)).status == status.COMPLETED
+    idle = ask(service, goal(budget_s=0.06, **short))  # its prompt is held: admitted
+    assert idle.status != status.REJECTED, idle.message
     # Another client holds the one-request server for a few seconds.
     other = threading.Thread(target=_long_request, args=(llama.url,), daemon=True)
     other.start()
     time.sleep(0.3)
-    late = ask(service, goal('Say yes.', budget_s=20.0, policy=SKIP, n_max=4))
+    late = ask(service, goal(budget_s=20.0, policy=SKIP, **short))
     assert late.status == status.COMPLETED
     assert late.prefill_time_s > 0.5  # it queued behind the other request
-    # The same short goal with a budget the idle server would meet is now refused at once.
-    refused = ask(service, goal('Say yes.', budget_s=0.2, n_max=4))
+    # The same goal with the same budget is now refused at once, before any request.
+    opened = service.runner.opened
+    refused = ask(service, goal(budget_s=0.06, **short))
     assert refused.status == status.REJECTED and refused.infeasible, refused.message
+    assert service.runner.opened == opened
     other.join(30)
 
 
