@@ -23,6 +23,12 @@ def cmd_prefixbench(args, ros_args):
     return run_prefixbench(args)
 
 
+def cmd_remotebench(args, ros_args):
+    """Compare the node on a remote engine (llama.cpp, loopback) with client-side timeouts."""
+    from timebill_ros.bench.remote import run_remotebench
+    return run_remotebench(args)
+
+
 def cmd_bench(args, ros_args):
     """Run the TimeBill benchmark through the real node."""
     from timebill_ros.bench.timebill import run_bench
@@ -49,13 +55,14 @@ def _print_breakdown(raw_path):
 
 
 def add_parser(sub):
-    """Add the ``bench``, ``enginebench``, ``schedbench`` and ``prefixbench`` commands."""
-    from timebill_ros.bench import engine, prefix, robot_bench, timebill
+    """Add the ``bench``, ``enginebench``, ``schedbench``, ``prefixbench``, ``remotebench``."""
+    from timebill_ros.bench import engine, prefix, remote, robot_bench, timebill
     from timebill_ros.bench.scheduling import run as scheduling
     for name, func, module in (('bench', cmd_bench, timebill),
                                ('enginebench', cmd_enginebench, engine),
                                ('schedbench', cmd_schedbench, scheduling),
-                               ('prefixbench', cmd_prefixbench, prefix)):
+                               ('prefixbench', cmd_prefixbench, prefix),
+                               ('remotebench', cmd_remotebench, remote)):
         parser = sub.add_parser(name, help=func.__doc__)
         module.add_arguments(parser)
         if name == 'bench':  # the robot-context workload's own flags

@@ -240,8 +240,10 @@ class RemoteGoal:
         result.predicted_tokens, result.pessimistic_tokens = n_hat, n_w
         result.max_tokens_sent = decision.max_tokens
         self.decision_text = decision.describe(job.n_max)
-        result.predicted_wcet_s = self.model.answer_s(
-            job.n_x, self.n_cached, min(n_w, decision.max_tokens), WORST)
+        # t^_WCET of the run: what it spent until now (prediction, decision) and an answer of
+        # min(N^_W, max_tokens) tokens, with one step more for an end-of-answer token.
+        result.predicted_wcet_s = (self.clock() - job.started_s) + self.model.answer_s(
+            job.n_x, self.n_cached, min(n_w, decision.max_tokens) + 1, WORST)
         return decision
 
     def _predict(self):
@@ -296,11 +298,11 @@ class RemoteGoal:
         while True:
             now = self.clock()
             if job.cancel_event.is_set():
-                self.stream.close()
+                self._close()
                 self._stopped(stopping.CANCELED)
                 return
             if stop_at is not None and now >= stop_at:
-                self.stream.close()
+                self._close()
                 self._at_deadline()
                 return
             wait_s = POLL_S if stop_at is None else max(0.0, min(POLL_S, stop_at - now))
@@ -317,6 +319,14 @@ class RemoteGoal:
                 self._answered(event, decision)
                 return
 
+    def _close(self):
+        """End the request mid-answer (the engine stops generating when its client leaves).
+
+        The engine's held head is kept: llama-cpp-python 0.3.36 still held the prompt of a
+        request closed mid-answer (its next request on the same prompt prefilled 1 token).
+        """
+        self.stream.close()
+
     def _token(self, event):
         if self.first_s is None:
             self.first_s = event.at_s
@@ -330,20 +340,29 @@ class RemoteGoal:
             self.n_sent_feedback = self.n_tokens
             self._feedback(status.PHASE_DECODE, self.n_tokens, text)
 
-    def _observe(self):
-        """Feed the measured first-token time and steps to the time model."""
+    def _observe(self, end=None):
+        """Feed the measured first-token time and steps to the time model.
+
+        end: the END event of an answer the engine finished: its steps then run to the
+        END's arrival (the stream's end is part of the goal's time) and count the
+        end-of-answer token the engine decoded but did not stream (finish_reason ``stop``).
+        """
         job, result = self.job, self.result
         if self.first_s is None:
             return
+        last_s, n_steps = self.last_s, self.n_tokens - 1
+        if end is not None:
+            last_s = end.at_s
+            n_steps += 1 if end.finish_reason == 'stop' else 0
         result.prefill_time_s = self.first_s - self.start_s
-        result.decode_time_s = self.last_s - self.first_s
+        result.decode_time_s = last_s - self.first_s
         self.model.observe_prefill(job.n_x, result.prefill_time_s, n_cached=self.n_cached)
-        self.model.observe_decode(job.n_x + 1, self.n_tokens - 1, result.decode_time_s)
+        self.model.observe_decode(job.n_x + 1, n_steps, result.decode_time_s)
 
     def _answered(self, event, decision):
         """Fill the result of an answer the engine ended (END event)."""
         job, result = self.job, self.result
-        self._observe()
+        self._observe(event)
         usage = event.usage or {}
         n_tokens = int(usage.get('completion_tokens') or self.n_tokens)
         result.response_tokens = n_tokens

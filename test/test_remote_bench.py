@@ -1,0 +1,29 @@
+"""`timebill remotebench`'s summary: on time, wasted server time, refusals, kills, coverage."""
+
+from timebill_ros.bench.remote import N_MAX, report, Row, summarize
+
+
+def _row(method, status, on_time, tokens=10, wasted_s=0.0, wall_s=0.3, sent=0, wcet=0.0,
+         execution=0.0):
+    return Row(method, 0.5, 0, 0.25, on_time, status, tokens, 20, wasted_s,
+               tokens if wasted_s else 0, wall_s, sent, wcet, execution)
+
+
+def test_the_summary_counts_each_method_apart():
+    rows = [_row('node', 'COMPLETED', True, tokens=10, sent=12, wcet=0.3, execution=0.2),
+            _row('node', 'COMPLETED', True, tokens=20, sent=N_MAX, wcet=0.1, execution=0.2),
+            _row('node', 'REJECTED', False, tokens=0, wall_s=0.006),
+            _row('node', 'KILLED', False, tokens=5, wasted_s=0.26, wall_s=0.258, sent=9),
+            _row('client', 'TIMED_OUT', False, tokens=7, wasted_s=0.25),
+            _row('client', 'COMPLETED', True, tokens=20)]
+    node, client = summarize(rows)
+    assert (node['goals'], node['on_time'], node['refused'], node['killed']) == (4, 2, 1, 1)
+    assert node['token_share'] == 0.75  # 10 and 20 of 20 free tokens
+    assert node['wasted_s'] == 0.26 and node['wasted_tokens'] == 5
+    assert node['refusal_ms_max'] == 6.0
+    assert round(node['kill_late_ms_max'], 6) == 8.0
+    assert node['wcet_coverage'] == 0.5 and node['capped'] == 2
+    assert (client['on_time'], client['wasted_tokens'], client['wcet_coverage']) == (1, 7, None)
+    text = report([node, client], {'command': 'c', 'host': 'h', 'date': 'd', 'goals': 1,
+                                   'llama': 'v', 'threads': 2})
+    assert '| 0.50 t_free | node | 2/4 | 0.75 | 0.3 | 5 | 1 (6.0) | 1 (8.0) | 2 | 0.50 |' in text
