@@ -44,16 +44,13 @@ def build_remote_service(config, log=print):
     log(f'remote engine: {engine.remote_url}, model {name!r} ({engine.remote_api} API)')
     model = RemoteModel.load(engine, name)
     log(f'remote engine: tokenizer of {model.model_key}, context {model.context_tokens} tokens')
-    time_model_holder = []
-    predictor = make_predictor(
-        config.predictor, model.model_key,
-        lambda n_x: time_model_holder[0].prefill_s(n_x) if time_model_holder else 0.0,
-        engine.model_cache_dir or None, log=log)
-    runner = RemoteRunner(model, predictor, None, config, endpoint)
+    runner = RemoteRunner(model, None, None, config, endpoint)  # the probes need neither
     coefficients = fit_probes(probe_engine(runner, log))
     time_model = RemoteTimeModel(coefficients, config.timing.online_settings())
-    time_model_holder.append(time_model)
-    runner.time_model = time_model
+    # The RLP compresses long prompts against the engine's first-token time (Eq. 4a's role).
+    predictor = make_predictor(config.predictor, model.model_key, time_model.prefill_s,
+                               engine.model_cache_dir or None, log=log)
+    runner.predictor, runner.time_model = predictor, time_model
     log(f'remote time model: first token {coefficients.first_token_s * 1e3:.1f} ms + '
         f'{coefficients.prefill_token_s * 1e6:.1f} us/uncached prompt token; each further '
         f'token {coefficients.step_s * 1e3:.2f} ms + {coefficients.step_kv_token_s * 1e6:.2f} '

@@ -71,8 +71,15 @@ class RemoteRunner:
 
     def close(self):
         """Stop the predictor thread."""
-        self.predictor.abort()
+        if self.predictor is not None:
+            self.predictor.abort()
         self._predict_pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit_prediction(self, job):
+        """Start the length predictor on the goal's prompt on its thread; return the future."""
+        return self._predict_pool.submit(timed_predict, self.predictor, job.request.prompt,
+                                         job.input_ids, job.n_max, self.clock,
+                                         self.config.budget.upper_quantile)
 
     def warm_up(self):
         """Nothing: the start-up probes (:meth:`probe`) measured the engine of the moment."""
@@ -249,11 +256,7 @@ class RemoteGoal:
     def _predict(self):
         """Return (N^, N^_q) from the queue-time prediction or a new one; None if stopped."""
         job, result, runner = self.job, self.result, self.runner
-        future = job.prediction
-        if future is None:
-            future = runner._predict_pool.submit(
-                timed_predict, runner.predictor, job.request.prompt, job.input_ids, job.n_max,
-                self.clock, runner.config.budget.upper_quantile)
+        future = job.prediction or runner.submit_prediction(job)
         limit = self.clock() + runner.config.predictor.timeout_s
         while True:
             if job.cancel_event.is_set():
