@@ -44,11 +44,11 @@ def remote_config(url, **engine_fields):
     return ServerConfig(engine=engine, predictor=PredictorConfig(kind='fallback'))
 
 
-def remote_service(url, coefficients, name='model', **engine_fields):
+def remote_service(url, coefficients, name='model', fallback=None, **engine_fields):
     """Return a started TimeBillService on the engine at ``url`` with ``coefficients``.
 
     No probes: the time model starts from ``coefficients`` (RemoteCoefficients). Its
-    runner counts the requests it opens in ``runner.opened``.
+    runner counts the requests it opens in ``runner.opened``. fallback: a local JobRunner.
     """
     config = remote_config(url, **engine_fields)
     model = RemoteModel.load(config.engine, name)
@@ -56,6 +56,7 @@ def remote_service(url, coefficients, name='model', **engine_fields):
     predictor = FallbackPredictor()
     runner = CountingRunner(model, predictor, time_model, config,
                             client.Endpoint.parse(url))
+    runner.fallback = fallback
     service = TimeBillService(config, model, predictor, time_model, runner=runner)
     service.start()
     return service

@@ -15,14 +15,19 @@ import urllib.request
 import pytest
 from remote_helpers import (LOOPBACK, remote_config, remote_service, SERVER_CTX, StandIn,
                             start_llama_server)
+from ros_helpers import COEFFS
 from service_helpers import ask
 
 from timebill_ros.config import EngineConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.engine.remote.model import common_head, RemoteModel
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
 from timebill_ros.server.remote_factory import build_remote_service
-from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, WORST
+from timebill_ros.server.runner import JobRunner
+from timebill_ros.timing.model import TimingCoefficients
+from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, TimeModel, WORST
 from timebill_ros.timing.remote import (decide_max_tokens, fit_probes, ProbePoint,
                                         RemoteCoefficients, RemoteTimeModel)
 
@@ -298,6 +303,39 @@ def test_a_silent_engine_times_out_and_a_refused_connection_is_unreachable():
     try:
         result = ask(service, goal(budget_s=5.0))
         assert result.error_code == status.ERROR_REMOTE_UNREACHABLE, result.message
+    finally:
+        service.shutdown()
+
+
+def _local_runner(model, tokenizer, coefficients):
+    """Return a local JobRunner on the tiny model (the fallback), fallback predictor."""
+    config = remote_config('http://127.0.0.1:9/v1', decode_weights='float32')
+    engine = LlmEngine(config.engine, config.eviction, model=model, tokenizer=tokenizer)
+    return JobRunner(engine, FallbackPredictor(), TimeModel(coefficients), config)
+
+
+def test_goals_fall_back_to_the_local_engine_while_the_remote_one_is_down(
+        tiny_model, smollm2_tokenizer):
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    url = f'http://127.0.0.1:{port}/v1'
+    service = remote_service(url, LOOPBACK,
+                             fallback=_local_runner(tiny_model, smollm2_tokenizer, COEFFS))
+    try:
+        result = ask(service, goal('Say yes.', budget_s=5.0, n_max=6))
+        assert result.status == status.COMPLETED, result.message
+        assert result.executor == 'fallback' and result.response_tokens == 6
+        assert 'local fallback' in result.message and 'unreachable' in result.message
+    finally:
+        service.shutdown()
+    slow = TimingCoefficients(a=1e-9, b=1e-5, c=2.0, p=1e-6, q=1e-3)  # 2 s a prefill
+    service = remote_service(url, LOOPBACK,
+                             fallback=_local_runner(tiny_model, smollm2_tokenizer, slow))
+    try:
+        result = ask(service, goal('Say yes.', budget_s=0.5, n_max=6))
+        assert result.error_code == status.ERROR_REMOTE_UNREACHABLE, result.message
+        assert 'cannot fit it either' in result.message and result.executor != 'fallback'
     finally:
         service.shutdown()
 

@@ -104,6 +104,10 @@ class EngineConfig:
         deadline first.
     remote_context_tokens: the engine's context, tokens (prompt + answer); 0 = the
         tokenizer model's own context.
+    remote_fallback: also load ``model_path`` here (calibrated at start-up as a local
+        engine is) and run a goal on it when the remote engine is unreachable, busy (429 /
+        503) or silent before its first token, if the local time model says it still fits
+        its deadline (result ``executor: fallback``).
     """
 
     model_path: str = ''
@@ -130,6 +134,7 @@ class EngineConfig:
     remote_connect_timeout_s: float = 2.0
     remote_idle_timeout_s: float = 30.0
     remote_context_tokens: int = 0
+    remote_fallback: bool = False
 
     def __post_init__(self):
         check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
@@ -162,6 +167,9 @@ class EngineConfig:
         check_positive('engine.remote_connect_timeout_s', self.remote_connect_timeout_s)
         check_positive('engine.remote_idle_timeout_s', self.remote_idle_timeout_s)
         check_int('engine.remote_context_tokens', self.remote_context_tokens)
+        if not isinstance(self.remote_fallback, bool):
+            raise TypeError(f'engine.remote_fallback must be a bool, got '
+                            f'{self.remote_fallback!r}')
         for name in ('remote_url', 'remote_model'):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f'engine.{name} must be a string, got '

@@ -9,6 +9,7 @@ from timebill_ros.predictors import FallbackPredictor, make_predictor, make_read
 from timebill_ros.predictors.contract import predictor_files
 from timebill_ros.predictors.threshold import offload_threshold
 from timebill_ros.server.heap import release_free_heap, resident_mb
+from timebill_ros.server.runner import JobRunner
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.batch import choose_batch_size, fit_batch_step, probe_batches
 from timebill_ros.timing.online import TimeModel
@@ -44,7 +45,8 @@ def _build_service(config, log):
     """Build the service on the calling thread (:func:`build_service`)."""
     if config.engine.backend == 'openai':
         from timebill_ros.server.remote_factory import build_remote_service
-        return build_remote_service(config, log)
+        fallback = build_fallback(config, log) if config.engine.remote_fallback else None
+        return build_remote_service(config, log, fallback=fallback)
     memory = StartupMemory(log)
     log(f'loading model ({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
     engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
@@ -82,6 +84,24 @@ def _build_service(config, log):
     release_free_heap()  # what loading, calibrating and warming up freed (~400 MB here)
     memory.mark('giving the freed heap back')
     return service
+
+
+def build_fallback(config, log=print):
+    """Return the local JobRunner a remote service falls back to (``engine.remote_fallback``).
+
+    The engine of ``engine.model_path`` with its calibration (profiled when missing), its
+    prefix-hit points, its own length predictor (no prefill readout) and time model.
+    """
+    log(f'remote fallback: loading the local engine '
+        f'({config.engine.model_path or "embedded SmolLM2-135M-Instruct"})')
+    engine = LlmEngine.load(config.engine, config.eviction, config.prefix_cache)
+    config = resolved_engine(config, engine, log)
+    calibration = load_or_calibrate(engine, config.engine, config.timing, log=log)
+    calibration = with_prefix_points(config, engine, calibration, log)
+    predictor = build_predictor(config, engine, calibration.coefficients, log=log)
+    time_model = build_time_model(config, calibration, predictor,
+                                  online_state_path(config.engine, config.timing), log)
+    return JobRunner(engine, predictor, time_model, config)
 
 
 class StartupMemory:

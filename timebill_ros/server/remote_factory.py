@@ -31,9 +31,10 @@ def check_remote_config(config):
                              'placement to the remote engine: set it false')
 
 
-def build_remote_service(config, log=print):
+def build_remote_service(config, log=print, fallback=None):
     """Return the TimeBillService of a remote engine (not yet started).
 
+    fallback: the local JobRunner goals fall back to (``engine.remote_fallback``), or None.
     RuntimeError when the engine cannot be reached or named: the node then fails to
     configure with that message, rather than start without a time model.
     """
@@ -51,6 +52,7 @@ def build_remote_service(config, log=print):
     predictor = make_predictor(config.predictor, model.model_key, time_model.prefill_s,
                                engine.model_cache_dir or None, log=log)
     runner.predictor, runner.time_model = predictor, time_model
+    runner.fallback = fallback
     log(f'remote time model: first token {coefficients.first_token_s * 1e3:.1f} ms + '
         f'{coefficients.prefill_token_s * 1e6:.1f} us/uncached prompt token; each further '
         f'token {coefficients.step_s * 1e3:.2f} ms + {coefficients.step_kv_token_s * 1e6:.2f} '

@@ -33,6 +33,10 @@ ERROR_OF_KIND = {client.UNREACHABLE: status.ERROR_REMOTE_UNREACHABLE,
                  client.BUSY: status.ERROR_REMOTE_BUSY,
                  client.HTTP: status.ERROR_REMOTE_HTTP,
                  client.STREAM_CUT: status.ERROR_REMOTE_STREAM}
+# The failures before any token that send a goal to the local fallback, and its name.
+FALLBACK_ERRORS = (status.ERROR_REMOTE_UNREACHABLE, status.ERROR_REMOTE_BUSY,
+                   status.ERROR_REMOTE_TIMEOUT)
+FALLBACK = 'fallback'
 
 
 @dataclasses.dataclass
@@ -49,10 +53,13 @@ class RemoteRunner:
 
     model: engine.remote.model.RemoteModel. predictor: LengthPredictor. time_model:
     timing.remote.RemoteTimeModel. endpoint: client.Endpoint. clock: monotonic seconds.
-    open_stream(path, body) -> client.CompletionStream (tests may point it elsewhere).
+    fallback: a local JobRunner (``engine.remote_fallback``) that runs a goal the remote
+    engine could not start (unreachable, busy, silent before its first token) when its time
+    model says the goal still fits; None: no fallback.
     """
 
     readout = None
+    fallback = None
 
     def __init__(self, model, predictor, time_model, server_config, endpoint,
                  clock=time.monotonic):
@@ -70,10 +77,12 @@ class RemoteRunner:
         return self.clock()
 
     def close(self):
-        """Stop the predictor thread."""
+        """Stop the predictor thread (and the fallback's)."""
         if self.predictor is not None:
             self.predictor.abort()
         self._predict_pool.shutdown(wait=True, cancel_futures=True)
+        if self.fallback is not None:
+            self.fallback.close()
 
     def submit_prediction(self, job):
         """Start the length predictor on the goal's prompt on its thread; return the future."""
@@ -117,14 +126,34 @@ class RemoteRunner:
         return body
 
     def run(self, job) -> JobResult:
-        """Run ``job`` to a terminal JobResult."""
+        """Run ``job`` to a terminal JobResult (on the fallback when the engine failed it)."""
         goal = RemoteGoal(self, job)
         try:
             goal.execute()
         except Exception as exc:  # a fault in this goal ends this goal only
             goal.close()
             outcome.failed(goal.result, exc, goal.phase)
-        return goal.ended()
+        result = goal.ended()
+        if self.fallback is None or result.error_code not in FALLBACK_ERRORS \
+                or goal.n_tokens or job.cancel_event.is_set():
+            return result
+        return self._run_locally(job, result)
+
+    def _run_locally(self, job, remote):
+        """Run ``job`` on the fallback if it still fits there; else return ``remote``."""
+        fallback = self.fallback
+        job.n_cached = fallback.engine.match_prefix(job.input_ids).n_tokens
+        need_s = fallback.time_model.least_e2e_s(job.n_x, job.n_cached)
+        left_s = job.deadline_s - self.clock()
+        if job.policy.stops_early and need_s > left_s:
+            remote.message += (f'; the local executor cannot fit it either (needs at least '
+                               f'{need_s:.2f} s, {max(left_s, 0.0):.2f} s left)')
+            return remote
+        fallback.engine.bind_thread()
+        local = fallback.run(job)
+        local.executor = FALLBACK
+        local.message = f'{local.message} (local fallback: {remote.message})'
+        return local
 
     def run_batch(self, jobs, finish, more=None, capacity=None):
         """Run ``jobs`` one after another (the remote engine batches on its side)."""
