@@ -5,6 +5,7 @@ enginebench / schedbench (``bench``), soak, predictor, latency, params-doc (``pa
 """
 
 import argparse
+import signal
 import sys
 
 
@@ -30,9 +31,27 @@ def build_parser():
     return parser
 
 
+def exit_on_sigterm():
+    """Make SIGTERM raise SystemExit(143) in the main thread (as Ctrl-C raises).
+
+    By default SIGTERM ends the process at once, past every ``finally``: a benchmark stopped
+    so left its ``timebill serve`` and llama.cpp server processes running.
+    """
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv=None):
-    """Entry point of the ``timebill`` console script."""
+    """Entry point of the ``timebill`` console script.
+
+    Every verb but ``serve`` (whose spin loop ends the node cleanly on SIGINT and SIGTERM,
+    ros/spin.py) unwinds on SIGTERM as on Ctrl-C, stopping the processes it started.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, ros_args = _split_ros_args(argv)
     args = build_parser().parse_args(ours)
+    if args.command != 'serve':
+        exit_on_sigterm()
     return args.func(args, ros_args)
