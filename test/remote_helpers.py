@@ -5,8 +5,10 @@ silence, a cut stream).
 """
 
 import http.server
+import json
 import os
 import threading
+import urllib.request
 
 import pytest
 
@@ -34,6 +36,18 @@ def start_llama_server(tmp_path_factory):
         pytest.skip('llama-cpp-python[server] is not installed (make venv installs it)')
     log = tmp_path_factory.mktemp('llama') / 'server.log'
     return LoopbackLlamaServer(n_ctx=SERVER_CTX, log_path=log).start()
+
+
+def complete(url, prompt, max_tokens):
+    """POST one greedy, unstreamed ``/completions`` request to ``url``; return its JSON.
+
+    What another client of a shared server sends (it holds the one-request server meanwhile).
+    """
+    body = json.dumps({'prompt': prompt, 'max_tokens': max_tokens, 'temperature': 0}).encode()
+    request = urllib.request.Request(url + '/completions', data=body,
+                                     headers={'Content-Type': 'application/json'})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
 
 
 def remote_config(url, **engine_fields):

@@ -6,14 +6,12 @@ come from a stand-in HTTP server in the same process. The time model, the max_to
 decision and the client's parsing are also checked on their own.
 """
 
-import json
 import socket
 import threading
 import time
-import urllib.request
 
 import pytest
-from remote_helpers import (LOOPBACK, remote_config, remote_service, SERVER_CTX, StandIn,
+from remote_helpers import (complete, LOOPBACK, remote_config, remote_service, SERVER_CTX, StandIn,
                             start_llama_server)
 from ros_helpers import COEFFS
 from service_helpers import ask
@@ -131,11 +129,7 @@ def test_the_prompt_is_the_servers_token_for_token(llama):
     """N_x here equals the prompt tokens the server counts for the same text."""
     model = RemoteModel.load(EngineConfig(), 'm')
     text = model.prompt_text('List the docks.', 'You are a robot.')
-    body = json.dumps({'prompt': text, 'max_tokens': 1, 'temperature': 0}).encode()
-    request = urllib.request.Request(llama.url + '/completions', data=body,
-                                     headers={'Content-Type': 'application/json'})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        usage = json.loads(response.read())['usage']
+    usage = complete(llama.url, text, 1)['usage']
     assert usage['prompt_tokens'] == len(model.encode('List the docks.', 'You are a robot.'))
 
 
@@ -209,7 +203,7 @@ def test_a_busy_server_raises_the_first_token_estimate_and_admission_refuses(lla
     idle = ask(service, goal(budget_s=0.06, **short))  # its prompt is held: admitted
     assert idle.status != status.REJECTED, idle.message
     # Another client holds the one-request server for a few seconds.
-    other = threading.Thread(target=_long_request, args=(llama.url,), daemon=True)
+    other = threading.Thread(target=complete, args=(llama.url, LONG_ANSWER, 200), daemon=True)
     other.start()
     time.sleep(0.3)
     late = ask(service, goal(budget_s=20.0, policy=SKIP, **short))
@@ -221,14 +215,6 @@ def test_a_busy_server_raises_the_first_token_estimate_and_admission_refuses(lla
     assert refused.status == status.REJECTED and refused.infeasible, refused.message
     assert service.runner.opened == opened
     other.join(30)
-
-
-def _long_request(url):
-    body = json.dumps({'prompt': LONG_ANSWER, 'max_tokens': 200, 'temperature': 0}).encode()
-    request = urllib.request.Request(url + '/completions', data=body,
-                                     headers={'Content-Type': 'application/json'})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        response.read()
 
 
 def test_chat_api_goals_complete(llama):

@@ -4,20 +4,19 @@ The node builds its service as `timebill serve` does (server/factory.py: tokeniz
 probes through the API) and a plain rclpy ActionClient sends it goals.
 """
 
-import json
 import threading
 import time
-import urllib.request
 
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
 import pytest
 from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from remote_helpers import SERVER_CTX, start_llama_server
+from remote_helpers import complete, SERVER_CTX, start_llama_server
 from ros_helpers import node_and_client, wait_future
 
 from timebill_ros.action import Instruct
+from timebill_ros.ros.conversions import duration_to_s
 from timebill_ros.server.factory import build_service
 
 R = Instruct.Result
@@ -58,10 +57,6 @@ def _run(graph, goal, feedback=None):
     return response.status, response.result
 
 
-def _seconds(duration):
-    return duration.sec + duration.nanosec * 1e-9
-
-
 def test_a_goal_completes_with_its_max_tokens_decision(graph):
     feedback = []
     goal_status, result = _run(graph, _goal('Name three docks.', n_max=48), feedback)
@@ -69,8 +64,8 @@ def test_a_goal_completes_with_its_max_tokens_decision(graph):
     assert result.status == R.COMPLETED, result.message
     assert result.deadline_met and result.response
     assert result.max_tokens_sent == 48
-    assert _seconds(result.predicted_wcet) >= _seconds(result.total_time) - _seconds(
-        result.queue_time)
+    execution_s = duration_to_s(result.total_time) - duration_to_s(result.queue_time)
+    assert duration_to_s(result.predicted_wcet) >= execution_s
     assert any(f.phase == Instruct.Feedback.PHASE_DECODE and f.text for f in feedback)
 
 
@@ -84,23 +79,16 @@ def test_infeasible_goals_are_refused_at_once(graph):
 def test_kill_lands_at_the_deadline_while_a_shared_server_is_busy(graph):
     # Another robot's request holds the one-request server: this goal's first token cannot
     # come before its deadline, and Kill ends the request there.
-    other = threading.Thread(target=_other_robot, args=(graph['llama'].url,), daemon=True)
+    other = threading.Thread(target=complete, args=(graph['llama'].url, PROMPT, 160),
+                             daemon=True)
     other.start()
     time.sleep(0.3)
     goal_status, result = _run(graph, _goal('Say yes.', budget_s=0.8, n_max=8))
     other.join(60)
     assert result.status == R.KILLED, result.message
     assert result.error_code == R.DEADLINE
-    late_s = _seconds(result.total_time) - 0.8
+    late_s = duration_to_s(result.total_time) - 0.8
     assert 0 <= late_s <= 0.05, late_s
-
-
-def _other_robot(url):
-    body = json.dumps({'prompt': PROMPT, 'max_tokens': 160, 'temperature': 0}).encode()
-    request = urllib.request.Request(url + '/completions', data=body,
-                                     headers={'Content-Type': 'application/json'})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        response.read()
 
 
 def test_a_stopped_server_fails_goals_and_the_node_serves_on_after_its_restart(graph):

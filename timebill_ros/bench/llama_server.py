@@ -6,15 +6,14 @@ GGUF (or ``model_path``) on 127.0.0.1 at a free port, one request at a time
 its last request for the next prompt that starts with them.
 """
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 from timebill_ros.engine import model_source
+from timebill_ros.engine.remote import client
 
 READY_TIMEOUT_S = 120.0
 
@@ -80,9 +79,8 @@ class LoopbackLlamaServer:
     def models(self) -> list:
         """Return the ids of ``/v1/models`` ([] while it does not answer)."""
         try:
-            with urllib.request.urlopen(self.url + '/models', timeout=1.0) as response:
-                return [entry['id'] for entry in json.loads(response.read())['data']]
-        except OSError:
+            return client.list_models(client.Endpoint.parse(self.url), 1.0)
+        except client.RemoteError:
             return []
 
     def stop(self, timeout_s=10.0) -> None:

@@ -105,21 +105,18 @@ def node_goal(ros_client, context, question, budget_s):
     return result, time.monotonic() - start
 
 
-def _seconds(duration):
-    return duration.sec + duration.nanosec * 1e-9
-
-
 def node_row(result, wall_s, fraction, index, budget_s, free_tokens):
     """Return the Row of a node result."""
+    from timebill_ros.ros.conversions import duration_to_s
     from timebill_ros.server import status
-    execution_s = _seconds(result.total_time) - _seconds(result.queue_time)
+    execution_s = duration_to_s(result.total_time) - duration_to_s(result.queue_time)
     on_time = result.status == status.COMPLETED and result.deadline_met
     sent = result.max_tokens_sent > 0
     wasted = sent and not on_time
     return Row('node', fraction, index, budget_s, on_time, status.STATUS_NAMES[result.status],
                result.response_tokens, free_tokens, execution_s if wasted else 0.0,
                result.response_tokens if wasted else 0, wall_s, result.max_tokens_sent,
-               _seconds(result.predicted_wcet), execution_s)
+               duration_to_s(result.predicted_wcet), execution_s)
 
 
 def run_goals(url, model, ros_client, items, say):

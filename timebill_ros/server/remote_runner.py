@@ -254,28 +254,23 @@ class RemoteGoal:
         """
         job, result, config = self.job, self.result, self.runner.config
         self.phase = 'predictor'
-        left_s = job.deadline_s - self.clock()
         n_hat, n_upper = job.n_max, None
         caps = job.policy.discards_late_result and job.policy.stops_early
-        fits_all = self.model.tokens_fitting(left_s, job.n_x, self.n_cached, job.n_max,
-                                             DECIDE) >= job.n_max
-        if caps and not fits_all:
+        if caps and self.model.tokens_fitting(job.deadline_s - self.clock(), job.n_x,
+                                              self.n_cached, job.n_max, DECIDE) < job.n_max:
             prediction = self._predict()
             if prediction is None:
                 return None
             n_hat, n_upper = prediction
-        else:
+            n_w = upper_tokens(n_hat, config.budget.pessimistic_factor, job.n_max, n_upper)
+            decision = decide_max_tokens(self.model, job.deadline_s - self.clock(), job.n_x,
+                                         self.n_cached, job.n_max, n_w)
+        else:  # N_max fits; or Partial returns what came by the deadline, Skip-Next is late
             result.predictor = 'not needed (N_max fits)' if caps else 'not needed'
-        n_w = upper_tokens(n_hat, config.budget.pessimistic_factor, job.n_max, n_upper)
-        left_s = job.deadline_s - self.clock()
-        if caps:
-            decision = decide_max_tokens(self.model, left_s, job.n_x, self.n_cached,
-                                         job.n_max, n_w)
-        else:  # Partial returns what came by the deadline, Skip-Next finishes late
-            decision = MaxTokensDecision(job.n_max, False, job.n_max, n_w)
+            n_w = upper_tokens(n_hat, config.budget.pessimistic_factor, job.n_max)
+            decision = MaxTokensDecision(job.n_max, False, n_w)
         result.predicted_tokens, result.pessimistic_tokens = n_hat, n_w
         result.max_tokens_sent = decision.max_tokens
-        self.decision_text = decision.describe(job.n_max)
         # t^_WCET of the run: what it spent until now (prediction, decision) and an answer of
         # min(N^_W, max_tokens) tokens, with one step more for an end-of-answer token.
         result.predicted_wcet_s = (self.clock() - job.started_s) + self.model.answer_s(
@@ -403,7 +398,7 @@ class RemoteGoal:
         outcome.decoded(job, result, answer, event.at_s - job.deadline_s)
         if result.status == status.COMPLETED and decision.capped \
                 and answer.stop_reason == stopping.MAX_TOKENS:
-            result.message += f'; {self.decision_text}'
+            result.message += f'; {decision.describe(job.n_max)}'
 
     def _at_deadline(self):
         """End the goal whose deadline (less Partial's margin) came with its request open."""

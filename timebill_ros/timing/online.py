@@ -140,7 +140,39 @@ class PhaseStatus:
     n_samples: int
 
 
-class TimeModel:
+class TrackedPhases:
+    """One PhaseTracker per phase behind a lock: the online half of a time model.
+
+    The local TimeModel and the remote one (timing/remote.py) scale their fitted times by
+    :meth:`_scale` and learn through :meth:`_observe`.
+    """
+
+    def __init__(self, settings: OnlineSettings = None):
+        self.settings = settings or OnlineSettings()
+        self.phases = {name: PhaseTracker(self.settings) for name in PHASES}
+        self._lock = threading.Lock()
+
+    def _scale(self, phase: str, bound: str) -> float:
+        """Return the multiplier of ``phase``'s fitted times at ``bound``: factor x margin."""
+        if bound not in BOUNDS:
+            raise ValueError(f'bound must be one of {BOUNDS}, got {bound!r}')
+        with self._lock:
+            tracker = self.phases[phase]
+            return tracker.factor * tracker.margin(bound)
+
+    def _observe(self, phase: str, base_s: float, measured_s: float) -> None:
+        with self._lock:
+            self.phases[phase].observe(base_s, measured_s)
+
+    def status(self, phase: str) -> PhaseStatus:
+        """Return the speed factor, margins and sample count of ``phase``."""
+        with self._lock:
+            tracker = self.phases[phase]
+            return PhaseStatus(tracker.factor, tracker.margin(WORST), tracker.margin(LEAST),
+                               tracker.n_samples)
+
+
+class TimeModel(TrackedPhases):
     """Eq. 4 with online speed factors and residual margins; all times in seconds.
 
     coefficients: the calibration's Eq. 4 (TimingCoefficients).
@@ -162,20 +194,11 @@ class TimeModel:
         self.copy_token_s = check_nonneg_real('copy_token_s', copy_token_s)
         self.calibration_chunk_tokens = check_int('calibration_chunk_tokens',
                                                   calibration_chunk_tokens, 1)
-        self.settings = settings or OnlineSettings()
+        super().__init__(settings)
         self.predict_base_s = predict_s
         self.calibration_created = calibration_created
-        self.phases = {name: PhaseTracker(self.settings) for name in PHASES}
-        self._lock = threading.Lock()
 
     # --- estimates -----------------------------------------------------------------------
-    def _scale(self, phase: str, bound: str) -> float:
-        if bound not in BOUNDS:
-            raise ValueError(f'bound must be one of {BOUNDS}, got {bound!r}')
-        with self._lock:
-            tracker = self.phases[phase]
-            return tracker.factor * tracker.margin(bound)
-
     def _prefill_base_s(self, n_x: int, n_chunks: Optional[int], n_cached: int = 0) -> float:
         """Eq. 4a, plus the per-call overhead c of each chunk beyond the calibration's.
 
@@ -274,10 +297,6 @@ class TimeModel:
                 + self.overhang_s(n_x, LEAST, n_cached) + self.step_s(n_x, LEAST))
 
     # --- online updates ----------------------------------------------------------------
-    def _observe(self, phase: str, base_s: float, measured_s: float) -> None:
-        with self._lock:
-            self.phases[phase].observe(base_s, measured_s)
-
     def observe_prefill(self, n_x: int, measured_s: float, n_chunks: Optional[int] = None,
                         n_cached: int = 0) -> None:
         """Add a goal's measured prefill of ``n_x`` tokens in ``n_chunks`` chunks, seconds.
@@ -307,13 +326,6 @@ class TimeModel:
             self._observe(PREDICT, self.predict_base_s(n_x), measured_s)
 
     # --- status and persistence --------------------------------------------------------
-    def status(self, phase: str) -> PhaseStatus:
-        """Return the speed factor, margins and sample count of ``phase``."""
-        with self._lock:
-            tracker = self.phases[phase]
-            return PhaseStatus(tracker.factor, tracker.margin(WORST), tracker.margin(LEAST),
-                               tracker.n_samples)
-
     def state(self) -> dict:
         """Return the persistable state as plain data."""
         with self._lock:

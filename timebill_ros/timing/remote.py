@@ -24,15 +24,13 @@ otherwise for the most tokens that fit. Never imports rclpy.
 
 import dataclasses
 import math
-import threading
 
 import numpy as np
 
 from timebill_ros.checks import check_nonneg_real
 from timebill_ros.config import OnlineSettings
-from timebill_ros.timing.online import (BOUNDS, DECIDE, DECODE, EXPECTED, LEAST,
-                                        MIN_DECODE_STEPS, PHASES, PhaseStatus, PhaseTracker,
-                                        PREFILL, WORST)
+from timebill_ros.timing.online import (DECIDE, DECODE, EXPECTED, LEAST, MIN_DECODE_STEPS,
+                                        PREFILL, TrackedPhases)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +110,7 @@ def fit_probes(points) -> RemoteCoefficients:
     return RemoteCoefficients(r, u, v, w)
 
 
-class RemoteTimeModel:
+class RemoteTimeModel(TrackedPhases):
     """The remote engine's times at the four bounds of timing/online.py; seconds.
 
     It answers what admission, the scheduler and the stats ask a TimeModel (prefill_s,
@@ -124,17 +122,8 @@ class RemoteTimeModel:
     def __init__(self, coefficients: RemoteCoefficients, settings: OnlineSettings = None):
         if not isinstance(coefficients, RemoteCoefficients):
             raise TypeError(f'coefficients must be RemoteCoefficients, got {coefficients!r}')
+        super().__init__(settings)
         self.coefficients = coefficients
-        self.settings = settings or OnlineSettings()
-        self.phases = {name: PhaseTracker(self.settings) for name in PHASES}
-        self._lock = threading.Lock()
-
-    def _scale(self, phase: str, bound: str) -> float:
-        if bound not in BOUNDS:
-            raise ValueError(f'bound must be one of {BOUNDS}, got {bound!r}')
-        with self._lock:
-            tracker = self.phases[phase]
-            return tracker.factor * tracker.margin(bound)
 
     # --- estimates -------------------------------------------------------------------------
     def first_token_base_s(self, n_x: int, n_cached: int = 0) -> float:
@@ -188,25 +177,16 @@ class RemoteTimeModel:
     def observe_prefill(self, n_x: int, measured_s: float, n_chunks=None,
                         n_cached: int = 0) -> None:
         """Add a goal's measured first-token time, seconds."""
-        with self._lock:
-            self.phases[PREFILL].observe(self.first_token_base_s(n_x, n_cached), measured_s)
+        self._observe(PREFILL, self.first_token_base_s(n_x, n_cached), measured_s)
 
     def observe_decode(self, n_kv_first: int, n_steps: int, measured_s: float) -> None:
         """Add ``n_steps`` further tokens after ``n_kv_first`` tokens (MIN_DECODE_STEPS+)."""
         if n_steps < MIN_DECODE_STEPS:
             return
-        with self._lock:
-            self.phases[DECODE].observe(self._steps_base_s(n_kv_first, n_steps), measured_s)
+        self._observe(DECODE, self._steps_base_s(n_kv_first, n_steps), measured_s)
 
     def observe_predict(self, n_x: int, measured_s: float) -> None:
         """Nothing: the predictor's time is the goal's own, before its request."""
-
-    def status(self, phase: str) -> PhaseStatus:
-        """Return the speed factor, margins and sample count of ``phase``."""
-        with self._lock:
-            tracker = self.phases[phase]
-            return PhaseStatus(tracker.factor, tracker.margin(WORST), tracker.margin(LEAST),
-                               tracker.n_samples)
 
     def save(self, path: str) -> None:
         """Nothing: see the class doc (the service saves only with a state path)."""
@@ -214,14 +194,10 @@ class RemoteTimeModel:
 
 @dataclasses.dataclass(frozen=True)
 class MaxTokensDecision:
-    """The request's max_tokens and why: ``capped`` when it is below N_max.
-
-    n_fit: the most tokens that fit the time left at the decision bound; n_w: N^_W.
-    """
+    """The request's max_tokens and why: ``capped`` when it is below N_max; n_w: N^_W."""
 
     max_tokens: int
     capped: bool
-    n_fit: int
     n_w: int
 
     def describe(self, n_max: int) -> str:
@@ -243,5 +219,5 @@ def decide_max_tokens(model: RemoteTimeModel, time_left_s: float, n_x: int, n_ca
         raise ValueError(f'time_left_s must be finite, got {time_left_s!r}')
     n_fit = model.tokens_fitting(time_left_s, n_x, n_cached, n_max, bound)
     if n_fit >= min(n_w, n_max):
-        return MaxTokensDecision(n_max, False, n_fit, n_w)
-    return MaxTokensDecision(max(1, n_fit), True, n_fit, n_w)
+        return MaxTokensDecision(n_max, False, n_w)
+    return MaxTokensDecision(max(1, n_fit), True, n_w)
