@@ -19,14 +19,18 @@ layer of a chunk (the chunk's time / layers).
 """
 
 import argparse
+import collections
 import dataclasses
+import gc
 import json
+import os
 import pathlib
 import platform
 import statistics
 import sys
 import threading
 import time
+import traceback
 
 import torch
 
@@ -35,6 +39,7 @@ from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.llm_engine import GenerationStopped, fixed_chunks
 from timebill_ros.engine.stopping import CancelStop, StopCriteria
+from timebill_ros.server.status import POLICY_KILL, POLICY_SKIP_NEXT
 
 LONG_LINES = 260   # robot-log lines: 4,742 tokens with the embedded tokenizer
 CANCEL_AT = (0.2, 0.5, 0.8)   # of the prefill's time
@@ -191,6 +196,7 @@ def run_demo(out, params_file, offload=False):
     try:
         for together, goals in ((False, demo_goals()), (True, burst_goals())):
             rows += _run_goals(service, goals, together, GoalRequest, GoalRejected)
+        rows += run_decode_probe(service, GoalRequest)
     finally:
         service.shutdown()
     _append(out, 'demo', rows)
@@ -228,6 +234,127 @@ def _run_goals(service, goals, together, request_type, rejected_type):
                        message=result.message)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
         rows.append(row)
+    return rows
+
+
+# --- decode probe: the bare engine's steps against the service's ---------------------------
+PROBE_TOKENS = 64
+
+
+def _task_cpu_s():
+    """Return {native thread id: (name, CPU seconds)} of this process's threads (Linux)."""
+    tick = os.sysconf('SC_CLK_TCK')
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir('/proc/self/task'):
+        try:
+            with open(f'/proc/self/task/{tid}/stat', encoding='ascii') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+            with open(f'/proc/self/task/{tid}/comm', encoding='ascii') as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        out[int(tid)] = (names.get(int(tid), comm), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+class _Sampler:
+    """Sample one thread's innermost Python frames every ``period_s`` (where its time goes)."""
+
+    def __init__(self, period_s=0.01):
+        self.period_s, self.counts, self.target = period_s, collections.Counter(), None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name='probe-sampler', daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self):
+        while not self._stop.wait(self.period_s):
+            frame = sys._current_frames().get(self.target) if self.target else None
+            if frame is not None:
+                stack = traceback.extract_stack(frame)[-2:]
+                self.counts[' < '.join(f'{pathlib.Path(f.filename).name}:{f.lineno} {f.name}'
+                                       for f in reversed(stack))] += 1
+
+
+def _measured(label, run):
+    """Run ``run() -> (tokens, primary thread ident or None)``; return the probe's row."""
+    gc_pauses, started = [], [0.0]
+
+    def on_gc(phase, info):
+        if phase == 'start':
+            started[0] = time.perf_counter()
+        else:
+            gc_pauses.append(time.perf_counter() - started[0])
+    gc.callbacks.append(on_gc)
+    before, begin = _task_cpu_s(), time.perf_counter()
+    try:
+        with _Sampler() as sampler:
+            tokens = run(sampler)
+    finally:
+        gc.callbacks.remove(on_gc)
+    wall_s = time.perf_counter() - begin
+    after = _task_cpu_s()
+    busy = sorted(((after[t][1] - before.get(t, ('', 0.0))[1], after[t][0]) for t in after),
+                  reverse=True)[:5]
+    row = {'what': 'decode probe', 'label': label, 'tokens': tokens, 'wall_s': wall_s,
+           'ms_per_token': 1e3 * wall_s / max(1, tokens), 'gc_n': len(gc_pauses),
+           'gc_s': sum(gc_pauses), 'busy_threads': [[name, round(s, 3)] for s, name in busy],
+           'primary_frames': sampler.counts.most_common(4)}
+    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+    return row
+
+
+def run_decode_probe(service, request_type):
+    """Time the same 64-token answer from the bare engine and through the service's goal path.
+
+    A third H200 run found the service's steps at 4-5x the bare engine's on the GPU. Each
+    variant records every thread's CPU seconds (/proc), the gc pauses and where the thread that
+    decodes spends its time (frames sampled every 10 ms), so the next GPU run names the cause;
+    gc frozen and a 0.5 ms GIL switch interval are tried as remedies in the same process.
+    """
+    engine = service.engine
+    ids = engine.encode(prompts.SHORT[0][1])
+
+    def bare(sampler):
+        sampler.target = threading.get_ident()
+        with torch.inference_mode():
+            state = engine.prefill(list(ids), StopCriteria())
+            return len(engine.decode(state, PROBE_TOKENS, StopCriteria()).token_ids)
+
+    def goal(policy):
+        def run(sampler):
+            done, box = threading.Event(), []
+            request = request_type(prompt=prompts.SHORT[0][1], budget_s=60.0,
+                                   max_new_tokens=PROBE_TOKENS, overrun_policy=policy,
+                                   goal_id='decode probe')
+            primary = [t for t in threading.enumerate() if t.name.endswith('primary')]
+            sampler.target = primary[0].ident if primary else None
+            service.submit(request, lambda feedback: None,
+                           lambda result: (box.append(result), done.set()))
+            done.wait(120.0)
+            return box[0].response_tokens if box else 0
+        return run
+
+    rows = [_measured('bare engine, this thread', bare),
+            _measured('service goal, Kill', goal(POLICY_KILL)),
+            _measured('service goal, Skip-Next', goal(POLICY_SKIP_NEXT))]
+    gc.freeze()
+    rows.append(_measured('service goal, Kill, gc frozen', goal(POLICY_KILL)))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        rows.append(_measured('service goal, Kill, GIL switch 0.5 ms', goal(POLICY_KILL)))
+        rows.append(_measured('bare engine, GIL switch 0.5 ms', bare))
+    finally:
+        sys.setswitchinterval(interval)
+        gc.unfreeze()
     return rows
 
 
@@ -287,8 +414,26 @@ def report(out):
                          f"{_num(r.get('total_s'))} | {_num(r.get('wcet_s'))} | "
                          f"{_num(r.get('execution_s'))} | {_ms(r.get('kill_latency_s'))} | "
                          f"{r.get('tokens', '-')} | {r.get('deadline_met', '-')} |")
+    lines += _probe_lines(rows)
     (out / 'gpu_check.md').write_text('\n'.join(lines) + '\n', encoding='utf-8')
     print('\n'.join(lines))
+
+
+def _probe_lines(rows):
+    probes = [r for r in rows if r['what'] == 'decode probe']
+    if not probes:
+        return []
+    lines = ['', '## Decode steps: the bare engine against the service', '',
+             f'The same {PROBE_TOKENS}-token answer (the prefill included). Busy threads: CPU '
+             'seconds during the run; frames: where the decoding thread was, sampled every '
+             '10 ms.', '', '| run | tokens | ms/token | gc pauses (n, ms) | busy threads, CPU s '
+             '| decoding thread frames |', '|---|---|---|---|---|---|']
+    for r in probes:
+        busy = ', '.join(f'{name} {s:.2f}' for name, s in r['busy_threads'])
+        frames = '<br>'.join(f'{n} x {where}' for where, n in r['primary_frames'])
+        lines.append(f"| {r['label']} | {r['tokens']} | {r['ms_per_token']:.1f} | "
+                     f"{r['gc_n']}, {r['gc_s'] * 1e3:.1f} | {busy} | {frames} |")
+    return lines
 
 
 def _ms(seconds):

@@ -2,8 +2,9 @@
 # The CUDA path in one command (`make gpu-check`, or on a machine whose python has CUDA torch:
 # scripts/gpu_check.sh OUT_DIR). Each part runs in its own process under a time limit, so one
 # that fails or hangs leaves the others' figures; the report is made of what finished.
-# Parts: the CPU kernels' build, the refused formats, stop latency and chunked prefill (benchmarks/gpu_check.py), the
-# engine formats side by side (timebill enginebench --device cuda), the demo's goals.
+# Parts: the CPU kernels' build, the refused formats, stop latency and chunked prefill
+# (benchmarks/gpu_check.py), the engine formats side by side (timebill enginebench --device
+# cuda), the demo's goals and the decode probe (the bare engine's steps against the service's).
 # A second argument `cpu` makes it a dry run on the CPU at small sizes (CI runs it so).
 set -u
 out="${1:-log/gpu_check}"
@@ -12,11 +13,11 @@ py="${PYTHON:-$(command -v python || command -v python3)}"  # Ubuntu has only py
 if [[ "$device" == cpu ]]; then  # limits (s): two cores, a first start calibrates
   stops=(--device cpu --lines 20)
   bench=(--device cpu --quick --rounds 1 --steps 4)
-  limits=(120 60 120 300 420)
-else  # on one GPU the whole check stays under 8 minutes
+  limits=(120 60 120 300 480)
+else  # on one GPU the whole check stays under 9 minutes
   stops=(--device "$device")
   bench=(--device "$device")
-  limits=(45 45 90 120 170)
+  limits=(45 45 90 120 240)
 fi
 mkdir -p "$out"
 rm -f "$out/gpu_check.jsonl"
