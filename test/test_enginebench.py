@@ -61,3 +61,27 @@ def test_a_saved_run_is_reported_again(tmp_path):
     assert (tmp_path / 'b' / 'enginebench.md').read_text() == \
         (tmp_path / 'a' / 'enginebench.md').read_text()
     assert json.loads((tmp_path / 'b' / 'enginebench.json').read_text())['meta'] == meta
+
+
+def test_agreement_runs_without_rouge_score(make_tiny_engine, monkeypatch):
+    """A robot install has no rouge-score: the GPU check's enginebench keeps token agreement."""
+    import builtins
+    real_import = builtins.__import__
+
+    def no_rouge(name, *args, **kwargs):
+        if name.startswith('rouge_score'):
+            raise ModuleNotFoundError("No module named 'rouge_score'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, '__import__', no_rouge)
+    engines = {'lean fp32': make_tiny_engine(forward='lean'),
+               'lean fp16': make_tiny_engine(forward='lean', decode_weights='float16')}
+    rows = {name: enginebench.Row(name, {100: [0.01]}, {}) for name in engines}
+    said = []
+    enginebench._measure_agreement(engines, rows, 1, 4, said.append)
+    assert any('no ROUGE-L' in line for line in said)
+    agreement = rows['lean fp32'].agreement[0]
+    assert agreement['identical'] and agreement['rouge_l'] is None
+    meta = {'model': 'm', 'threads': 2, 'command': 'c', 'rounds': 1, 'bandwidth_gbs': 30.0,
+            'floor_ms': {name: 5.0 for name in engines}, 'agreement_tokens': 4,
+            'llama_cpp': 'skipped'}
+    assert '| lean fp32 | 1/1 | 4 | - (no rouge-score) |' in enginebench.report(rows, meta)

@@ -182,7 +182,11 @@ def _llama_answer(llama, reference_engine, input_ids, n_tokens):
 
 def _measure_agreement(engines, rows, n_prompts, n_tokens, progress, llama=None):
     from timebill_ros.bench.timebill import _rouge_l_scorer, rlp_test_prompts
-    rouge = _rouge_l_scorer()
+    try:
+        rouge = _rouge_l_scorer()
+    except ImportError as exc:  # a robot install (requirements-robot.txt) has no rouge-score
+        progress(f'agreement: no ROUGE-L ({exc}); token agreement only')
+        rouge = None
     reference_name = next(iter(engines))
     reference_engine = engines[reference_name]
     for prompt_id, prompt in rlp_test_prompts(n_prompts):
@@ -204,7 +208,7 @@ def _measure_agreement(engines, rows, n_prompts, n_tokens, progress, llama=None)
             rows[name].agreement.append(
                 {'prompt_id': prompt_id, 'identical': token_ids == reference_ids,
                  'same_prefix': same, 'tokens': len(token_ids),
-                 'rouge_l': rouge(reference_text, text)})
+                 'rouge_l': rouge(reference_text, text) if rouge else None})
         progress(f'agreement {prompt_id}: ' + ', '.join(
             f'{n}: {rows[n].agreement[-1]["same_prefix"]}' for n in answers))
 
@@ -286,9 +290,9 @@ def report(rows, meta) -> str:
             continue
         same = ', '.join(str(a['same_prefix']) for a in row.agreement)
         identical = sum(a['identical'] for a in row.agreement)
-        mean_rouge = statistics.mean(a['rouge_l'] for a in row.agreement)
-        lines.append(f'| {name} | {identical}/{len(row.agreement)} | {same} | '
-                     f'{mean_rouge:.3f} |')
+        scores = [a['rouge_l'] for a in row.agreement if a['rouge_l'] is not None]
+        mean_rouge = f'{statistics.mean(scores):.3f}' if scores else '- (no rouge-score)'
+        lines.append(f'| {name} | {identical}/{len(row.agreement)} | {same} | {mean_rouge} |')
     lines += ['', 'llama.cpp row: ' + meta['llama_cpp']]
     if meta.get('auto'):
         lines += ['', '`engine.decode_weights: auto` on this machine: ' + meta['auto']]

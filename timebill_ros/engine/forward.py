@@ -32,6 +32,25 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def avoid_cudnn_attention(device) -> bool:
+    """Turn torch's cuDNN attention backend off when ``device`` is a CUDA device.
+
+    Return True when it did. The flag is process-wide (``torch.backends.cuda``): the
+    scaled-dot-product attention then runs on the flash, memory-efficient or math kernels,
+    none of which plans per shape. torch's cuDNN attention builds an execution graph for each
+    new query / key length, and decoding gives every step a new KV length: on an H200 (torch
+    2.11, 2026-11-27, docs/gpu.md) that cost ~1.8 ms of CPU per layer and step, 40-71 ms a
+    token where the same steps took 11-13 ms with it off; a new thread built its graphs again.
+    A prompt of a new length paid it in the prefill too.
+    """
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.type != 'cuda':
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 class Interrupted(Exception):
     """Raised before a decoder layer to abandon a forward pass; ``reason`` as in stopping.py."""
 

@@ -34,7 +34,8 @@ from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import kernels, model_source
 from timebill_ros.engine.chat import encode_chat
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
-from timebill_ros.engine.forward import Forward, HiddenPool, Interrupted, PassHooks
+from timebill_ros.engine.forward import (Forward, HiddenPool, Interrupted, PassHooks,
+                                         avoid_cudnn_attention)
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
 from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
@@ -257,6 +258,7 @@ class LlmEngine:
         # Token ids the model reads and scores.
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._eos_token_ids = _eos_token_ids(model, tokenizer)
+        avoid_cudnn_attention(next(model.parameters()).device)  # before any timed pass
         if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
             self._choose_step_format()
         else:
