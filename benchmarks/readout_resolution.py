@@ -1,0 +1,99 @@
+"""Whether a finer length resolution changes TimeBill's N^_W on the robot-context items.
+
+    python benchmarks/readout_resolution.py NAME=READOUT.onnx [NAME=READOUT.onnx ...]
+        [--raw benchmarks/results/robot_context/robot_bench_raw.json] [--out FILE.md]
+
+Each prefill readout (``timebill predictor readout --bucket B --export --onnx FILE``) reads the
+pooled prefill states of the Fig. 7 run's 60 items (context + question, fp32 prefill, the
+embedded model), as the server does: N^ (the median bucket's upper edge), N^_W (the 0.9
+quantile's, at N_max 128) and P(N > N_max), set beside each item's Vanilla length N_v (the run's
+1.25 t_v Kill row). docs/benchmark.md, "where Kill fails".
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+from timebill_ros.bench.robot_bench import CONTEXT_SIZES
+from timebill_ros.bench.robot_context import build_workload
+from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
+from timebill_ros.engine import LlmEngine
+from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.predictors.prefill_readout import PrefillReadout
+from timebill_ros.predictors.readout import bucket_cdf
+
+N_MAX, Q = 128, 0.9
+
+
+def _vanilla_lengths(raw):
+    return {r['item']: r['response_tokens'] for r in raw['rows']
+            if r['method'] == 'vanilla' and r['policy'] == 'kill' and r['fraction'] == 1.25}
+
+
+def _row(readout, pooled):
+    n_hat, n_w = readout.predict_bounds(pooled, N_MAX, Q)
+    cdf = bucket_cdf(readout.run(pooled))
+    return n_hat, n_w, 1.0 - float(cdf[N_MAX // readout.format.bucket_tokens - 1])
+
+
+def _count(values):
+    return ', '.join(f'{v} ({values.count(v)})' for v in sorted(set(values)))
+
+
+def _report(rows, names):
+    lines = [f'# N^ and N^_W (q = {Q}, N_max {N_MAX}) of prefill readouts on the robot-context '
+             'items', '', f'{len(rows)} items; command: `python benchmarks/readout_resolution.py '
+             + ' '.join(f'{n}=...' for n in names) + '`', '',
+             '| readout | N^ values (count) | N^_W values (count) | N^ MAE vs N_v | '
+             'P(N > N_max): median, min, max | on the items with N_v < N_max |',
+             '|---|---|---|---|---|---|']
+    for name in names:
+        n_hats = [r[name][0] for r in rows]
+        n_ws = [r[name][1] for r in rows]
+        over = [r[name][2] for r in rows]
+        short = [r for r in rows if r['n_v'] < N_MAX]
+        mae = statistics.mean(abs(r[name][0] - r['n_v']) for r in rows)
+        lines.append(f'| {name} | {_count(n_hats)} | {_count(n_ws)} | {mae:.1f} | '
+                     f'{statistics.median(over):.2f}, {min(over):.2f}, {max(over):.2f} | '
+                     + ', '.join(f'N_v {r["n_v"]}: N^ {r[name][0]}, N^_W {r[name][1]}, '
+                                 f'P {r[name][2]:.2f}' for r in short) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+    """Print and optionally write the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('readouts', nargs='+', help='NAME=PATH of a readout ONNX file')
+    parser.add_argument('--raw', default='benchmarks/results/robot_context/robot_bench_raw.json')
+    parser.add_argument('--out', default='')
+    args = parser.parse_args(argv)
+    readouts = dict(arg.split('=', 1) for arg in args.readouts)
+    readouts = {name: PrefillReadout.load(path) for name, path in readouts.items()}
+    layers = {r.pool_layers for r in readouts.values()}
+    if len(layers) != 1:
+        sys.exit(f'the readouts pool different layers: {layers}')
+    with open(args.raw, encoding='utf-8') as f:
+        raw = json.load(f)
+    n_v = _vanilla_lengths(raw)
+    engine = LlmEngine.load(EngineConfig(prefill_dtype='float32'), EvictionConfig(),
+                            prefix_cache=PrefixCacheConfig(enabled=False))
+    engine.pool_layers = layers.pop()
+    items = {item.item_id: item for item in build_workload(
+        lambda text: len(engine.encode(text)), sizes=CONTEXT_SIZES)}
+    rows = []
+    for item_id in raw['items']:
+        state = engine.prefill(engine.encode(items[item_id].prompt), StopCriteria())
+        rows.append({'item': item_id, 'n_v': n_v[item_id],
+                     **{name: _row(r, state.pooled) for name, r in readouts.items()}})
+        print(rows[-1], flush=True)
+    text = _report(rows, list(readouts))
+    print(text)
+    if args.out:
+        with open(args.out, 'w', encoding='utf-8') as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
