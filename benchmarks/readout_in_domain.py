@@ -1,0 +1,121 @@
+"""Whether the pooled prefill states tell which robot-context answers end before N_max.
+
+    python benchmarks/readout_in_domain.py READOUT.onnx [--features FILE.npz] [--out FILE.md]
+
+The 108 robot-context items (all of the workload, the Fig. 7 run's Vanilla lengths in
+robot_bench_vanilla.json): label 1 where the Vanilla answer ended before N_max = 128. Scores:
+the server's readout (trained on the corpus, P(N <= N_max) from its buckets) and an in-domain
+L2 logistic regression on the same pooled states, fitted on the other contexts (leave one
+context out, and leave one context kind out). AUC, and how many short / long items get
+P(short) >= 0.9 (what would let TimeBill budget below N_max). The pooled states (one fp32
+prefill per item, ~8 min here) are cached in ``--features``. docs/benchmark.md, "where Kill
+fails".
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+from scipy.optimize import minimize
+
+N_MAX = 128
+LAMBDAS = (0.01, 0.1, 1.0)
+VANILLA = 'benchmarks/results/robot_context/robot_bench_vanilla.json'
+
+
+def _features(readout_path, vanilla):
+    from timebill_ros.bench.robot_bench import CONTEXT_SIZES
+    from timebill_ros.bench.robot_context import build_workload
+    from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.engine.stopping import StopCriteria
+    from timebill_ros.predictors.prefill_readout import PrefillReadout
+    from timebill_ros.predictors.readout import bucket_cdf
+    readout = PrefillReadout.load(readout_path)
+    engine = LlmEngine.load(EngineConfig(prefill_dtype='float32'), EvictionConfig(),
+                            prefix_cache=PrefixCacheConfig(enabled=False))
+    engine.pool_layers = readout.pool_layers
+    rows = {'X': [], 'y': [], 'ctx': [], 'p_general': []}
+    for item in build_workload(lambda text: len(engine.encode(text)), sizes=CONTEXT_SIZES):
+        state = engine.prefill(engine.encode(item.prompt), StopCriteria())
+        rows['X'].append(np.asarray(state.pooled, dtype=np.float64).reshape(-1))
+        rows['y'].append(int(vanilla[item.item_id]['tokens'] < N_MAX))
+        rows['ctx'].append(item.context_id)
+        cdf = bucket_cdf(readout.run(state.pooled))
+        rows['p_general'].append(float(cdf[N_MAX // readout.format.bucket_tokens - 1]))
+        print(item.item_id, rows['y'][-1], round(rows['p_general'][-1], 3), flush=True)
+    return {k: np.array(v) for k, v in rows.items()}
+
+
+def auc(score, label) -> float:
+    """Return the probability that a random positive scores above a random negative."""
+    pos, neg = score[label == 1], score[label == 0]
+    return float(np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg]))
+
+
+def fit_logistic(features, labels, lam):
+    """Return x -> P(label 1) of an L2 logistic regression on standardized features."""
+    mean, scale = features.mean(0), features.std(0) + 1e-6
+    z_train = (features - mean) / scale
+
+    def loss(w):
+        p = 1.0 / (1.0 + np.exp(-(z_train @ w[:-1] + w[-1])))
+        value = -np.mean(labels * np.log(p + 1e-12) + (1 - labels) * np.log(1 - p + 1e-12))
+        grad = z_train.T @ (p - labels) / len(labels) + 2 * lam * w[:-1]
+        return value + lam * np.sum(w[:-1] ** 2), np.append(grad, np.mean(p - labels))
+    w = minimize(loss, np.zeros(z_train.shape[1] + 1), jac=True, method='L-BFGS-B').x
+    return lambda x: 1.0 / (1.0 + np.exp(-(((x - mean) / scale) @ w[:-1] + w[-1])))
+
+
+def _line(name, p, y):
+    sure, wrong = int(((p >= 0.9) & (y == 1)).sum()), int(((p >= 0.9) & (y == 0)).sum())
+    return (f'| {name} | {auc(p, y):.3f} | {sure} of {int(y.sum())} | '
+            f'{wrong} of {int((1 - y).sum())} |')
+
+
+def report(data) -> str:
+    """Return the markdown table of the general readout and the in-domain fits."""
+    y, ctx = data['y'], data['ctx']
+    kind = np.array([c.split('-')[0] for c in ctx])
+    lines = ['# Do the pooled prefill states tell short robot-context answers from long ones?',
+             '', f'{len(y)} items, {int(y.sum())} answered in fewer than {N_MAX} tokens. '
+             'Command: `python benchmarks/readout_in_domain.py READOUT.onnx`.', '',
+             '| score | AUC | P(short) >= 0.9 on short items | ... on long items |',
+             '|---|---|---|---|', _line('server readout (corpus), P(N <= 128)',
+                                        data['p_general'], y)]
+    for groups, name in ((ctx, 'leave one context out'), (kind, 'leave one kind out')):
+        for lam in LAMBDAS:
+            p = np.zeros(len(y))
+            for group in np.unique(groups):
+                test = groups == group
+                p[test] = fit_logistic(data['X'][~test], y[~test], lam)(data['X'][test])
+            lines.append(_line(f'in-domain logistic, {name}, lambda {lam}', p, y))
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+    """Compute (or load) the features and print / write the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('readout')
+    parser.add_argument('--features', default='log/readout_in_domain.npz')
+    parser.add_argument('--out', default='')
+    args = parser.parse_args(argv)
+    if os.path.exists(args.features):
+        data = dict(np.load(args.features))
+    else:
+        with open(VANILLA, encoding='utf-8') as f:
+            data = _features(args.readout, json.load(f))
+        os.makedirs(os.path.dirname(args.features) or '.', exist_ok=True)
+        np.savez(args.features, **data)
+    text = report(data)
+    print(text)
+    if args.out:
+        with open(args.out, 'w', encoding='utf-8') as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
