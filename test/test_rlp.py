@@ -500,3 +500,24 @@ def test_the_predictor_runs_on_the_cpu_beside_a_gpu_prefill(exported, monkeypatc
     assert PredictorConfig().provider == 'auto'
     with pytest.raises(ValueError, match="predictor.provider.*'gpu'"):
         PredictorConfig(provider='gpu')
+
+
+def test_each_rlp_call_gives_the_arena_back(exported):
+    """The CPU arena would keep the largest call's activations (N_p^2) for good."""
+    predictor = OnnxRlpPredictor.load(exported, provider='cpu', max_input_tokens=256)
+    session, seen = predictor.session, []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(session, name)
+
+        def run(self, names, feeds, options=None):
+            seen.append(options)
+            return session.run(names, feeds, options)
+    predictor.session = Recording()
+    first = predictor.run(list(range(5, 60)))
+    second = predictor.run(list(range(5, 60)))
+    assert len(seen) == 2 and seen[0] is not seen[1]
+    assert all(o.get_run_config_entry('memory.enable_memory_arena_shrinkage') == 'cpu:0'
+               for o in seen)
+    assert (first == second).all()
