@@ -26,25 +26,15 @@ VANILLA = 'benchmarks/results/robot_context/robot_bench_vanilla.json'
 
 
 def _features(readout_path, vanilla):
-    from timebill_ros.bench.robot_bench import CONTEXT_SIZES
-    from timebill_ros.bench.robot_context import build_workload
-    from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
-    from timebill_ros.engine import LlmEngine
-    from timebill_ros.engine.stopping import StopCriteria
+    from readout_resolution import p_at_most, pooled_states  # beside this file
     from timebill_ros.predictors.prefill_readout import PrefillReadout
-    from timebill_ros.predictors.readout import bucket_cdf
     readout = PrefillReadout.load(readout_path)
-    engine = LlmEngine.load(EngineConfig(prefill_dtype='float32'), EvictionConfig(),
-                            prefix_cache=PrefixCacheConfig(enabled=False))
-    engine.pool_layers = readout.pool_layers
     rows = {'X': [], 'y': [], 'ctx': [], 'p_general': []}
-    for item in build_workload(lambda text: len(engine.encode(text)), sizes=CONTEXT_SIZES):
-        state = engine.prefill(engine.encode(item.prompt), StopCriteria())
-        rows['X'].append(np.asarray(state.pooled, dtype=np.float64).reshape(-1))
+    for item, pooled in pooled_states(readout.pool_layers):
+        rows['X'].append(np.asarray(pooled, dtype=np.float64).reshape(-1))
         rows['y'].append(int(vanilla[item.item_id]['tokens'] < N_MAX))
         rows['ctx'].append(item.context_id)
-        cdf = bucket_cdf(readout.run(state.pooled))
-        rows['p_general'].append(float(cdf[N_MAX // readout.format.bucket_tokens - 1]))
+        rows['p_general'].append(p_at_most(readout, pooled, N_MAX))
         print(item.item_id, rows['y'][-1], round(rows['p_general'][-1], 3), flush=True)
     return {k: np.array(v) for k, v in rows.items()}
 
@@ -109,11 +99,8 @@ def main(argv=None):
             data = _features(args.readout, json.load(f))
         os.makedirs(os.path.dirname(args.features) or '.', exist_ok=True)
         np.savez(args.features, **data)
-    text = report(data)
-    print(text)
-    if args.out:
-        with open(args.out, 'w', encoding='utf-8') as f:
-            f.write(text)
+    from readout_resolution import print_and_write  # beside this file
+    print_and_write(report(data), args.out)
     return 0
 
 

@@ -31,10 +31,39 @@ def _vanilla_lengths(raw):
             if r['method'] == 'vanilla' and r['policy'] == 'kill' and r['fraction'] == 1.25}
 
 
+def pooled_states(pool_layers, item_ids=None):
+    """Yield (item, pooled prefill states) of the robot-context items, as the server pools.
+
+    The embedded model with an fp32 prefill and no prefix store, pooling ``pool_layers`` (a
+    readout's); item_ids: these items in this order (None: the whole workload).
+    """
+    engine = LlmEngine.load(EngineConfig(prefill_dtype='float32'), EvictionConfig(),
+                            prefix_cache=PrefixCacheConfig(enabled=False))
+    engine.pool_layers = pool_layers
+    items = {item.item_id: item for item in build_workload(
+        lambda text: len(engine.encode(text)), sizes=CONTEXT_SIZES)}
+    for item_id in items if item_ids is None else item_ids:
+        item = items[item_id]
+        yield item, engine.prefill(engine.encode(item.prompt), StopCriteria()).pooled
+
+
+def p_at_most(readout, pooled, n_tokens=N_MAX):
+    """Return the readout's P(N <= n_tokens) for ``pooled``, n_tokens a bucket edge."""
+    cdf = bucket_cdf(readout.run(pooled))
+    return float(cdf[n_tokens // readout.format.bucket_tokens - 1])
+
+
+def print_and_write(text, out=''):
+    """Print the report ``text``; write it to ``out`` too unless empty."""
+    print(text)
+    if out:
+        with open(out, 'w', encoding='utf-8') as f:
+            f.write(text)
+
+
 def _row(readout, pooled):
     n_hat, n_w = readout.predict_bounds(pooled, N_MAX, Q)
-    cdf = bucket_cdf(readout.run(pooled))
-    return n_hat, n_w, 1.0 - float(cdf[N_MAX // readout.format.bucket_tokens - 1])
+    return n_hat, n_w, 1.0 - p_at_most(readout, pooled)
 
 
 def _count(values):
@@ -76,22 +105,12 @@ def main(argv=None):
     with open(args.raw, encoding='utf-8') as f:
         raw = json.load(f)
     n_v = _vanilla_lengths(raw)
-    engine = LlmEngine.load(EngineConfig(prefill_dtype='float32'), EvictionConfig(),
-                            prefix_cache=PrefixCacheConfig(enabled=False))
-    engine.pool_layers = layers.pop()
-    items = {item.item_id: item for item in build_workload(
-        lambda text: len(engine.encode(text)), sizes=CONTEXT_SIZES)}
     rows = []
-    for item_id in raw['items']:
-        state = engine.prefill(engine.encode(items[item_id].prompt), StopCriteria())
-        rows.append({'item': item_id, 'n_v': n_v[item_id],
-                     **{name: _row(r, state.pooled) for name, r in readouts.items()}})
+    for item, pooled in pooled_states(layers.pop(), raw['items']):
+        rows.append({'item': item.item_id, 'n_v': n_v[item.item_id],
+                     **{name: _row(r, pooled) for name, r in readouts.items()}})
         print(rows[-1], flush=True)
-    text = _report(rows, list(readouts))
-    print(text)
-    if args.out:
-        with open(args.out, 'w', encoding='utf-8') as f:
-            f.write(text)
+    print_and_write(_report(rows, list(readouts)), args.out)
     return 0
 
 

@@ -21,6 +21,7 @@ def _one(path, mode):
     import numpy as np
     import onnxruntime
     import psutil
+    from timebill_ros.predictors.onnx_rlp import ARENA_SHRINKAGE
     process = psutil.Process()
     before = process.memory_info().rss
     options = onnxruntime.SessionOptions()
@@ -29,7 +30,7 @@ def _one(path, mode):
     session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
     run_options = onnxruntime.RunOptions()
     if mode == 'shrink':
-        run_options.add_run_config_entry('memory.enable_memory_arena_shrinkage', 'cpu:0')
+        run_options.add_run_config_entry(*ARENA_SHRINKAGE)
     cells = []
     for n_tokens in (4000, 300, 300):
         begin = time.perf_counter()
