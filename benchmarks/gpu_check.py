@@ -70,7 +70,9 @@ def run_refusals(out):
              'gpu': gpu, 'python': platform.python_version()}]
     # Refused when the config is built, before any device is touched: checked on any machine.
     for name, kwargs in (('decode_weights gguf on cuda', {'decode_weights': 'gguf'}),
-                         ('a .gguf model_path on cuda', {'model_path': 'model.gguf'})):
+                         ('a .gguf model_path on cuda, decode_weights float32 in float16',
+                          {'model_path': 'model.gguf', 'dtype': 'float16',
+                           'decode_weights': 'float32'})):
         try:
             EngineConfig(device='cuda', **kwargs)
             rows.append({'what': name, 'ok': False, 'error': 'accepted'})

@@ -261,20 +261,18 @@ def test_the_engine_serves_a_gguf_file(bpe_file):
     assert again.n_cached > 0 and again.first_token == state.first_token
 
 
-def test_a_gguf_file_on_another_device_is_refused(bpe_file):
-    with pytest.raises(ValueError, match="engine.device 'cuda'.*runs on the CPU kernels"):
-        LlmEngine(EngineConfig(model_path=str(bpe_file), device='cuda'), EvictionConfig())
-
-
 @pytest.mark.parametrize('fields', [{'decode_weights': 'gguf', 'device': 'cuda'},
-                                    {'decode_weights': 'gguf', 'device': 'cuda:1'},
-                                    {'model_path': 'my.Q4_K_M.GGUF', 'device': 'cuda:0'}])
+                                    {'decode_weights': 'gguf', 'device': 'cuda:1'}])
 def test_a_format_the_gpu_cannot_run_is_refused_at_configure(fields):
-    """The GGUF kernels read host memory: refused before any model loads (issue 41)."""
+    """The GGUF kernels read host memory: refused before any model loads (issue 41).
+
+    A .gguf model_path itself runs on a GPU (the dense decoder, test_dense_decoder.py).
+    """
     with pytest.raises(ValueError, match=r"engine.device 'cuda(:\d)?'.*CPU kernels"):
         EngineConfig(**fields)
     assert EngineConfig(**{**fields, 'device': 'cpu'}).device == 'cpu'
     assert EngineConfig(device='cuda', decode_weights='float16').device == 'cuda'
+    assert EngineConfig(model_path='my.Q4_K_M.GGUF', device='cuda:0').device == 'cuda:0'
     with pytest.raises(TypeError, match='engine.device'):
         EngineConfig(device=None)
 

@@ -43,10 +43,12 @@ class EngineConfig:
     """The LLM engine (group ``engine``).
 
     model_path: a GGUF file (``.gguf``: llama, qwen2, qwen3, gemma3 or phi3, served on its own
-        blocks with its own tokenizer and chat template; docs/own_model.md), or a transformers
-        model directory; empty = the embedded SmolLM2-135M-Instruct Q4_1 GGUF, served like a
-        ``.gguf`` path on the CPU in float32 with ``decode_weights`` auto or gguf, else converted
-        once to a transformers directory (CUDA, float16, a lean step format).
+        blocks with its own tokenizer and chat template on the CPU, dequantized once into
+        ``dtype`` on a GPU; docs/own_model.md, docs/gpu.md), or a transformers model
+        directory; empty = the embedded SmolLM2-135M-Instruct Q4_1 GGUF, served like a
+        ``.gguf`` path on the CPU in float32 and on a GPU with ``decode_weights`` auto or
+        gguf, else converted once to a transformers directory (float16 on the CPU, a lean
+        step format).
     model_cache_dir: where the converted embedded model is saved; empty = $TIMEBILL_CACHE,
         else ~/.cache/timebill_ros.
     device: torch device (``cpu``, ``cuda``, ``cuda:0``).
@@ -61,6 +63,9 @@ class EngineConfig:
         CPU, kernels built) gguf steps at start-up and keeps the faster of the exact formats
         fp32 and gguf, unless fp16 is >= 10 % faster still (engine/step_format.py): all three
         answer like fp32 on held-out prompts, bf16 and int8 do not (docs/engine.md).
+        With a ``.gguf`` model_path a dtype (``float32``, ``float16``, ``bfloat16``) serves it
+        on the dense decoder (weights dequantized once into that dtype, what a GPU runs) on
+        any device; on a GPU it must be ``auto`` or ``dtype``.
     prefill_dtype: a GGUF model's prefill GEMMs (more than 16 tokens): ``float32`` (exact
         against gguf's dequantization), ``bfloat16`` (weights rounded to bf16, activations
         as two bf16 parts, fp32 sums: ~2x the GEMM speed where the CPU has bf16 dot products;
@@ -183,18 +188,20 @@ class EngineConfig:
     def _check_device(self):
         """Refuse a device that the chosen weight format cannot run on (ValueError).
 
-        The GGUF kernels read host memory only: a ``.gguf`` model_path and ``decode_weights:
-        gguf`` run on the CPU (engine/kernels); on a GPU the embedded model is served from its
-        converted transformers copy, a user's model from a transformers directory.
+        The GGUF kernels read host memory only: ``decode_weights: gguf`` runs on the CPU
+        (engine/kernels). On a GPU a ``.gguf`` model_path (and the embedded model) is served
+        by the same family decoder with its weights dequantized once into ``dtype``
+        (engine/models): ``decode_weights`` must be ``auto`` there.
         """
         if not isinstance(self.device, str) or not self.device:
             raise TypeError(f'engine.device must be a torch device name, got {self.device!r}')
         if self.device.split(':', 1)[0] == 'cpu':
             return
-        if self.model_path.lower().endswith('.gguf'):
+        if (self.model_path.lower().endswith('.gguf')
+                and self.decode_weights not in ('auto', self.dtype)):
             raise ValueError(f'engine.device {self.device!r}: a .gguf model_path runs on the '
-                             'CPU kernels; use engine.device cpu, or a transformers directory '
-                             'of the model on the GPU')
+                             f'GPU in engine.dtype ({self.dtype}); decode_weights must be auto '
+                             f'there, got {self.decode_weights!r}')
         if self.decode_weights == 'gguf':
             raise ValueError(f'engine.device {self.device!r}: decode_weights gguf runs on the '
                              'CPU kernels; use float32, float16 or auto on the GPU')

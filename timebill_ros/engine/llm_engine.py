@@ -22,6 +22,7 @@ Not thread-safe: one caller at a time. Never imports rclpy.
 
 import copy
 import dataclasses
+import pathlib
 import statistics
 import time
 from typing import Callable, Optional
@@ -219,25 +220,39 @@ class LlmEngine:
 
         No transformers model is built (``self.model`` stays None); the tokenizer and chat
         template come from the file. ``decode_weights`` becomes ``gguf`` (what every step
-        runs) and ``prefill_dtype`` what ``auto`` resolved to. The device is the CPU: the
-        kernels run there, and EngineConfig refuses any other with a ``.gguf`` model_path.
+        runs) and ``prefill_dtype`` what ``auto`` resolved to. On another device (a GPU) the
+        same decoder holds the weights dequantized there in ``engine.dtype`` and decodes on
+        static buffers as CUDA graphs (engine/models/static_step.py); ``decode_weights`` then
+        names that dtype. The same dense decoder runs on the CPU when ``decode_weights``
+        names a dtype (float32, float16, bfloat16): what the GPU runs, without the kernels
+        (tests, the GPU check's CPU dry run). The device memory the weights take is logged.
         """
         from timebill_ros.engine.gguf.file import GgufFile
         from timebill_ros.engine.gguf.tokenizer import build_tokenizer
         from timebill_ros.engine.models import load_decoder
         from timebill_ros.engine.models.weights import prefill_dtype
-        config = self.engine_config  # a CPU device (EngineConfig refuses others)
+        config = self.engine_config
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         self.gguf_file = GgufFile(path)
-        self.forward = load_decoder(self.gguf_file)
-        gemm_dtype = prefill_dtype(config.prefill_dtype)
-        self.forward.prefill_dtype = getattr(torch, gemm_dtype)
+        device = torch.device(config.device)
+        dense = config.decode_weights in DTYPES  # a dense dtype named (on the CPU too)
+        if device.type == 'cpu' and not dense:
+            self.forward = load_decoder(self.gguf_file)
+            gemm_dtype = prefill_dtype(config.prefill_dtype)
+            self.forward.prefill_dtype = getattr(torch, gemm_dtype)
+            step_format = GGUF_FORMAT
+        else:
+            avoid_cudnn_attention(device)  # before any timed pass
+            step_format = config.decode_weights if dense else config.dtype
+            self.forward = load_decoder(self.gguf_file, device, DTYPES[step_format])
+            gemm_dtype = config.prefill_dtype
+            _log_device_memory(path, device, self.forward.weight_bytes)
         self.model = None
         self.vocab_size = self.forward.vocab_size
         self.tokenizer = tokenizer if tokenizer is not None else build_tokenizer(self.gguf_file)
         self._eos_token_ids = _eos_token_ids(None, self.tokenizer, self.gguf_file)
-        self.engine_config = dataclasses.replace(config, decode_weights=GGUF_FORMAT,
+        self.engine_config = dataclasses.replace(config, decode_weights=step_format,
                                                  prefill_dtype=gemm_dtype)
 
     def _load_transformers(self, model, tokenizer, step_blocks) -> None:
@@ -666,6 +681,15 @@ class LlmEngine:
         generator = torch.Generator().manual_seed(n_tokens)
         picks = torch.randint(len(candidates), (n_tokens,), generator=generator)
         return candidates[picks].tolist()
+
+
+def _log_device_memory(path, device: torch.device, weight_bytes: int) -> None:
+    """Log (stderr) the device memory a GGUF file's dense weights take, MB."""
+    import logging
+    allocated = (torch.cuda.memory_allocated(device) if device.type == 'cuda' else 0) / 1e6
+    logging.getLogger('timebill_ros.engine').warning(
+        '%s on %s: weights %.1f MB, %.1f MB allocated on the device', pathlib.Path(path).name,
+        device, weight_bytes / 1e6, allocated)
 
 
 def _lean_chosen(model, engine_config: EngineConfig) -> bool:

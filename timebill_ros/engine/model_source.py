@@ -118,10 +118,11 @@ def gguf_to_serve(engine_config: EngineConfig,
     """Return the GGUF file the engine serves on its own blocks, or None for transformers.
 
     ``model_path`` when it names a ``.gguf`` file. With ``model_path`` empty, the embedded
-    GGUF on the CPU in ``dtype`` float32 when ``decode_weights`` is ``auto`` or ``gguf``: no
+    GGUF when ``decode_weights`` is ``auto`` or ``gguf`` and the device is the CPU in ``dtype``
+    float32 (its blocks) or a GPU in any dtype (the dense decoder, engine/models): no
     transformers copy of the weights is built (it held ~520 MB of fp32 for the embedded model,
     docs/reliability.md). Otherwise None, and the embedded model is converted to a transformers
-    directory (:func:`resolve_model_dir`): a CUDA device, another dtype, ``forward:
+    directory (:func:`resolve_model_dir`): another dtype on the CPU, ``forward:
     transformers``, a lean step format such as ``float16`` asked for, or ``transformers_model``
     (an offline tool that trains on the transformers modules).
     """
@@ -130,7 +131,9 @@ def gguf_to_serve(engine_config: EngineConfig,
     if (engine_config.model_path or transformers_model or engine_config.forward == 'transformers'
             or engine_config.decode_weights not in ('auto', 'gguf')):
         return None
-    if not engine_config.device.startswith('cpu') or engine_config.dtype != 'float32':
+    if not engine_config.device.startswith('cpu'):
+        return embedded_gguf_path()  # the dense decoder on the GPU, in engine.dtype
+    if engine_config.dtype != 'float32':
         return None
     return embedded_gguf_path()
 

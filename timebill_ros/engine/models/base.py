@@ -15,6 +15,7 @@ Shapes: n = tokens in the pass, H_q / H_kv = query / KV heads, D = head dim.
 """
 
 import dataclasses
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -26,7 +27,8 @@ from timebill_ros.engine import kernels
 from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
-from timebill_ros.engine.models.weights import Matrix, weights_held
+from timebill_ros.engine.models.static_step import StaticSteps
+from timebill_ros.engine.models.weights import DenseMatrix, dequantize, Matrix, weights_held
 
 ACTIVATIONS = ('silu', 'gelu_tanh')  # kernels.decoder_step's activation ids: 0, 1
 _EMPTY = torch.empty(0)  # an absent optional norm / bias of kernels.decoder_step
@@ -145,16 +147,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class _Linears:
     """Several matrices applied to one input; same-type neighbours joined into one call."""
 
-    def __init__(self, gguf: GgufFile, names, orders, biases=True):
-        """Read tensors ``names`` (rows reordered by ``orders``, None = as is)."""
+    def __init__(self, gguf: GgufFile, names, orders, biases=True, make=Matrix):
+        """Read tensors ``names`` (rows reordered by ``orders``, None = as is).
+
+        make: the matrix class and placement, ``make(data, type, N, K, bias=...)``: Matrix
+        (the file's blocks for the CPU kernels) or a DenseMatrix partial (a device's copy);
+        dense matrices join whatever their file types.
+        """
         self.groups = []  # (Matrix, [rows of each output])
         pending = []
+        dense = make is not Matrix
         for name, order in zip(names, orders):
-            if pending and gguf.type_name(name) != gguf.type_name(pending[0][0]):
-                self.groups.append(_joined(gguf, pending, biases))
+            if (pending and not dense
+                    and gguf.type_name(name) != gguf.type_name(pending[0][0])):
+                self.groups.append(_joined(gguf, pending, biases, make))
                 pending = []
             pending.append((name, order))
-        self.groups.append(_joined(gguf, pending, biases))
+        self.groups.append(_joined(gguf, pending, biases, make))
 
     def __call__(self, x: torch.Tensor, gemm_dtype: torch.dtype = torch.float32):
         """Return each matrix's output for ``x``, in order (gemm_dtype: Matrix.__call__)."""
@@ -170,11 +179,18 @@ class _Linears:
         return sum(matrix.nbytes for matrix, _ in self.groups)
 
 
-def _joined(gguf: GgufFile, parts, biases: bool):
-    """Return (one Matrix of the rows of ``parts`` stacked, rows of each part)."""
+def _joined(gguf: GgufFile, parts, biases: bool, make=Matrix):
+    """Return (one matrix of the rows of ``parts`` stacked, rows of each part).
+
+    make: as in :class:`_Linears`. Dense matrices of several file types are dequantized
+    part by part and stacked as fp32 (each part exact).
+    """
     datas, rows, bias_parts = [], [], []
+    types = {gguf.type_name(name) for name, _ in parts}
     for name, order in parts:
         data = gguf.tensor(name)
+        if len(types) > 1:  # dense only (_Linears joins one type for the kernels)
+            data = dequantize(data, gguf.type_name(name), *gguf.shape(name))
         datas.append(data[order] if order is not None else data)
         n_rows, k = gguf.shape(name)
         rows.append(n_rows)
@@ -184,36 +200,43 @@ def _joined(gguf: GgufFile, parts, biases: bool):
     has_bias = biases and any(gguf.has(n.replace('.weight', '.bias')) for n, _ in parts)
     data = datas[0] if len(datas) == 1 else np.concatenate(datas)
     bias = np.concatenate(bias_parts) if has_bias else None
-    return Matrix(data, gguf.type_name(parts[0][0]), sum(rows), k, bias=bias), rows
+    type_name = gguf.type_name(parts[0][0]) if len(types) == 1 else 'F32'
+    return make(data, type_name, sum(rows), k, bias=bias), rows
 
 
 class _Layer:
     """One decoder layer's weights: norms as fp32 vectors, matrices on the file's blocks."""
 
-    def __init__(self, gguf: GgufFile, spec: DecoderSpec, i: int):
-        """Read layer ``i`` of ``gguf``."""
+    def __init__(self, gguf: GgufFile, spec: DecoderSpec, i: int, make=Matrix,
+                 place=lambda t: t):
+        """Read layer ``i`` of ``gguf``.
+
+        make: the matrices' class and placement (:class:`_Linears`); place(tensor): the
+        norm vectors' (fp32 CPU tensors) move to the decoder's device and dtype.
+        """
         def name(short):
             return f'blk.{i}.{short}.weight'
 
         def vector(short):
-            return torch.from_numpy(gguf.vector(name(short)))
+            return place(torch.from_numpy(gguf.vector(name(short))))
 
         self.attn_norm, self.ffn_norm = vector('attn_norm'), vector('ffn_norm')
         if spec.fused_qkv:
-            self.qkv = _Linears(gguf, [name('attn_qkv')], [None])
+            self.qkv = _Linears(gguf, [name('attn_qkv')], [None], make=make)
         else:
             q_order = k_order = None
             if spec.permute_qk:
                 q_order = rope_row_order(gguf.shape(name('attn_q'))[0], spec.n_heads)
                 k_order = rope_row_order(gguf.shape(name('attn_k'))[0], spec.n_kv_heads)
             self.qkv = _Linears(gguf, [name('attn_q'), name('attn_k'), name('attn_v')],
-                                [q_order, k_order, None])
-        self.out = _Linears(gguf, [name('attn_output')], [None])
+                                [q_order, k_order, None], make=make)
+        self.out = _Linears(gguf, [name('attn_output')], [None], make=make)
         if spec.fused_gate_up:
-            self.gate_up = _Linears(gguf, [name('ffn_up')], [None])
+            self.gate_up = _Linears(gguf, [name('ffn_up')], [None], make=make)
         else:
-            self.gate_up = _Linears(gguf, [name('ffn_gate'), name('ffn_up')], [None, None])
-        self.down = _Linears(gguf, [name('ffn_down')], [None])
+            self.gate_up = _Linears(gguf, [name('ffn_gate'), name('ffn_up')], [None, None],
+                                    make=make)
+        self.down = _Linears(gguf, [name('ffn_down')], [None], make=make)
         self.q_norm = vector('attn_q_norm') if spec.qk_norm else None
         self.k_norm = vector('attn_k_norm') if spec.qk_norm else None
         self.post_attn_norm = vector('post_attention_norm') if spec.post_norms else None
@@ -284,28 +307,62 @@ class GgufDecoder(KvCacheForward):
     name = 'gguf'
     max_batch = 64
 
-    def __init__(self, gguf: GgufFile, spec: DecoderSpec):
-        """Read every layer of ``gguf`` as ``spec`` describes it."""
+    def __init__(self, gguf: GgufFile, spec: DecoderSpec, device=None,
+                 dtype: torch.dtype = torch.float32):
+        """Read every layer of ``gguf`` as ``spec`` describes it.
+
+        device: None keeps the matrices as the file's blocks for the CPU kernels; a torch
+        device (``cuda``, or ``cpu``) holds every matrix dequantized there in ``dtype``
+        (DenseMatrix: GEMMs in that dtype) and decodes on static buffers
+        (engine/models/static_step.py: CUDA graphs on a GPU). Activations, norms, attention
+        and the KV cache stay fp32 on both paths: Gemma 3 270M's fp16 activations overflow
+        (every answer NaN) and bf16 ones change greedy answers within 3-8 tokens, where fp16
+        weights with fp32 activations answered as the fp32 reference (6 of 6 held-out
+        prompts, 32 tokens, on the CPU, 2026-11-28).
+        """
         self.gguf, self.spec = gguf, spec
-        self.kernels = kernels.load()
+        self.dense = device is not None
+        self._device = torch.device(device) if self.dense else torch.device('cpu')
+        self.act_dtype = torch.float32  # activations, norms and the KV cache
+        if self.dense:
+            make = functools.partial(DenseMatrix, device=self._device, dtype=dtype)
+            self.kernels = None
+        else:
+            make, self.kernels = Matrix, kernels.load()
         self.layers = []
         for i in range(spec.n_layers):
-            self.layers.append(_Layer(gguf, spec, i))
+            self.layers.append(_Layer(gguf, spec, i, make, self._place))
             gguf.release()  # the layer's blocks are copied: its file pages are not needed
         self.views = [ScorerView(self, layer) for layer in self.layers]
-        self.embed = Matrix(gguf.tensor('token_embd.weight'), gguf.type_name('token_embd.weight'),
-                            *gguf.shape('token_embd.weight'))
+        self.embed = make(gguf.tensor('token_embd.weight'), gguf.type_name('token_embd.weight'),
+                          *gguf.shape('token_embd.weight'))
         head = 'output.weight' if gguf.has('output.weight') else None
-        self.lm_head = (Matrix(gguf.tensor(head), gguf.type_name(head), *gguf.shape(head))
+        self.lm_head = (make(gguf.tensor(head), gguf.type_name(head), *gguf.shape(head))
                         if head else self.embed)
-        self.final_norm = torch.from_numpy(gguf.vector('output_norm.weight'))
+        self.final_norm = self._place(torch.from_numpy(gguf.vector('output_norm.weight')))
         gguf.release()
-        self._inv_freq = {base: self._inverse_frequencies(base)
+        self._inv_freq = {base: self._inverse_frequencies(base).to(self._device)
                           for base in {spec.rope_base, spec.rope_base_local} if base}
         self._hooks = PassHooks()
         # The dtype of a prefill's matrix products (Matrix.__call__; the engine sets it from
-        # engine.prefill_dtype); decoding steps are always fp32.
+        # engine.prefill_dtype); decoding steps are always fp32. Unused by dense matrices.
         self.prefill_dtype = torch.float32
+        # The dense path's decoding steps on static buffers (None on the blocks path).
+        self.static_steps = StaticSteps(self) if self.dense else None
+
+    def twin(self) -> 'GgufDecoder':
+        """Return a decoder on these weights with its own pass state and static buffers."""
+        twin = super().twin()
+        if self.dense:
+            twin.static_steps = StaticSteps(twin, self.static_steps.max_bytes)
+            twin.static_steps.graphs = self.static_steps.graphs
+        return twin
+
+    def _place(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return a CPU fp32 vector on this decoder's device in its activation dtype."""
+        if not self.dense:
+            return tensor
+        return tensor.to(device=self._device, dtype=self.act_dtype)
 
     # -- what the engine reads -------------------------------------------------------------
 
@@ -331,19 +388,19 @@ class GgufDecoder(KvCacheForward):
 
     @property
     def device(self) -> torch.device:
-        """Always the CPU: the kernels run there."""
-        return torch.device('cpu')
+        """Where the passes run: the CPU for the kernels, else the dense matrices' device."""
+        return self._device
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every matrix kept (the file's blocks, in the kernels' layout)."""
+        """Bytes of every matrix kept (blocks in the kernels' layout, or dense on the device)."""
         head = 0 if self.lm_head is self.embed else self.lm_head.nbytes
         return sum(layer.nbytes for layer in self.layers) + self.embed.nbytes + head
 
     def new_cache(self) -> KvCache:
-        """Return an empty fp32 cache on the CPU."""
+        """Return an empty cache on the decoder's device, in its activation dtype."""
         return KvCache(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
-                       torch.float32, torch.device('cpu'))
+                       self.act_dtype, self._device)
 
     # -- the passes ------------------------------------------------------------------------
 
@@ -359,7 +416,8 @@ class GgufDecoder(KvCacheForward):
             cos, sin = ropes[self._rope_base(layer_idx)]
             window = self.spec.sliding_window if self.spec.is_sliding(layer_idx) else 0
             if window not in masks:
-                masks[window] = _mask(n_tokens, cache.get_seq_length(layer_idx), window)
+                masks[window] = _on(_mask(n_tokens, cache.get_seq_length(layer_idx), window),
+                                    self._device)
             if step and n_tokens == 1:
                 x = self._step_layer(layer_idx, layer, x, cos.unsqueeze(0), sin.unsqueeze(0),
                                      [cache])
@@ -400,7 +458,8 @@ class GgufDecoder(KvCacheForward):
                     hooks.n_prefilled = position + (layer_idx * n_tokens + begin) // n_layers
                     hooks.before_layer()
                     if (window, begin) not in masks:
-                        masks[window, begin] = _mask(end - begin, position + begin, window)
+                        masks[window, begin] = _on(_mask(end - begin, position + begin, window),
+                                                   self._device)
                     out = self._layer(layer_idx, layer, x[:, begin:end],
                                       cos[begin:end].unsqueeze(0), sin[begin:end].unsqueeze(0),
                                       cache, False, masks[window, begin])
@@ -413,10 +472,16 @@ class GgufDecoder(KvCacheForward):
     def _last_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Return the logits after the last position of a pass's output x (1, n, hidden)."""
         last = _rms_norm(x[:, -1:], self.final_norm, self.spec.norm_eps)
-        return self.lm_head(last)[0, -1]
+        return self.lm_head(last)[0, -1].float()
 
     def run_step(self, token_ids: list, positions: list, caches: list, hooks: list):
-        """Run one decoding step of B goals together (see :meth:`Forward.run_step`)."""
+        """Run one decoding step of B goals together (see :meth:`Forward.run_step`).
+
+        The dense path runs it on static buffers (StaticSteps; a CUDA graph on a GPU): the
+        rows' interrupts are checked once before the step, not before each layer.
+        """
+        if self.static_steps is not None:
+            return self.static_steps.run(token_ids, positions, caches, hooks)
         rows = list(range(len(token_ids)))
         x = self._embed(token_ids).unsqueeze(1)  # (B, 1, hidden)
         index = torch.tensor(positions, dtype=torch.long)
@@ -441,7 +506,7 @@ class GgufDecoder(KvCacheForward):
         x = self.embed.rows(torch.tensor(token_ids, dtype=torch.long))
         if self.spec.embed_scale != 1.0:
             x = x * torch.tensor(self.spec.embed_scale, dtype=torch.float32)
-        return x
+        return x.to(self.act_dtype)
 
     def _inverse_frequencies(self, base: float) -> torch.Tensor:
         """Return RoPE's inverse frequencies (D / 2,), as transformers computes them."""
@@ -458,8 +523,13 @@ class GgufDecoder(KvCacheForward):
         return self.spec.rope_base
 
     def _ropes(self, positions: torch.Tensor) -> dict:
-        """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D), once a pass."""
-        return {base: self._rope(inv, positions) for base, inv in self._inv_freq.items()}
+        """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D), once a pass.
+
+        In the activation dtype, on the decoder's device.
+        """
+        positions = positions.to(self._device)
+        return {base: tuple(t.to(self.act_dtype) for t in self._rope(inv, positions))
+                for base, inv in self._inv_freq.items()}
 
     def _rope(self, inv: torch.Tensor, positions: torch.Tensor):
         """Return cos, sin of ``positions`` (n,) for inverse frequencies ``inv``, (n, D)."""
@@ -605,6 +675,11 @@ class GgufDecoder(KvCacheForward):
             live = cache.get_seq_length(layer_idx)
             first.append(max(0, live - window) if window else 0)
             n_live.append(live - first[-1])
+        if self.dense:
+            attn = torch.cat([_attend_live(q[i:i + 1], cache, layer_idx, first[i],
+                                           spec.attention_scale)
+                              for i, cache in enumerate(caches)])
+            return self._finish(layer, x, attn.view(n_rows, 1, -1))
         # The kernels' attention (no torch op: torch's OpenMP workers would spin on the cores
         # the kernels' own threads need between their GEMMs).
         attn = self.kernels.attention_step(
@@ -612,6 +687,22 @@ class GgufDecoder(KvCacheForward):
             [c.values[layer_idx] for c in caches], first, n_live, spec.n_heads,
             spec.attention_scale)
         return self._finish(layer, x, attn.view(n_rows, 1, -1))
+
+
+def _attend_live(q, cache: KvCache, layer_idx: int, first: int, scale: float):
+    """Return one query row's attention over a cache layer's live keys from ``first``.
+
+    q: (1, H_q, 1, D); returns (1, H_q x D). The dense path's eager step (torch's SDPA).
+    """
+    keys, values = cache.layer_kv(layer_idx)
+    out = F.scaled_dot_product_attention(q, keys[:, :, first:], values[:, :, first:],
+                                         scale=scale, enable_gqa=True)
+    return out.reshape(1, -1)
+
+
+def _on(mask: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """Return ``mask`` (or None) on ``device``."""
+    return mask if mask is None or mask.device == device else mask.to(device)
 
 
 def _or_empty(tensor: Optional[torch.Tensor]) -> torch.Tensor:

@@ -10,6 +10,11 @@ in bf16 (``gemm_dtype``, a prefill's choice: engine.prefill_dtype; :func:`_split
 CPUs with bf16 dot products (AVX512-BF16, AMX, Arm BF16) run ~4x faster than fp32 FMA.
 Inside :func:`weights_held` the dequantized weights are kept instead and reused by later calls
 (a prefill layer by layer: one layer's matrices for all its chunks).
+
+:class:`DenseMatrix` is the same weight for a GPU (or the CPU's dense path): the file's blocks
+dequantized once at load by gguf's own dequantization (exact), then held on the device in one
+dtype (fp32, fp16 or bf16); every product is one torch GEMM there in that dtype, its fp32 input
+rounded to it and its output returned as fp32.
 """
 
 import contextlib
@@ -22,6 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
 
 from timebill_ros.engine import kernels, kquants
 
@@ -195,3 +201,75 @@ def prefill_dtype(name: str) -> str:
     if name not in ('float32', 'bfloat16'):
         raise ValueError(f'prefill dtype must be auto, float32 or bfloat16, got {name!r}')
     return name
+
+
+def dequantize(data: np.ndarray, type_name: str, n_rows: int, k: int) -> np.ndarray:
+    """Return a file tensor's weights as fp32, (n_rows, k): gguf's own dequantization.
+
+    data: the file's tensor (GgufFile.tensor): (N, row bytes) uint8 blocks or (N, K) floats
+    (BF16 as uint16). The reference every other reading of the blocks is checked against.
+    """
+    if type_name not in SUPPORTED_TYPES:
+        raise ValueError(f'weight type {type_name} is not supported '
+                         f'(supported: {", ".join(SUPPORTED_TYPES)})')
+    if type_name == 'BF16':
+        raw = np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << 16
+        weights = raw.view(np.float32)
+    elif type_name in DENSE_TYPES:
+        weights = np.asarray(data, dtype=np.float32)
+    else:
+        weights = quants.dequantize(np.ascontiguousarray(data), GGMLQuantizationType[type_name])
+    return np.ascontiguousarray(weights, dtype=np.float32).reshape(int(n_rows), int(k))
+
+
+class DenseMatrix:
+    """One weight matrix W (N, K) dequantized once and held on ``device`` in ``dtype``.
+
+    The same arguments as :class:`Matrix` (data, GGML type, N, K, row order, bias), plus the
+    device and dtype. ``x @ W^T (+ bias)`` is one torch GEMM in ``dtype``. ``packed`` is None:
+    the decoder never hands it to the CPU kernels.
+    """
+
+    packed = None
+    qtype = None
+
+    def __init__(self, data: np.ndarray, type_name: str, n_rows: int, k: int,
+                 row_order: Optional[np.ndarray] = None, bias: Optional[np.ndarray] = None,
+                 device='cpu', dtype: torch.dtype = torch.float32):
+        """Dequantize ``data`` (gguf's dequantization, exact) and move it to ``device``."""
+        self.n_rows, self.k, self.type_name = int(n_rows), int(k), type_name
+        data = np.asarray(data)
+        if row_order is not None:
+            data = data[row_order]
+        weights = torch.from_numpy(dequantize(data, type_name, n_rows, k))
+        self.weight = weights.to(device=device, dtype=dtype)
+        self.bias = (None if bias is None else
+                     torch.from_numpy(np.array(bias, np.float32)).to(device=device, dtype=dtype))
+        self.nbytes = self.weight.numel() * self.weight.element_size()
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """The weight, (N, K) in the device dtype."""
+        return self.weight
+
+    def __call__(self, x: torch.Tensor, gemm_dtype: Optional[torch.dtype] = None):
+        """Return ``x`` (..., K) times W^T plus the bias, (..., N), in ``x``'s dtype.
+
+        The GEMM runs in the weight's dtype (fp32 sums): ``x`` is rounded to it first and
+        the output comes back in ``x``'s dtype (fp32 activations, 16-bit weights).
+        gemm_dtype: ignored.
+        """
+        return self.product(x).to(x.dtype)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """Return ``x`` (..., K) times W^T plus the bias, (..., N), in the weight's dtype."""
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """Return the whole matrix as fp32, (N, K), on the device."""
+        return self.weight.float()
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Return rows ``index`` (R,) as fp32 (R, K): an embedding lookup, on the device."""
+        index = index.reshape(-1).to(device=self.weight.device, dtype=torch.long)
+        return self.weight[index].float()
