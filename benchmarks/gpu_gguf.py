@@ -224,16 +224,24 @@ def _serve_one(model, out, device, params_file, dtype, n_goals):
     try:
         goals = [(f'held-out {i}', prompt, BUDGETS_S[i % len(BUDGETS_S)], GOAL_TOKENS)
                  for i, (_, prompt) in enumerate(rlp_test_prompts(n_goals))]
-        filler = 'The robot logged: battery nominal, wheels nominal, arm idle. '
-        engine = service.engine
         for n_kv in KV_SIZES:
-            text = filler * max(1, n_kv // len(engine.encode(filler)))
-            goals.append((f'decode at ~{n_kv} KV', text + '\nSummarise the log.', 60.0, 64))
+            goals.append((f'decode at ~{n_kv} KV', _log_prompt(service.engine, n_kv), 60.0,
+                          64))
         for label, prompt, budget_s, n_max in goals:
             rows.append(_goal(service, name, label, prompt, budget_s, n_max))
     finally:
         service.shutdown()
     _append(out, rows)
+
+
+def _log_prompt(engine, n_tokens: int) -> str:
+    """Return a robot-log prompt of about ``n_tokens`` tokens asking for a long answer."""
+    lines, text = [], ''
+    while len(engine.encode(text)) < n_tokens:
+        lines.append(f'{len(lines) * 0.5:.1f} s: joint {len(lines) % 7} at '
+                     f'{(len(lines) * 37) % 180} deg, battery {90 - len(lines) % 30} %')
+        text = '\n'.join(lines) + '\nList every line of the log above, numbered.'
+    return text
 
 
 def _goal(service, name, label, prompt, budget_s, n_max):
@@ -257,8 +265,9 @@ def _goal(service, name, label, prompt, budget_s, n_max):
                prompt_tokens=result.prompt_tokens, wcet_s=result.predicted_wcet_s,
                execution_s=result.execution_time_s, prefill_s=result.prefill_time_s,
                decode_s=result.decode_time_s, kill_latency_s=result.kill_latency_s,
-               alpha=result.eviction_ratio, message=result.message[:120])
-    if result.response_tokens > 1:
+               alpha=result.eviction_ratio, finish=result.finish_reason,
+               message=result.message[:120])
+    if result.response_tokens > 1 and result.finish_reason in ('eos', 'length'):
         row['decode_ms_per_token'] = 1e3 * result.decode_time_s / (result.response_tokens - 1)
     return row
 

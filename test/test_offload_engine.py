@@ -136,3 +136,13 @@ def test_the_factory_twins_the_primary_on_its_own_device_and_format(
     # A twin never crosses devices: the GPU primary's twin on the ARM cores is refused.
     with pytest.raises(ValueError, match='device'):
         primary.twin(dataclasses.replace(primary.engine_config, device='cuda'))
+
+
+def test_the_offload_executor_starts_after_the_primary_on_another_kind_of_device():
+    """Beside a GPU primary the ARM cores' executor loads and calibrates while it serves."""
+    from timebill_ros.server.factory import offload_after_primary
+    gpu = ServerConfig(engine=EngineConfig(device='cuda:0', dtype='float16'),
+                       offload=OffloadConfig(enabled=True, device='cpu'))
+    assert offload_after_primary(gpu)
+    assert not offload_after_primary(dataclasses.replace(
+        gpu, engine=EngineConfig(device='cpu')))

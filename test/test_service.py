@@ -495,6 +495,32 @@ def test_offload_takes_goals_above_tau_and_work_when_the_primary_is_busy(make_se
     assert [name for name, _, _ in service.status().executors] == ['primary', 'offload']
 
 
+def test_an_offload_executor_attached_while_serving_takes_its_goals(
+        make_service, tiny_model, smollm2_tokenizer):
+    """What the factory does beside a GPU primary: the offload engine comes after the start."""
+    from timebill_ros.config import SchedulerConfig
+    from timebill_ros.timing.online import TimeModel
+    service = make_service(predictor=PromptLengthPredictor(),
+                           scheduler=SchedulerConfig(policy='up'))
+    before = submit(service, GoalRequest('Count to 14.', budget_s=LONG)).wait()
+    assert before.executor == 'primary'  # no offload executor yet: everything runs here
+    engine = CountingEngine(service.config.engine, service.config.eviction, model=tiny_model,
+                            tokenizer=smollm2_tokenizer)
+    assert service.attach_offload((engine, TimeModel(COEFFS)), 8)
+    assert not service.attach_offload((engine, TimeModel(COEFFS)), 8)  # one offload executor
+    first = Recorder(block_phase=status.PHASE_DECODE)
+    submit(service, GoalRequest('Plan 1.', budget_s=LONG), first)
+    assert first.blocked.wait(30)
+    after = submit(service, GoalRequest('Count to 14.', budget_s=LONG)).wait()
+    first.release.set()
+    assert after.executor == 'offload' and after.status == status.COMPLETED
+    assert first.wait().executor == 'primary' and service.healthy
+    service.shutdown()
+    assert not service.attach_offload((engine, TimeModel(COEFFS)), 8)  # nothing after shutdown
+    with pytest.raises(ValueError, match='tau_tokens'):
+        service.attach_offload((engine, TimeModel(COEFFS)), None)
+
+
 def test_offload_route_counts_the_top_bucket_when_tau_sits_at_the_cap(make_service):
     import types
     service = make_service(tau_tokens=16)  # N_max = 16: tau at the predictor's cap

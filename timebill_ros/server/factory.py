@@ -3,6 +3,7 @@
 import concurrent.futures
 import dataclasses
 import pathlib
+import threading
 
 from timebill_ros.engine import LlmEngine
 from timebill_ros.predictors import FallbackPredictor, make_predictor, make_readout
@@ -66,7 +67,8 @@ def _build_service(config, log):
     memory.mark('the predictors')
     batch_step, config = build_batch_step(config, engine, calibration, log)
     offload, tau = None, None
-    if config.offload.enabled:
+    later = config.offload.enabled and offload_after_primary(config)
+    if config.offload.enabled and not later:
         offload, tau = build_offload(config, engine, predictor, log, readout, requested)
         memory.mark('the offload executor')
     service = TimeBillService(config, engine, predictor, time_model, log=log,
@@ -83,7 +85,38 @@ def _build_service(config, log):
     memory.mark('the warm-up')
     release_free_heap()  # what loading, calibrating and warming up freed (~400 MB here)
     memory.mark('giving the freed heap back')
+    if later:
+        _start_offload_later(service, config, engine, predictor, log, readout, requested)
     return service
+
+
+def offload_after_primary(config) -> bool:
+    """Return whether the offload executor starts after the primary serves.
+
+    When it runs on another kind of device than the primary (the ARM cores beside a GPU):
+    its load and CPU calibration (minutes on a first start) then neither hold back the
+    primary's start nor run beside the primary's calibration.
+    """
+    kind = config.engine.device.split(':', 1)[0]
+    return config.offload.device.split(':', 1)[0] != kind
+
+
+def _start_offload_later(service, config, engine, predictor, log, readout, requested):
+    """Build the offload executor on a thread of its own and attach it to ``service``."""
+    def build():
+        try:
+            offload, tau = build_offload(config, engine, predictor, log, readout, requested)
+            pin_prefixes(config, offload[0], log)
+        except Exception as exc:  # the primary serves on without it; say why
+            log(f'offload executor not started: {type(exc).__name__}: {exc}')
+            return
+        if service.attach_offload(offload, tau):
+            log('offload executor started beside the serving primary')
+        else:
+            log('offload executor built after the service shut down: not started')
+
+    log('the offload executor starts after the primary serves (another kind of device)')
+    threading.Thread(target=build, name='timebill-offload-start', daemon=True).start()
 
 
 def build_fallback(config, log=print):

@@ -135,16 +135,13 @@ class TimeBillService:
                                    join=self._join if batching.continuous else None,
                                    capacity=batching.batch_size)]
         self.tau_tokens = tau_tokens
+        self._mask_step_s = mask_step_s
+        self._lifecycle = threading.Lock()  # start / attach_offload / shutdown
+        self._started = False
         if offload is not None:
             if tau_tokens is None:
                 raise ValueError('an offload executor needs tau_tokens')
-            offload_engine, offload_model = offload
-            runner = JobRunner(offload_engine, predictor, offload_model, config, clock,
-                               readout=readout, recheck=self._on_dequeue,
-                               mask_step_s=mask_step_s)
-            self.executors.append(Executor(OFFLOAD, self.queue, runner, self._on_dequeue,
-                                           self._after_job, log,
-                                           accept=lambda job: self._accepts(OFFLOAD, job)))
+            self.executors.append(self._offload_executor(offload))
         self.state_path = state_path
         self._last_save_s = clock()
         self.heap = HeapTrimmer()  # the freed heap goes back to the system after goals
@@ -157,12 +154,45 @@ class TimeBillService:
         self._reaper = threading.Thread(target=self._reap_loop, name='timebill-reaper',
                                         daemon=True)
 
+    def _offload_executor(self, offload):
+        """Return the offload executor of ``offload`` ((engine, TimeModel)), not started."""
+        offload_engine, offload_model = offload
+        if self.readout is not None:
+            offload_engine.pool_layers = self.readout.pool_layers
+        runner = JobRunner(offload_engine, self.predictor, offload_model, self.config,
+                           self.clock, readout=self.readout, recheck=self._on_dequeue,
+                           mask_step_s=self._mask_step_s)
+        return Executor(OFFLOAD, self.queue, runner, self._on_dequeue, self._after_job,
+                        self.log, accept=lambda job: self._accepts(OFFLOAD, job))
+
     # --- lifecycle -------------------------------------------------------------------------
     def start(self):
         """Start the executors and the queue reaper."""
-        for executor in self.executors:
-            executor.start()
+        with self._lifecycle:
+            self._started = True
+            for executor in self.executors:
+                executor.start()
         self._reaper.start()
+
+    def attach_offload(self, offload, tau_tokens) -> bool:
+        """Add the offload executor to a service that may already serve; False once shut down.
+
+        offload: (engine, TimeModel), tau_tokens: RT-LM's tau, as in the constructor. Until
+        it is attached every goal runs on the primary (``route``). What the factory does when
+        the offload executor is on another kind of device than the primary (the ARM cores
+        beside a GPU): its load and CPU calibration run after the primary's, while it serves.
+        """
+        if tau_tokens is None:
+            raise ValueError('an offload executor needs tau_tokens')
+        with self._lifecycle:
+            if self._closed or any(e.name == OFFLOAD for e in self.executors):
+                return False
+            executor = self._offload_executor(offload)
+            self.tau_tokens = tau_tokens
+            self.executors = self.executors + [executor]  # readers iterate a whole list
+            if self._started:
+                executor.start()
+        return True
 
     def warm_up(self):
         """Run the start-up warm-up goal (see JobRunner.warm_up); call before start()."""
@@ -190,7 +220,8 @@ class TimeBillService:
 
     def shutdown(self, timeout_s=30.0):
         """End every queued or running goal with FAILED, stop all threads, save the state."""
-        self._closed = True
+        with self._lifecycle:
+            self._closed = True
         for job in self.queue.close():
             job.cancel('shutdown')
             job.finish(JobResult(status=status.FAILED, stop_phase='queue',

@@ -38,6 +38,7 @@ MIN_CAPACITY = 256  # the smallest bucket, tokens
 # Buckets' KV buffers kept at most (bytes, all buckets): the least recently used bucket is
 # given back (its rows' caches copied out first) when a new one would pass it.
 DEFAULT_MAX_BYTES = 4 << 30
+WARM_TOKENS = 4096  # StaticSteps.warm: one-row graphs captured at load up to this capacity
 
 
 def capacity_for(n_tokens: int) -> int:
@@ -153,6 +154,28 @@ class StaticSteps:
             cache.lengths = [n_kv + 1 for n_kv in cache.lengths]
         return {row: bucket.logits[i] for i, row in enumerate(alive)}, interrupted
 
+    def warm(self, n_rows: int = 1, max_tokens: int = WARM_TOKENS) -> int:
+        """Capture the graphs of ``n_rows`` rows for every capacity up to ``max_tokens``.
+
+        What a first goal at a new capacity would otherwise pay inside its first step (two
+        warm-up runs and the capture: tens of ms): the start-up calibration and goals then
+        time replays. Capped at the model's context. Returns the graphs captured (0 without
+        graphs). The buckets' inputs are zeros: the runs write slot 0 of row 0, which no
+        cache lives in yet.
+        """
+        if not self.graphs:
+            return 0
+        captured, capacity = 0, MIN_CAPACITY
+        limit = min(max_tokens, capacity_for(self.decoder.context_tokens))
+        with torch.inference_mode():
+            while capacity <= limit:
+                bucket = self._bucket(n_rows, capacity)
+                if bucket.graph is None and not any(bucket.owners):
+                    self._capture(bucket)
+                    captured += 1
+                capacity *= 2
+        return captured
+
     def _bucket(self, n_rows: int, capacity: int) -> _Bucket:
         """Return the bucket of (n_rows, capacity), made (and older ones dropped) if needed."""
         key = (n_rows, capacity)
@@ -192,7 +215,9 @@ class StaticSteps:
                 self.step(bucket)
         torch.cuda.current_stream(self.decoder.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: CUDA calls of other threads (the predictor's, a ROS callback's) do not
+        # invalidate the capture.
+        with torch.cuda.graph(graph, capture_error_mode='thread_local'):
             bucket.logits = self.step(bucket)
         bucket.graph = graph
         self.n_captures += 1
