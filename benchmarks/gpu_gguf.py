@@ -15,7 +15,8 @@ static step without graphs), the bare step (the graph replay alone) and one-pass
 512 / 2048 / 4096 tokens. ``serve`` starts the core service the node runs
 (config/jetson_orin.yaml with the file as model_path, no offload) and sends ``N_GOALS``
 held-out goals under Kill with budgets from ``BUDGETS_S``, then one 64-token goal at each KV
-size: t^_WCET coverage, Kill lateness and decode speed through the service. Every part
+size and one ~4k-token prompt: t^_WCET coverage, Kill lateness, decode speed and prefill time
+through the service. Every part
 appends rows to ``DIR/gpu_gguf.jsonl``; ``report`` writes ``DIR/gpu_gguf.md``.
 """
 
@@ -227,6 +228,7 @@ def _serve_one(model, out, device, params_file, dtype, n_goals):
         for n_kv in KV_SIZES:
             goals.append((f'decode at ~{n_kv} KV', _log_prompt(service.engine, n_kv), 60.0,
                           64))
+        goals.append(('prefill of ~4k', _log_prompt(service.engine, 4000), 60.0, 8))
         for label, prompt, budget_s, n_max in goals:
             rows.append(_goal(service, name, label, prompt, budget_s, n_max))
     finally:
@@ -328,9 +330,11 @@ def _serve_lines(rows):
                      f"{len(killed)} | {1e3 * late:.1f} | "
                      f"{sum(r.get('status') == 'REJECTED' for r in mine)} | "
                      f"{statistics.median(speeds) if speeds else float('nan'):.2f} |")
-    lines += ['', '| model | goal | prompt tokens | decode ms/token |', '|---|---|---|---|']
-    for row in (r for r in goals if r['label'].startswith('decode at')):
+    lines += ['', '| model | goal | prompt tokens | prefill s | decode ms/token |',
+              '|---|---|---|---|---|']
+    for row in (r for r in goals if r['label'].startswith(('decode at', 'prefill of'))):
         lines.append(f"| {row['model']} | {row['label']} | {row.get('prompt_tokens', '-')} | "
+                     f"{row.get('prefill_s', float('nan')):.3f} | "
                      f"{row.get('decode_ms_per_token', float('nan')):.2f} |")
     return lines
 

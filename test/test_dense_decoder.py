@@ -285,3 +285,31 @@ def test_a_gguf_file_on_a_gpu_is_accepted_in_its_dtype():
     with pytest.raises(ValueError, match="decode_weights must be auto there, got 'float32'"):
         EngineConfig(model_path='r.gguf', device='cuda:0', dtype='float16',
                      decode_weights='float32')
+
+
+def test_the_value_sum_split_in_parts_is_the_whole_product():
+    from timebill_ros.engine.models.static_step import SPLIT_TOKENS, weighted_values
+    generator = torch.Generator().manual_seed(0)
+    for capacity in (SPLIT_TOKENS, 4 * SPLIT_TOKENS):
+        probs = torch.rand(6, 3, capacity, generator=generator).softmax(-1)
+        values = torch.randn(6, capacity, 64, generator=generator)
+        assert torch.allclose(weighted_values(probs, values), torch.bmm(probs, values),
+                              atol=1e-6)
+
+
+@pytest.mark.parametrize('n_before, window', [(0, 0), (40, 0), (0, 16), (40, 16)])
+def test_a_gpus_whole_chunk_attention_is_the_blocks_attention(written, n_before, window):
+    """What the GPU runs for a prefill chunk (one SDPA call, KV heads repeated) on the CPU."""
+    from timebill_ros.engine.models import base
+    generator = torch.Generator().manual_seed(1)
+    n_tokens = 300
+    q = torch.randn(1, 4, n_tokens, 64, generator=generator)
+    keys = torch.randn(1, 2, n_before + n_tokens, 64, generator=generator)
+    values = torch.randn(1, 2, n_before + n_tokens, 64, generator=generator)
+    start = base._window_start(n_before, window)
+    mask = base._mask(n_tokens, n_before, window)
+    keys, values = keys[:, :, start:], values[:, :, start:]
+    decoder = _dense(written('llama', MIXED)[0])
+    blocks = decoder._attend(q, keys, values, mask)
+    whole = base._attend_whole(q, keys, values, mask, decoder.spec.attention_scale)
+    assert torch.allclose(whole, blocks, atol=1e-5)

@@ -340,3 +340,21 @@ def test_a_stop_during_the_prefix_copy_ends_the_copy(make_tiny_engine):
     assert len(calls) == engine.n_layers + 3 and calls[-1] == (0, None, len(ids))
     engine.prefill(ids, StopCriteria(), store=engine.prefix_store)  # no stop: all of them
     assert engine.prefix_store.stats().n_blocks == n_blocks
+
+
+def test_block_sums_do_not_depend_on_the_chunk_edges():
+    """HiddenPool's block sums: whole blocks summed at once, cut blocks on their own."""
+    from timebill_ros.engine.forward import HiddenPool
+    hidden = torch.randn(1, 17, 8, generator=torch.Generator().manual_seed(0))
+    pools = []
+    for sizes in ([17], [3, 9, 5], [4, 4, 9], [1] * 17):
+        pool, begin = HiddenPool(1e-6, (1,), block_tokens=4), 0
+        for size in sizes:
+            pool.add(1, hidden[:, begin:begin + size])
+            begin += size
+        pools.append(pool)
+    unit = hidden[0] * torch.rsqrt(hidden[0].pow(2).mean(-1, keepdim=True) + 1e-6)
+    for index in range(5):
+        expected = unit[4 * index:4 * index + 4].sum(0)
+        for pool in pools:
+            assert torch.allclose(pool.block_sum(index)[0], expected, atol=1e-5)

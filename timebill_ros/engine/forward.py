@@ -126,14 +126,28 @@ class HiddenPool:
         self.n_positions[layer] += unit.shape[0]
 
     def _add_blocks(self, sums: dict, unit: torch.Tensor, begin: int) -> None:
-        """Add the rows of ``unit`` (n, hidden), positions ``begin``..., to their blocks' sums."""
-        size, row = self.block_tokens, 0
-        while row < unit.shape[0]:
-            index = (begin + row) // size
-            end = min(unit.shape[0], (index + 1) * size - begin)
-            part = unit[row:end].sum(0)
-            sums[index] = part + sums[index] if index in sums else part
-            row = end
+        """Add the rows of ``unit`` (n, hidden), positions ``begin``..., to their blocks' sums.
+
+        The whole blocks inside the chunk are summed in one call (a kernel launch a block
+        and layer added up on a GPU); a block cut by the chunk's edges is summed on its own.
+        """
+        size, row, n_rows = self.block_tokens, 0, unit.shape[0]
+        if begin % size:  # the rest of a block an earlier chunk began
+            row = min(n_rows, size - begin % size)
+            self._add_block(sums, begin // size, unit[:row].sum(0))
+        n_whole = (n_rows - row) // size
+        if n_whole:
+            whole = unit[row:row + n_whole * size].view(n_whole, size, -1).sum(1)
+            first = (begin + row) // size
+            for i in range(n_whole):
+                self._add_block(sums, first + i, whole[i])
+            row += n_whole * size
+        if row < n_rows:  # a block the next chunk goes on with
+            self._add_block(sums, (begin + row) // size, unit[row:].sum(0))
+
+    @staticmethod
+    def _add_block(sums: dict, index: int, part: torch.Tensor) -> None:
+        sums[index] = part + sums[index] if index in sums else part
 
     def block_sum(self, index: int) -> Optional[torch.Tensor]:
         """Return block ``index``'s sums of every pooled layer, (layers, hidden), or None."""

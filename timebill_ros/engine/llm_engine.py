@@ -507,13 +507,14 @@ class LlmEngine:
     def _block_kv(self, cache, begin: int, end: int) -> torch.Tensor:
         """Return a copy of positions [begin, end) of every layer's KV, (L, 2, H, n, D)."""
         with torch.inference_mode():
-            keys, _ = self.forward.layer_kv(cache, 0)
-            out = keys.new_empty((self.n_layers, 2, keys.shape[1], end - begin, keys.shape[3]))
+            parts = []
             for layer in range(self.n_layers):
                 keys, values = self.forward.layer_kv(cache, layer)
-                out[layer, 0].copy_(keys[0, :, begin:end])
-                out[layer, 1].copy_(values[0, :, begin:end])
-            return out
+                parts += [keys[0, :, begin:end], values[0, :, begin:end]]
+            # One stack, not 2 L copies: on a GPU each copy is a kernel launch (a 3k-token
+            # prompt's 47 blocks of SmolLM2 were ~2.9k launches).
+            stacked = torch.stack(parts)  # (2 L, H, n, D)
+            return stacked.view(self.n_layers, 2, *stacked.shape[1:])
 
     def pin_prefix(self, system_prompt: str) -> int:
         """Prefill the templated head of ``system_prompt`` and pin it in the store.
