@@ -281,10 +281,13 @@ def report(out: pathlib.Path) -> str:
     lines = ['# The robot\'s own GGUF files on the GPU', '',
              '`python benchmarks/gpu_gguf.py report --out DIR` of the rows in '
              '`gpu_gguf.jsonl` beside this file.', '']
-    for row in rows:
-        if row['part'] == 'env':
-            lines += [f"{row['gpu']}, torch {row['torch']} (CUDA {row['cuda']}), Python "
-                      f"{row['python']}, host {row['host']}, {row['date']}.", '']
+    envs = {}  # one line per machine set-up, with the start of each part run on it
+    for row in (r for r in rows if r['part'] == 'env'):
+        key = (f"{row['gpu']}, torch {row['torch']} (CUDA {row['cuda']}), Python "
+               f"{row['python']}, host {row['host']}")
+        envs.setdefault(key, []).append(row['date'])
+    for key, dates in envs.items():
+        lines += [f"{key}; parts started {', '.join(dates)}.", '']
     lines += ['| model | dtype | load s | weights MB | device MB | agreement @32 |',
               '|---|---|---|---|---|---|']
     agreement = {(r['model'], r['dtype']): r for r in rows if r['part'] == 'agreement'}

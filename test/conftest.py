@@ -151,3 +151,23 @@ def _kquant_rows(qtype, n_rows, k, seed, wild=False):
 def kquant_rows():
     """Return a factory of random K-quant rows: (qtype, n_rows, k, seed, wild=False) -> uint8."""
     return _kquant_rows
+
+
+@pytest.fixture(scope='module')
+def written(tmp_path_factory, kquant_rows):
+    """Return a factory: (arch, types) -> (path, transformers model on the same weights).
+
+    Tiny random-weight GGUF files (gguf_files.py), written once a module per (arch, types).
+    """
+    from gguf_files import tiny_model, write_model
+    made = {}
+
+    def make(arch, types):
+        key = (arch, str(types))
+        if key not in made:
+            path = tmp_path_factory.mktemp('gguf') / f'{arch}.gguf'
+            model = tiny_model(arch)
+            write_model(path, arch, model, types, kquant_rows)
+            made[key] = path, model
+        return made[key]
+    return make

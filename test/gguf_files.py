@@ -203,3 +203,8 @@ def sentencepiece_tokenizer(writer) -> None:
     writer.add_unk_token_id(3)
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(False)
+
+
+def rel_error(a, b) -> float:
+    """Return max |a - b| relative to the largest |b| (logits: the largest logit)."""
+    return float((a - b).abs().max() / b.abs().max())

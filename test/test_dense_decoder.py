@@ -11,7 +11,8 @@ import threading
 import pytest
 import torch
 
-from gguf_files import byte_level_tokenizer, KQUANTS, MIXED, T, tiny_model, write_model
+from gguf_files import (byte_level_tokenizer, KQUANTS, MIXED, rel_error, T, tiny_model,
+                        write_model)
 from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.forward import PassHooks
@@ -25,26 +26,6 @@ ARCHS = ('llama', 'qwen2', 'qwen3', 'gemma3', 'phi3')
 TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0) + KQUANTS
 REL_TOL = 2e-4  # as test_gguf_models.py: fp32 sums in another order
 PROMPT = [5, 17, 260, 33, 41, 99, 7, 8, 150, 11, 12, 200, 13, 14, 70, 15, 16, 18, 19, 21]
-
-
-def _rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
-
-
-@pytest.fixture(scope='module')
-def written(tmp_path_factory, kquant_rows):
-    """Return a factory: (arch, types) -> (path, transformers model on the same weights)."""
-    made = {}
-
-    def make(arch, types):
-        key = (arch, str(types))
-        if key not in made:
-            path = tmp_path_factory.mktemp('gguf') / f'{arch}.gguf'
-            model = tiny_model(arch)
-            write_model(path, arch, model, types, kquant_rows)
-            made[key] = path, model
-        return made[key]
-    return make
 
 
 def _dense(path, dtype=torch.float32):
@@ -80,8 +61,8 @@ def test_each_architecture_dense_matches_transformers_and_the_kernels(written, a
     eager = _steps(dense, ids, len(PROMPT), static=False)
     blocks = _steps(load_decoder(GgufFile(path)), ids, len(PROMPT))
     for ours in (static, eager):
-        assert _rel(ours, ref) < REL_TOL
-        assert _rel(ours, blocks) < REL_TOL
+        assert rel_error(ours, ref) < REL_TOL
+        assert rel_error(ours, blocks) < REL_TOL
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
     assert dense.static_steps.n_seats == 1  # seated once, then decoded in place
 
@@ -108,7 +89,7 @@ def test_fp16_weights_with_fp32_activations_answer_as_fp32(written):
     half, full = _dense(path, torch.float16), _dense(path)
     assert half.new_cache().keys[0].dtype == torch.float32
     ours, reference = _steps(half, ids, len(PROMPT)), _steps(full, ids, len(PROMPT))
-    assert _rel(ours, reference) < 1e-2
+    assert rel_error(ours, reference) < 1e-2
     assert torch.equal(ours.argmax(-1), reference.argmax(-1))
 
 
@@ -118,7 +99,7 @@ def test_a_wrong_dense_weight_is_seen(written):
     good, bad = _dense(path), _dense(path)
     bad.layers[1].gate_up.groups[0][0].weight[5, :] += 0.5
     ids = PROMPT + [3, 9]
-    assert _rel(_steps(bad, ids, len(PROMPT)), _steps(good, ids, len(PROMPT))) > 10 * REL_TOL
+    assert rel_error(_steps(bad, ids, len(PROMPT)), _steps(good, ids, len(PROMPT))) > 10 * REL_TOL
 
 
 def test_dense_layers_join_parts_of_different_types(written):
@@ -164,7 +145,7 @@ def test_batched_static_steps_equal_single_rows_as_rows_leave(written, arch):
         alone = _decode_rows(_dense(path), [ids], 6 if row != 1 else 3)[0]
         assert len(together[row]) == len(alone)
         for a, b in zip(together[row], alone):
-            assert _rel(a, b) < 1e-5
+            assert rel_error(a, b) < 1e-5
 
 
 def test_a_cache_whose_row_is_taken_keeps_its_kv(written):
@@ -180,7 +161,7 @@ def test_a_cache_whose_row_is_taken_keeps_its_kv(written):
             logits, _ = decoder.run_step([token], [position], [a], [PassHooks()])
             out.append(logits[0].clone())
             decoder.run_step([1], [7 + position - len(PROMPT)], [b], [PassHooks()])
-    assert _rel(torch.stack(out), reference) < 1e-5
+    assert rel_error(torch.stack(out), reference) < 1e-5
     assert decoder.static_steps.n_seats >= 5  # the two goals took the one row in turns
 
 
@@ -191,7 +172,7 @@ def test_a_cache_grows_into_the_next_bucket(written):
     n_prompt = MIN_CAPACITY - 2
     static = _steps(_dense(path), ids, n_prompt)
     eager = _steps(_dense(path), ids, n_prompt, static=False)
-    assert _rel(static, eager) < 1e-5
+    assert rel_error(static, eager) < 1e-5
     assert capacity_for(MIN_CAPACITY) == MIN_CAPACITY
     assert capacity_for(MIN_CAPACITY + 1) == 2 * MIN_CAPACITY
 
@@ -203,7 +184,7 @@ def test_buckets_past_the_byte_cap_are_given_back_and_caches_keep_their_kv(writt
     ids = [(11 * i) % 300 + 3 for i in range(MIN_CAPACITY + 4)]
     static = _steps(decoder, ids, MIN_CAPACITY - 2)
     assert len(decoder.static_steps._buckets) == 1
-    assert _rel(static, _steps(_dense(path), ids, MIN_CAPACITY - 2, static=False)) < 1e-5
+    assert rel_error(static, _steps(_dense(path), ids, MIN_CAPACITY - 2, static=False)) < 1e-5
 
 
 def test_eviction_writes_into_the_row_a_cache_lives_in(written):
@@ -226,7 +207,7 @@ def test_eviction_writes_into_the_row_a_cache_lives_in(written):
             else:
                 results.append((first[0][0], decoder.run([9], len(PROMPT) + 1, cache, True)))
     for a, b in zip(*results):
-        assert _rel(a, b) < 1e-5
+        assert rel_error(a, b) < 1e-5
 
 
 def test_an_interrupted_row_leaves_before_the_step(written):

@@ -252,14 +252,18 @@ def test_the_default_serves_the_embedded_gguf_on_its_blocks():
     assert engine.model_key == 'smollm2-135m-instruct'
 
 
-@pytest.mark.parametrize('change', [{'device': 'cuda'}, {'dtype': 'float16'},
-                                    {'forward': 'transformers'}, {'decode_weights': 'float16'},
-                                    {'model_path': '/some/dir'}])
-def test_the_embedded_gguf_is_served_only_where_its_kernels_apply(change):
+@pytest.mark.parametrize('change', [{'dtype': 'float16'}, {'forward': 'transformers'},
+                                    {'decode_weights': 'float16'}, {'model_path': '/some/dir'},
+                                    {'device': 'cuda', 'forward': 'transformers'}])
+def test_the_embedded_gguf_is_served_only_where_its_decoder_applies(change):
+    """Its blocks on the CPU in fp32; on a GPU in any dtype (the dense decoder)."""
     from timebill_ros.engine import model_source
     assert model_source.gguf_to_serve(EngineConfig()) == model_source.embedded_gguf_path()
     assert model_source.gguf_to_serve(EngineConfig(), transformers_model=True) is None
     assert model_source.gguf_to_serve(EngineConfig(**change)) is None
+    for gpu in ({'device': 'cuda'}, {'device': 'cuda:0', 'dtype': 'float16'}):
+        assert model_source.gguf_to_serve(EngineConfig(**gpu)) == \
+            model_source.embedded_gguf_path()
 
 
 def test_auto_probes_gguf_on_the_embedded_transformers_model():

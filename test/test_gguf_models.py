@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_files import (byte_level_tokenizer, KQUANTS, MIXED, sentencepiece_tokenizer, T,
-                        tiny_model, write_model)
+from gguf_files import (byte_level_tokenizer, KQUANTS, MIXED, rel_error,
+                        sentencepiece_tokenizer, T, tiny_model, write_model)
 from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.forward import PassHooks
@@ -53,26 +53,6 @@ def _ours(decoder, ids, n_prompt, chunks=None):
     return torch.stack(out)
 
 
-def _rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
-
-
-@pytest.fixture(scope='module')
-def written(tmp_path_factory, kquant_rows):
-    """Return a factory: (arch, types) -> (path, transformers model on the same weights)."""
-    made = {}
-
-    def make(arch, types):
-        key = (arch, str(types))
-        if key not in made:
-            path = tmp_path_factory.mktemp('gguf') / f'{arch}.gguf'
-            model = tiny_model(arch)
-            write_model(path, arch, model, types, kquant_rows)
-            made[key] = path, model
-        return made[key]
-    return make
-
-
 @pytest.mark.parametrize('arch', ARCHS)
 def test_each_architecture_matches_transformers(written, arch):
     """Prefill (one pass and in chunks) and decoding steps give transformers' logits.
@@ -86,7 +66,7 @@ def test_each_architecture_matches_transformers(written, arch):
     ref = _reference(model, ids)[len(PROMPT) - 1:]
     for chunks in (None, [7, 6, 7]):
         ours = _ours(decoder, ids, len(PROMPT), chunks)
-        assert _rel(ours, ref) < REL_TOL, (arch, chunks)
+        assert rel_error(ours, ref) < REL_TOL, (arch, chunks)
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
@@ -100,7 +80,7 @@ def test_each_weight_type_matches_transformers(written, qtype):
     decoder = load_decoder(gguf)
     ids = PROMPT + [3, 9, 27]
     ours = _ours(decoder, ids, len(PROMPT))
-    assert _rel(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
+    assert rel_error(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
 
 
 def test_a_wrong_weight_is_seen(written, tmp_path, kquant_rows):
@@ -111,7 +91,7 @@ def test_a_wrong_weight_is_seen(written, tmp_path, kquant_rows):
     matrix = layer.gate_up.groups[0][0]
     matrix.dense[3, :] += 0.5
     ours = _ours(decoder, PROMPT, len(PROMPT))
-    assert _rel(ours, _reference(model, PROMPT)[-1:]) > 10 * REL_TOL
+    assert rel_error(ours, _reference(model, PROMPT)[-1:]) > 10 * REL_TOL
 
 
 def test_a_batched_step_equals_single_steps(written):
@@ -129,7 +109,7 @@ def test_a_batched_step_equals_single_steps(written):
             [7] * 3, [len(ids) for ids in prompts], caches[1::2], [PassHooks()] * 3)
     assert not interrupted
     for i, single in enumerate(singles):
-        assert _rel(batched[i], single) < 1e-5
+        assert rel_error(batched[i], single) < 1e-5
 
 
 def test_no_fp32_copy_of_the_model_is_kept(written):
@@ -294,7 +274,7 @@ def test_a_bf16_gemm_rounds_only_products_of_many_rows(written):
     exact = matrix(x)
     rounded = matrix(x, torch.bfloat16)
     assert rounded.dtype == torch.float32 and rounded.shape == exact.shape
-    assert 1e-5 < _rel(rounded, exact) < 2e-2
+    assert 1e-5 < rel_error(rounded, exact) < 2e-2
     few = x[:4]
     assert torch.equal(matrix(few, torch.bfloat16), matrix(few))
 
@@ -313,7 +293,7 @@ def test_a_bf16_prefill_is_close_and_its_steps_are_fp32(written, arch):
     ours = _ours(decoder, ids, len(PROMPT))
     ref = _reference(model, ids)[len(PROMPT) - 1:]
     # bf16-rounded weights move a tiny random model's logits by a few percent of the largest.
-    assert REL_TOL < _rel(ours, ref) < 5e-2
+    assert REL_TOL < rel_error(ours, ref) < 5e-2
     assert torch.equal(ours.argmax(-1), ref.argmax(-1))
     caches = [decoder.new_cache(), decoder.new_cache()]
     with torch.inference_mode():
@@ -333,7 +313,7 @@ def test_masked_chunks_attend_in_blocks_of_queries(written, arch, block, monkeyp
     decoder = load_decoder(GgufFile(path))
     ids = PROMPT + [3, 9, 27]
     ours = _ours(decoder, ids, len(PROMPT), [4, 9, 7])
-    assert _rel(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
+    assert rel_error(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
 
 
 def test_the_prefill_dtype_resolves_and_keys_the_calibration(

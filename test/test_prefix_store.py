@@ -343,7 +343,7 @@ def test_a_stop_during_the_prefix_copy_ends_the_copy(make_tiny_engine):
 
 
 def test_block_sums_do_not_depend_on_the_chunk_edges():
-    """HiddenPool's block sums: whole blocks summed at once, cut blocks on their own."""
+    """The pool's block sums: whole blocks summed at once, cut blocks on their own."""
     from timebill_ros.engine.forward import HiddenPool
     hidden = torch.randn(1, 17, 8, generator=torch.Generator().manual_seed(0))
     pools = []
