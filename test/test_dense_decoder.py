@@ -258,6 +258,20 @@ def test_the_engine_runs_the_dense_decoder_like_the_kernels(tmp_path, kquant_row
     assert answers[0] == answers[1]
 
 
+def test_the_engine_caps_the_step_buffers_as_configured(tmp_path, kquant_rows):
+    path = tmp_path / 'llama.gguf'
+    write_model(path, 'llama', tiny_model('llama'), MIXED, kquant_rows,
+                tokenizer=byte_level_tokenizer)
+    engine = LlmEngine(EngineConfig(model_path=str(path), decode_weights='float32',
+                                    step_buffers_mb=12.5), EvictionConfig())
+    assert engine.forward.dense and engine.engine_config.decode_weights == 'float32'
+    assert engine.forward.static_steps.max_bytes == 12_500_000
+    assert engine.forward.static_steps.n_captures == 0  # no graphs on the CPU
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match='engine.step_buffers_mb'):
+            EngineConfig(step_buffers_mb=bad)
+
+
 def test_a_gguf_file_on_a_gpu_is_accepted_in_its_dtype():
     config = EngineConfig(model_path='robot.Q4_K_M.gguf', device='cuda', dtype='float16')
     assert config.decode_weights == 'auto'

@@ -113,6 +113,11 @@ class EngineConfig:
         engine is) and run a goal on it when the remote engine is unreachable, busy (429 /
         503) or silent before its first token, if the local time model says it still fits
         its deadline (result ``executor: fallback``).
+    step_buffers_mb: the most MB the dense decoder's static decoding buffers (a GGUF file on
+        a GPU: the KV buckets its CUDA graphs replay on, engine/models/static_step.py) may
+        hold; beyond it the least recently used bucket is given back (its goals keep copies
+        of their KV). The one-row buckets up to 4096 tokens are made at load (SmolLM2-135M:
+        366 MB).
     """
 
     model_path: str = ''
@@ -140,6 +145,7 @@ class EngineConfig:
     remote_idle_timeout_s: float = 30.0
     remote_context_tokens: int = 0
     remote_fallback: bool = False
+    step_buffers_mb: float = 2048.0
 
     def __post_init__(self):
         check_choice('engine.dtype', self.dtype, WEIGHT_FORMATS)
@@ -153,6 +159,7 @@ class EngineConfig:
         check_choice('engine.decode_weights', self.decode_weights, DECODE_FORMATS)
         check_choice('engine.prefill_dtype', self.prefill_dtype, PREFILL_DTYPES)
         check_nonneg_real('engine.stop_bound_s', self.stop_bound_s)
+        check_positive('engine.step_buffers_mb', self.step_buffers_mb)
         self._check_device()
         if (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                 or self.threads < 0):

@@ -246,6 +246,7 @@ class LlmEngine:
             avoid_cudnn_attention(device)  # before any timed pass
             step_format = config.decode_weights if dense else config.dtype
             self.forward = load_decoder(self.gguf_file, device, DTYPES[step_format])
+            self.forward.static_steps.max_bytes = int(config.step_buffers_mb * 1e6)
             self.forward.static_steps.warm()  # one-row graphs up to 4k KV, before any timing
             gemm_dtype = config.prefill_dtype
             _log_device_memory(path, device, self.forward.weight_bytes)

@@ -36,8 +36,9 @@ from timebill_ros.engine.forward import rows_alive
 
 MIN_CAPACITY = 256  # the smallest bucket, tokens
 # Buckets' KV buffers kept at most (bytes, all buckets): the least recently used bucket is
-# given back (its rows' caches copied out first) when a new one would pass it.
-DEFAULT_MAX_BYTES = 4 << 30
+# given back (its rows' caches copied out first) when a new one would pass it. The engine
+# sets it from engine.step_buffers_mb (this is its default).
+DEFAULT_MAX_BYTES = 2048 * 10 ** 6
 WARM_TOKENS = 4096  # StaticSteps.warm: one-row graphs captured at load up to this capacity
 SPLIT_TOKENS = 128  # weighted_values: KV slots a part of the attention's value sum
 
