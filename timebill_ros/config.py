@@ -116,8 +116,8 @@ class EngineConfig:
     step_buffers_mb: the most MB the dense decoder's static decoding buffers (a GGUF file on
         a GPU: the KV buckets its CUDA graphs replay on, engine/models/static_step.py) may
         hold; beyond it the least recently used bucket is given back (its goals keep copies
-        of their KV). The one-row buckets up to 4096 tokens are made at load (SmolLM2-135M:
-        366 MB).
+        of their KV); a step that needs one bucket larger than the cap still gets it. The
+        one-row buckets up to 4096 tokens are made at load (SmolLM2-135M: 366 MB).
     """
 
     model_path: str = ''
