@@ -152,8 +152,18 @@ def test_kill_ends_the_request_at_the_deadline_and_frees_the_server(llama):
         service.shutdown()
 
 
-def test_kill_caps_max_tokens_to_what_fits_and_completes(service):
-    result = ask(service, goal(budget_s=0.5, n_max=200))
+def test_kill_caps_max_tokens_to_what_fits_and_completes(llama):
+    # A time model that believes the engine 2-3x slower than it is (LOOPBACK's 8 ms steps
+    # were once too fast for a loaded 2-core machine: the capped answer overran 0.5 s).
+    if llama.process.poll() is not None:
+        llama.start()
+    slow = RemoteCoefficients(first_token_s=0.05, prefill_token_s=3e-3, step_s=20e-3,
+                              step_kv_token_s=2e-6)
+    service = remote_service(llama.url, slow)
+    try:
+        result = ask(service, goal(budget_s=0.5, n_max=200))
+    finally:
+        service.shutdown()
     assert result.status == status.COMPLETED, result.message
     assert result.deadline_met
     assert 0 < result.max_tokens_sent < 200
