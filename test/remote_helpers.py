@@ -22,6 +22,7 @@ from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.remote import RemoteCoefficients, RemoteTimeModel
 
 SERVER_CTX = 2048  # the loopback server's context, tokens
+END_TOKENS = (0, 1, 2)  # the embedded SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|>
 
 
 def start_llama_server(tmp_path_factory):
@@ -38,12 +39,18 @@ def start_llama_server(tmp_path_factory):
     return LoopbackLlamaServer(n_ctx=SERVER_CTX, log_path=log).start()
 
 
-def complete(url, prompt, max_tokens):
+def complete(url, prompt, max_tokens, ignore_eos=False):
     """POST one greedy, unstreamed ``/completions`` request to ``url``; return its JSON.
 
     What another client of a shared server sends (it holds the one-request server meanwhile).
+    ignore_eos: the answer runs to ``max_tokens`` (the embedded model's end tokens, ids 0-2,
+    get a logit bias of -100): a hold whose length does not depend on where the model would
+    stop.
     """
-    body = json.dumps({'prompt': prompt, 'max_tokens': max_tokens, 'temperature': 0}).encode()
+    fields = {'prompt': prompt, 'max_tokens': max_tokens, 'temperature': 0}
+    if ignore_eos:
+        fields['logit_bias'] = {str(token): -100 for token in END_TOKENS}
+    body = json.dumps(fields).encode()
     request = urllib.request.Request(url + '/completions', data=body,
                                      headers={'Content-Type': 'application/json'})
     with urllib.request.urlopen(request, timeout=60) as response:

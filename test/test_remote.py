@@ -212,8 +212,10 @@ def test_a_busy_server_raises_the_first_token_estimate_and_admission_refuses(lla
     assert ask(service, goal(budget_s=20.0, policy=SKIP, **short)).status == status.COMPLETED
     idle = ask(service, goal(budget_s=0.06, **short))  # its prompt is held: admitted
     assert idle.status != status.REJECTED, idle.message
-    # Another client holds the one-request server for a few seconds.
-    other = threading.Thread(target=complete, args=(llama.url, LONG_ANSWER, 200), daemon=True)
+    # Another client holds the one-request server for a few seconds (400 tokens that ignore
+    # EOS: an answer that could stop early would not hold it for sure).
+    other = threading.Thread(target=complete, args=(llama.url, LONG_ANSWER, 400, True),
+                             daemon=True)
     other.start()
     time.sleep(0.3)
     late = ask(service, goal(budget_s=20.0, policy=SKIP, **short))

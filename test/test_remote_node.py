@@ -78,8 +78,10 @@ def test_infeasible_goals_are_refused_at_once(graph):
 
 def test_kill_lands_at_the_deadline_while_a_shared_server_is_busy(graph):
     # Another robot's request holds the one-request server: this goal's first token cannot
-    # come before its deadline, and Kill ends the request there.
-    other = threading.Thread(target=complete, args=(graph['llama'].url, PROMPT, 160),
+    # come before its deadline, and Kill ends the request there. The hold is 600 tokens that
+    # ignore EOS (>= 1.5 s at llama.cpp's 2.5 ms a token): 160 that could stop at EOS were
+    # once over before the goal's 1.1 s on a fast host, and the goal completed.
+    other = threading.Thread(target=complete, args=(graph['llama'].url, PROMPT, 600, True),
                              daemon=True)
     other.start()
     time.sleep(0.3)
