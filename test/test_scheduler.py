@@ -153,6 +153,25 @@ def test_offload_tau_is_the_quantile_of_training_predictions_stored_at_export(tm
         offload_threshold(_LengthOfPrompt(), 1.0, 512)
 
 
+@pytest.mark.parametrize('saved', [[1, 2], {'n_hat_tokens': [1, 'x']},
+                                   {'n_hat_tokens': []}, {'n_hat_tokens': [3, -1]},
+                                   {'n_hat_tokens': 'abc'}, {'n_hat_tokens': [True]}, 'text'])
+def test_malformed_training_predictions_offload_nothing_and_say_why(tmp_path, saved):
+    """A hand-edited or truncated lengths file: tau = infinity, logged, never an exception."""
+    import json
+
+    from timebill_ros.predictors.threshold import _stamp, lengths_path, offload_threshold
+    model_file = tmp_path / 'rlp.onnx'
+    model_file.write_bytes(b'stand-in')
+    if isinstance(saved, dict):
+        saved = dict(saved, stamp=_stamp(model_file))
+    lengths_path(model_file).write_text(json.dumps(saved))
+    lines = []
+    assert offload_threshold(_LengthOfPrompt(), 0.9, 512, str(model_file),
+                             log=lines.append) == float('inf')
+    assert any('no training predictions' in line for line in lines), lines
+
+
 def test_the_fallback_predictor_offloads_nothing():
     from timebill_ros.predictors import FallbackPredictor
     from timebill_ros.predictors.threshold import offload_threshold

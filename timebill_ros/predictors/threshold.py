@@ -38,12 +38,23 @@ def write_train_lengths(model_file, lengths) -> pathlib.Path:
 
 
 def read_train_lengths(model_file):
-    """Return the stored N^ list of ``model_file`` (None = top bucket); ValueError if stale."""
+    """Return the stored N^ list of ``model_file`` (None = top bucket).
+
+    ValueError when the file is stale (made for another ONNX file) or malformed.
+    """
     path = lengths_path(model_file)
     saved = json.loads(path.read_text())
+    if not isinstance(saved, dict):
+        raise ValueError(f'{path} holds a {type(saved).__name__}, not an object')
     if saved.get('stamp') != _stamp(model_file):
         raise ValueError(f'{path} was made for another version of {model_file}')
-    return saved['n_hat_tokens']
+    lengths = saved.get('n_hat_tokens')
+    if (not isinstance(lengths, list) or not lengths
+            or any(n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0)
+                   for n in lengths)):
+        raise ValueError(f'{path}: n_hat_tokens must be a non-empty list of token counts '
+                         '(or null)')
+    return lengths
 
 
 def offload_threshold(predictor, quantile, n_max, model_file=None, log=print):

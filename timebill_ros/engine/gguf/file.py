@@ -42,36 +42,73 @@ class TensorInfo:
     nbytes: int
 
 
+MAX_STRING_BYTES = 16 << 20  # one metadata string (a chat template is ~10 KB), bytes
+MAX_DIMS = 4  # GGML's tensors have at most four dimensions
+# The fewest bytes an entry takes (key or name length + value type / dims count, ...): what a
+# count read from the header is checked against before anything is read for it.
+_MIN_KEY_BYTES, _MIN_TENSOR_BYTES, _MIN_STRING_BYTES = 8 + 4, 8 + 4 + 4 + 8, 8
+
+
 class _Cursor:
-    """Reads little-endian values from a buffer, advancing an offset."""
+    """Reads little-endian values from a buffer, advancing an offset.
+
+    Every length and count read is checked against the bytes left (ValueError naming what was
+    read), so a corrupt header is refused before it allocates or copies anything.
+    """
 
     def __init__(self, buffer, offset: int = 0):
         self.buffer, self.offset = buffer, offset
+
+    @property
+    def left(self) -> int:
+        """Bytes after the offset."""
+        return len(self.buffer) - self.offset
 
     def scalar(self, fmt: str):
         value = struct.unpack_from(fmt, self.buffer, self.offset)[0]
         self.offset += struct.calcsize(fmt)
         return value
 
-    def string(self) -> str:
-        length = self.scalar('<Q')
+    def count(self, what: str, fmt: str, min_bytes: int) -> int:
+        """Read a count of ``what`` whose entries take at least ``min_bytes`` bytes each."""
+        at, value = self.offset, self.scalar(fmt)
+        if value * min_bytes > self.left:
+            raise ValueError(f'{what} count {value} at byte {at} does not fit the '
+                             f'{self.left} bytes left in the file')
+        return value
+
+    def string(self, what: str = 'string') -> str:
+        at, length = self.offset, self.scalar('<Q')
+        if length > min(self.left, MAX_STRING_BYTES):
+            raise ValueError(f'{what} length {length} at byte {at} exceeds the '
+                             f'{min(self.left, MAX_STRING_BYTES)} bytes it may take')
         raw = self.buffer[self.offset:self.offset + length]
         self.offset += length
         return bytes(raw).decode('utf-8', errors='replace')
 
-    def value(self, kind: int):
-        kind = GGUFValueType(kind)
+    def value(self, kind: int, key: str = ''):
+        kind = _value_type(kind, key)
         if kind == GGUFValueType.STRING:
-            return self.string()
+            return self.string(f'{key}: string')
         if kind == GGUFValueType.ARRAY:
-            item, count = GGUFValueType(self.scalar('<I')), self.scalar('<Q')
+            item = _value_type(self.scalar('<I'), key)
             if item in _SCALARS:
                 dtype = np.dtype(_SCALARS[item][1:]).newbyteorder('<')
+                count = self.count(f'{key}: array', '<Q', dtype.itemsize)
                 data = np.frombuffer(self.buffer, dtype, count, self.offset).copy()
                 self.offset += count * dtype.itemsize
                 return data.tolist() if item == GGUFValueType.BOOL else data
-            return [self.value(item) for _ in range(count)]
+            count = self.count(f'{key}: array', '<Q', _MIN_STRING_BYTES)
+            return [self.value(item, key) for _ in range(count)]
         return self.scalar(_SCALARS[kind])
+
+
+def _value_type(kind: int, key: str) -> GGUFValueType:
+    """Return GGUF value type ``kind``; ValueError naming the key for an unknown one."""
+    try:
+        return GGUFValueType(kind)
+    except ValueError:
+        raise ValueError(f'{key or "metadata"}: unknown value type {kind}') from None
 
 
 class GgufFile:
@@ -86,7 +123,8 @@ class GgufFile:
             with open(self.path, 'rb') as handle:
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             self.metadata, self.tensors = self._parse()
-        except (ValueError, struct.error, OSError, UnicodeError, IndexError) as exc:
+        except (ValueError, struct.error, OSError, UnicodeError, IndexError,
+                OverflowError) as exc:
             raise ValueError(f'{self.path} is not a readable GGUF file: '
                              f'{type(exc).__name__}: {exc}') from exc
         self.arch = str(self.get('general.architecture', ''))
@@ -100,25 +138,24 @@ class GgufFile:
         version = cursor.scalar('<I')
         if version not in (2, 3):
             raise ValueError(f'GGUF version {version} (2 and 3 are read)')
-        n_tensors, n_keys = cursor.scalar('<Q'), cursor.scalar('<Q')
+        n_tensors = cursor.count('tensor', '<Q', _MIN_TENSOR_BYTES)
+        n_keys = cursor.count('metadata key', '<Q', _MIN_KEY_BYTES)
         metadata = {}
         for _ in range(n_keys):
-            key = cursor.string()
-            metadata[key] = cursor.value(cursor.scalar('<I'))
-        infos = []
-        for _ in range(n_tensors):
-            name = cursor.string()
-            dims = tuple(cursor.scalar('<Q') for _ in range(cursor.scalar('<I')))
-            kind, offset = GGMLQuantizationType(cursor.scalar('<I')), cursor.scalar('<Q')
-            infos.append((name, kind, dims, offset))
-        alignment = int(metadata.get('general.alignment', GGUF_DEFAULT_ALIGNMENT))
+            key = cursor.string('metadata key')
+            metadata[key] = cursor.value(cursor.scalar('<I'), key)
+        infos = [_tensor_entry(cursor) for _ in range(n_tensors)]
+        alignment = metadata.get('general.alignment', GGUF_DEFAULT_ALIGNMENT)
+        if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1
+                or alignment & (alignment - 1)):
+            raise ValueError(f'general.alignment must be a power of two, got {alignment!r}')
         start = -(-cursor.offset // alignment) * alignment
         tensors = {}
         for name, kind, dims, offset in infos:
-            block, size = GGML_QUANT_SIZES[kind]
-            nbytes = int(np.prod(dims, dtype=np.int64)) // block * size
-            if start + offset + nbytes > len(self._map):
-                raise ValueError(f'tensor {name} runs past the end of the file')
+            nbytes = _tensor_bytes(name, kind, dims)
+            if offset % alignment or start + offset + nbytes > len(self._map):
+                raise ValueError(f'tensor {name}: {nbytes} bytes at offset {offset} are not '
+                                 f'aligned to {alignment} or run past the end of the file')
             tensors[name] = TensorInfo(kind.name, dims, start + offset, nbytes)
         return metadata, tensors
 
@@ -200,6 +237,37 @@ class GgufFile:
             counts[info.type_name] = counts.get(info.type_name, 0) + 1
         types = ', '.join(f'{n} {k}' for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         return f'{self.path.name}: {self.arch}, {types}'
+
+
+def _tensor_entry(cursor: _Cursor) -> tuple:
+    """Read one tensor entry: (name, GGML type, dims innermost first, offset)."""
+    name = cursor.string('tensor name')
+    n_dims = cursor.scalar('<I')
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise ValueError(f'tensor {name}: {n_dims} dimensions (1 to {MAX_DIMS} are read)')
+    dims = tuple(cursor.scalar('<Q') for _ in range(n_dims))
+    code, offset = cursor.scalar('<I'), cursor.scalar('<Q')
+    try:
+        kind = GGMLQuantizationType(code)
+    except ValueError:
+        raise ValueError(f'tensor {name}: unknown GGML type {code}') from None
+    return name, kind, dims, offset
+
+
+def _tensor_bytes(name: str, kind: GGMLQuantizationType, dims: tuple) -> int:
+    """Return the bytes a tensor of ``dims`` takes in ``kind``; ValueError when impossible.
+
+    Python integers: a product that would overflow int64 is seen, not wrapped.
+    """
+    if kind not in GGML_QUANT_SIZES:
+        raise ValueError(f'tensor {name}: GGML type {kind.name} has no block size')
+    block, size = GGML_QUANT_SIZES[kind]
+    n_values = 1
+    for dim in dims:
+        n_values *= dim
+    if not dims or min(dims) < 1 or n_values >= 1 << 62 or dims[0] % block:
+        raise ValueError(f'tensor {name}: dims {dims} are not a {kind.name} tensor')
+    return n_values // block * size
 
 
 def chat_template(gguf: GgufFile) -> Optional[str]:
