@@ -198,7 +198,7 @@ class EngineConfig:
         The GGUF kernels read host memory only: ``decode_weights: gguf`` runs on the CPU
         (engine/kernels). On a GPU a ``.gguf`` model_path (and the embedded model) is served
         by the same family decoder with its weights dequantized once into ``dtype``
-        (engine/models): ``decode_weights`` must be ``auto`` there.
+        (engine/models): ``decode_weights`` must be ``auto`` (or ``dtype``) there.
         """
         if not isinstance(self.device, str) or not self.device:
             raise TypeError(f'engine.device must be a torch device name, got {self.device!r}')

@@ -22,6 +22,7 @@ Not thread-safe: one caller at a time. Never imports rclpy.
 
 import copy
 import dataclasses
+import logging
 import pathlib
 import statistics
 import time
@@ -688,7 +689,6 @@ class LlmEngine:
 
 def _log_device_memory(path, device: torch.device, weight_bytes: int) -> None:
     """Log (stderr) the device memory a GGUF file's dense weights take, MB."""
-    import logging
     allocated = (torch.cuda.memory_allocated(device) if device.type == 'cuda' else 0) / 1e6
     logging.getLogger('timebill_ros.engine').warning(
         '%s on %s: weights %.1f MB, %.1f MB allocated on the device', pathlib.Path(path).name,

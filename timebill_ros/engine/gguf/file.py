@@ -15,6 +15,7 @@ BF16 as uint16), N output rows of K weights, as the file holds them.
 """
 
 import dataclasses
+import math
 import mmap
 import pathlib
 import struct
@@ -262,9 +263,7 @@ def _tensor_bytes(name: str, kind: GGMLQuantizationType, dims: tuple) -> int:
     if kind not in GGML_QUANT_SIZES:
         raise ValueError(f'tensor {name}: GGML type {kind.name} has no block size')
     block, size = GGML_QUANT_SIZES[kind]
-    n_values = 1
-    for dim in dims:
-        n_values *= dim
+    n_values = math.prod(dims)
     if not dims or min(dims) < 1 or n_values >= 1 << 62 or dims[0] % block:
         raise ValueError(f'tensor {name}: dims {dims} are not a {kind.name} tensor')
     return n_values // block * size

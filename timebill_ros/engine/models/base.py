@@ -323,7 +323,6 @@ class GgufDecoder(KvCacheForward):
         self.gguf, self.spec = gguf, spec
         self.dense = device is not None
         self._device = torch.device(device) if self.dense else torch.device('cpu')
-        self.act_dtype = torch.float32  # activations, norms and the KV cache
         if self.dense:
             make = functools.partial(DenseMatrix, device=self._device, dtype=dtype)
             self.kernels = None
@@ -359,10 +358,8 @@ class GgufDecoder(KvCacheForward):
         return twin
 
     def _place(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Return a CPU fp32 vector on this decoder's device in its activation dtype."""
-        if not self.dense:
-            return tensor
-        return tensor.to(device=self._device, dtype=self.act_dtype)
+        """Return a CPU fp32 vector (a norm's weight) on this decoder's device."""
+        return tensor.to(self._device) if self.dense else tensor
 
     # -- what the engine reads -------------------------------------------------------------
 
@@ -398,9 +395,9 @@ class GgufDecoder(KvCacheForward):
         return sum(layer.nbytes for layer in self.layers) + self.embed.nbytes + head
 
     def new_cache(self) -> KvCache:
-        """Return an empty cache on the decoder's device, in its activation dtype."""
+        """Return an empty fp32 cache on the decoder's device."""
         return KvCache(self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim,
-                       self.act_dtype, self._device)
+                       torch.float32, self._device)
 
     # -- the passes ------------------------------------------------------------------------
 
@@ -506,7 +503,7 @@ class GgufDecoder(KvCacheForward):
         x = self.embed.rows(torch.tensor(token_ids, dtype=torch.long))
         if self.spec.embed_scale != 1.0:
             x = x * torch.tensor(self.spec.embed_scale, dtype=torch.float32)
-        return x.to(self.act_dtype)
+        return x
 
     def _inverse_frequencies(self, base: float) -> torch.Tensor:
         """Return RoPE's inverse frequencies (D / 2,), as transformers computes them."""
@@ -523,13 +520,12 @@ class GgufDecoder(KvCacheForward):
         return self.spec.rope_base
 
     def _ropes(self, positions: torch.Tensor) -> dict:
-        """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D), once a pass.
+        """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D) fp32, once a pass.
 
-        In the activation dtype, on the decoder's device.
+        On the decoder's device.
         """
         positions = positions.to(self._device)
-        return {base: tuple(t.to(self.act_dtype) for t in self._rope(inv, positions))
-                for base, inv in self._inv_freq.items()}
+        return {base: self._rope(inv, positions) for base, inv in self._inv_freq.items()}
 
     def _rope(self, inv: torch.Tensor, positions: torch.Tensor):
         """Return cos, sin of ``positions`` (n,) for inverse frequencies ``inv``, (n, D)."""

@@ -52,16 +52,16 @@ def capacity_for(n_tokens: int) -> int:
 
 
 class _Bucket:
-    """Static buffers of B rows at capacity C, and the step's graph once captured."""
+    """Static fp32 buffers of B rows at capacity C, and the step's graph once captured."""
 
     def __init__(self, decoder, n_rows: int, capacity: int):
         """Allocate the KV buffers and inputs of ``n_rows`` rows of ``capacity`` tokens."""
-        spec, device, dtype = decoder.spec, decoder.device, decoder.act_dtype
+        spec, device = decoder.spec, decoder.device
         self.n_rows, self.capacity = n_rows, capacity
         shape = (n_rows, spec.n_kv_heads, capacity, spec.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = [torch.zeros(shape, dtype=torch.float32, device=device)
                      for _ in range(spec.n_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device)
+        self.values = [torch.zeros(shape, dtype=torch.float32, device=device)
                        for _ in range(spec.n_layers)]
         # What a cache's per-layer lists hold while it lives in row r (views of the buffers).
         self.key_rows = [[k[r:r + 1] for k in self.keys] for r in range(n_rows)]
@@ -256,7 +256,7 @@ class StaticSteps:
         live = (lengths + 1).unsqueeze(-1)  # (L, B, 1)
         slots = bucket.slots.view(1, 1, -1)
         seen = (slots < live) & (slots >= live - bucket.windows)  # (L, B, C)
-        mask = torch.zeros(seen.shape, dtype=self.decoder.act_dtype, device=seen.device)
+        mask = torch.zeros(seen.shape, dtype=torch.float32, device=seen.device)
         mask = mask.masked_fill(~seen, float('-inf'))
         mask = mask.unsqueeze(2).expand(-1, -1, spec.n_kv_heads, -1)
         return mask.reshape(spec.n_layers, bucket.n_rows * spec.n_kv_heads, 1,

@@ -231,7 +231,6 @@ class DenseMatrix:
     """
 
     packed = None
-    qtype = None
 
     def __init__(self, data: np.ndarray, type_name: str, n_rows: int, k: int,
                  row_order: Optional[np.ndarray] = None, bias: Optional[np.ndarray] = None,
@@ -247,11 +246,6 @@ class DenseMatrix:
                      torch.from_numpy(np.array(bias, np.float32)).to(device=device, dtype=dtype))
         self.nbytes = self.weight.numel() * self.weight.element_size()
 
-    @property
-    def dense(self) -> torch.Tensor:
-        """The weight, (N, K) in the device dtype."""
-        return self.weight
-
     def __call__(self, x: torch.Tensor, gemm_dtype: Optional[torch.dtype] = None):
         """Return ``x`` (..., K) times W^T plus the bias, (..., N), in ``x``'s dtype.
 
@@ -264,10 +258,6 @@ class DenseMatrix:
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """Return ``x`` (..., K) times W^T plus the bias, (..., N), in the weight's dtype."""
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
-
-    def dequantized(self) -> torch.Tensor:
-        """Return the whole matrix as fp32, (N, K), on the device."""
-        return self.weight.float()
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Return rows ``index`` (R,) as fp32 (R, K): an embedding lookup, on the device."""
