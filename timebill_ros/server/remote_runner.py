@@ -7,6 +7,12 @@ closing its connection, cancel at once; Partial returns the text streamed so far
 the deadline; Skip-Next lets it finish late. The first token's time and the steps correct
 the remote time model. A refused connection, a timeout, a 429 / 503, another HTTP error or a
 stream cut mid-answer end the goal FAILED with its own error code (server/status.py).
+
+What the server says is not trusted (issue 58): the answer's length is the tokens this side
+counted (the server's ``usage`` only between that and max_tokens), an engine streaming more
+than the max_tokens it was sent (plus ``MAX_TOKENS_SLACK``) is cut off (REMOTE_HTTP), and a
+request still open at its ceiling (Skip-Next's only end besides the engine's) ends
+REMOTE_TIMEOUT.
 """
 
 import concurrent.futures
@@ -27,6 +33,13 @@ from timebill_ros.timing.remote import (decide_max_tokens, DECIDE, MaxTokensDeci
 POLL_S = 0.005  # the goal's thread re-checks cancel and the deadline this often, seconds
 # Partial stops this long before its deadline, so that its text is returned on time.
 PARTIAL_MARGIN_S = 2 * POLL_S
+# Tokens past the max_tokens sent before the request is cut off (an engine may stream one
+# more chunk than it was asked for, e.g. a final empty-text chunk counted as a token).
+MAX_TOKENS_SLACK = 2
+# A request that stops nowhere else (Skip-Next) is ended at this multiple of its t^_WCET,
+# or after engine.remote_idle_timeout_s when that is longer (a shared engine may hold it
+# that long before its first token), seconds after the goal started.
+CEILING_WCET_FACTOR = 4.0
 FINISH_OF_SERVER = {'length': stopping.MAX_TOKENS, 'stop': stopping.EOS}
 ERROR_OF_KIND = {client.UNREACHABLE: status.ERROR_REMOTE_UNREACHABLE,
                  client.TIMEOUT: status.ERROR_REMOTE_TIMEOUT,
@@ -211,6 +224,7 @@ class RemoteGoal:
         self.parts, self.first_s, self.last_s = [], None, None
         self.n_tokens, self.n_sent_feedback = 0, 0
         self.n_cached = 0
+        self.max_tokens = job.n_max  # what the request asks the engine for
         self.stops_at_deadline = bool(job.policy.stop_criteria(job.deadline_s, self.clock))
 
     def close(self):
@@ -238,6 +252,7 @@ class RemoteGoal:
         if decision is None:
             return
         messages = check_prompt(job.request, self.runner.config.queue.max_prompt_chars)
+        self.max_tokens = decision.max_tokens
         body = self.runner.request_body(job.request, messages, decision.max_tokens)
         self.phase = 'prefill'
         self.start_s = self.clock()
@@ -319,9 +334,15 @@ class RemoteGoal:
         margin = PARTIAL_MARGIN_S if self.job.policy.keeps_text_at_deadline else 0.0
         return self.job.deadline_s - margin
 
+    def _ceiling_s(self):
+        """Return when a request that stops nowhere else is ended (see CEILING_WCET_FACTOR)."""
+        wcet_s = self.result.predicted_wcet_s or 0.0
+        return self.job.started_s + max(CEILING_WCET_FACTOR * wcet_s,
+                                        self.runner.config.engine.remote_idle_timeout_s)
+
     def _stream_answer(self, decision):
         """Read the stream until it ends, the goal is canceled or its deadline comes."""
-        job, stop_at = self.job, self._stop_at_s()
+        job, stop_at, ceiling = self.job, self._stop_at_s(), self._ceiling_s()
         while True:
             now = self.clock()
             if job.cancel_event.is_set():
@@ -332,12 +353,25 @@ class RemoteGoal:
                 self._close()
                 self._at_deadline()
                 return
-            wait_s = POLL_S if stop_at is None else max(0.0, min(POLL_S, stop_at - now))
+            if now >= ceiling:
+                self._close()
+                self._remote_error(client.RemoteError(
+                    client.TIMEOUT, f'the answer ran past its ceiling, '
+                                    f'{ceiling - job.started_s:.2f} s after the goal started'))
+                return
+            wait_s = max(0.0, min(POLL_S, (ceiling if stop_at is None else stop_at) - now))
             try:
                 event = self.stream.events.get(timeout=wait_s)
             except queue.Empty:
                 continue
             if event.kind == client.TEXT:
+                if self.n_tokens >= self.max_tokens + MAX_TOKENS_SLACK:
+                    self._close()
+                    self._remote_error(client.RemoteError(
+                        client.HTTP, f'the engine ignored max_tokens: sent '
+                                     f'{self.max_tokens}, streamed more than '
+                                     f'{self.n_tokens} tokens'))
+                    return
                 self._token(event)
             elif event.kind == client.ERROR:
                 self._remote_error(event.error)
@@ -390,8 +424,7 @@ class RemoteGoal:
         """Fill the result of an answer the engine ended (END event)."""
         job, result = self.job, self.result
         self._observe(event)
-        usage = event.usage or {}
-        n_tokens = int(usage.get('completion_tokens') or self.n_tokens)
+        n_tokens = self._answer_tokens(event.usage)
         result.response_tokens = n_tokens
         answer = Answer(''.join(self.parts), [0] * n_tokens,
                         FINISH_OF_SERVER.get(event.finish_reason, stopping.EOS))
@@ -399,6 +432,19 @@ class RemoteGoal:
         if result.status == status.COMPLETED and decision.capped \
                 and answer.stop_reason == stopping.MAX_TOKENS:
             result.message += f'; {decision.describe(job.n_max)}'
+
+    def _answer_tokens(self, usage) -> int:
+        """Return the answer's length: the tokens counted here, or the server's usage.
+
+        An engine may stream several tokens in one chunk (llama.cpp holds back text that
+        might begin a stop string), so its ``completion_tokens`` is taken where it is
+        plausible: an int from the tokens counted here up to the max_tokens sent.
+        """
+        claimed = usage.get('completion_tokens') if isinstance(usage, dict) else None
+        if (isinstance(claimed, int) and not isinstance(claimed, bool)
+                and self.n_tokens <= claimed <= self.max_tokens):
+            return claimed
+        return self.n_tokens
 
     def _at_deadline(self):
         """End the goal whose deadline (less Partial's margin) came with its request open."""

@@ -19,10 +19,17 @@ decision see the load from the next goal on, and forget it gradually (``timing.s
 There is no KV eviction on a remote engine. The budget decision is the request's
 ``max_tokens`` (:func:`decide_max_tokens`), N^_W-aware as alpha* is: when N^_W tokens fit the
 time left the request asks for N_max (the answer is expected to end by itself in time);
-otherwise for the most tokens that fit. Never imports rclpy.
+otherwise for the most tokens that fit.
+
+Only plausible observations are learned: a first token or steps more than
+``1 / MIN_PLAUSIBLE_RATIO`` times faster than the probes' fit are what a stream that lies
+(tokens the engine could not have made that fast) looks like, not the engine; one such sample
+would lower every later estimate (three moved the factor from 1.0 to 0.0022, issue 58). They
+are dropped and logged. Never imports rclpy.
 """
 
 import dataclasses
+import logging
 import math
 
 import numpy as np
@@ -31,6 +38,9 @@ from timebill_ros.checks import check_nonneg_real
 from timebill_ros.config import OnlineSettings
 from timebill_ros.timing.online import (DECIDE, DECODE, EXPECTED, LEAST, MIN_DECODE_STEPS,
                                         PREFILL, TrackedPhases)
+
+# An observation measured / fitted below this is dropped (see the module docstring).
+MIN_PLAUSIBLE_RATIO = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +134,7 @@ class RemoteTimeModel(TrackedPhases):
             raise TypeError(f'coefficients must be RemoteCoefficients, got {coefficients!r}')
         super().__init__(settings)
         self.coefficients = coefficients
+        self.n_dropped = 0  # implausible observations not learned
 
     # --- estimates -------------------------------------------------------------------------
     def first_token_base_s(self, n_x: int, n_cached: int = 0) -> float:
@@ -176,14 +187,25 @@ class RemoteTimeModel(TrackedPhases):
     # --- online updates ----------------------------------------------------------------
     def observe_prefill(self, n_x: int, measured_s: float, n_chunks=None,
                         n_cached: int = 0) -> None:
-        """Add a goal's measured first-token time, seconds."""
-        self._observe(PREFILL, self.first_token_base_s(n_x, n_cached), measured_s)
+        """Add a goal's measured first-token time, seconds (dropped when implausible)."""
+        self._plausible(PREFILL, self.first_token_base_s(n_x, n_cached), measured_s)
 
     def observe_decode(self, n_kv_first: int, n_steps: int, measured_s: float) -> None:
         """Add ``n_steps`` further tokens after ``n_kv_first`` tokens (MIN_DECODE_STEPS+)."""
         if n_steps < MIN_DECODE_STEPS:
             return
-        self._observe(DECODE, self._steps_base_s(n_kv_first, n_steps), measured_s)
+        self._plausible(DECODE, self._steps_base_s(n_kv_first, n_steps), measured_s)
+
+    def _plausible(self, phase: str, base_s: float, measured_s: float) -> None:
+        """Learn ``measured_s`` unless it is under MIN_PLAUSIBLE_RATIO x ``base_s``."""
+        if base_s > 0 and measured_s < MIN_PLAUSIBLE_RATIO * base_s:
+            self.n_dropped += 1
+            logging.getLogger('timebill_ros.timing').warning(
+                'remote %s: measured %.4f s where the fit says %.4f s; not learned (over %g '
+                'times faster than the engine measured at start-up)', phase, measured_s,
+                base_s, 1 / MIN_PLAUSIBLE_RATIO)
+            return
+        self._observe(phase, base_s, measured_s)
 
     def observe_predict(self, n_x: int, measured_s: float) -> None:
         """Nothing: the predictor's time is the goal's own, before its request."""

@@ -9,6 +9,12 @@ retries and pooled connections would each have to be turned off for it.
 
 Every event carries the monotonic time the reader saw it, so the time to the first token and
 the steps are measured where they arrive, not when the goal's thread polls.
+
+The server is not trusted (issue 58): a stream line and a non-streamed body are read up to a
+cap, the response headers must arrive by a total deadline (a server dripping bytes resets
+the socket's idle timeout with each one), every field of a chunk is checked for its type,
+and :meth:`CompletionStream.close` shuts the socket itself down, whatever the response's
+framing (http.client drops its own reference under HTTP/1.0 or ``Connection: close``).
 """
 
 import dataclasses
@@ -30,6 +36,11 @@ BUSY = 'busy'                 # HTTP 429 or 503: the engine refuses more work no
 HTTP = 'http'                 # any other HTTP error status, or an error object in the stream
 STREAM_CUT = 'stream_cut'     # the stream ended without its end (the engine died mid-answer)
 ERROR_KINDS = (UNREACHABLE, TIMEOUT, BUSY, HTTP, STREAM_CUT)
+# The longest stream line read (one server-sent event's data: a token and its fields, a few
+# hundred bytes from llama.cpp and vLLM; logprobs a few KB), bytes.
+MAX_LINE_BYTES = 256 * 1024
+# The longest non-streamed body read (/models), bytes.
+MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 class RemoteError(RuntimeError):
@@ -107,24 +118,118 @@ def _status_error(response) -> RemoteError:
     return RemoteError(kind, f'HTTP {response.status} {response.reason}: {body[:200]}')
 
 
-def get_json(endpoint: Endpoint, path: str, timeout_s: float) -> dict:
-    """GET ``endpoint.base_path + path`` and return its JSON body (RemoteError on failure)."""
-    connection = endpoint.connection(timeout_s)
+def _shut(sock) -> None:
+    """Shut ``sock`` down (a blocked read on another thread returns at once); never raises."""
     try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # not connected, or already closed
+        pass
+
+
+def get_json(endpoint: Endpoint, path: str, timeout_s: float):
+    """GET ``endpoint.base_path + path`` and return its JSON body (RemoteError on failure).
+
+    timeout_s bounds the connect, and then the request, headers and body together; the body
+    is read up to ``MAX_BODY_BYTES``.
+    """
+    connection = endpoint.connection(timeout_s)
+    expired = threading.Event()
+    timer = None
+    try:
+        connection.connect()
+        sock = connection.sock
+
+        def expire():
+            expired.set()
+            _shut(sock)
+
+        timer = threading.Timer(timeout_s, expire)
+        timer.daemon = True
+        timer.start()
         connection.request('GET', endpoint.base_path + path)
         response = connection.getresponse()
         if response.status != 200:
             raise _status_error(response)
-        return json.loads(response.read())
+        body = response.read(MAX_BODY_BYTES + 1)
+        if len(body) > MAX_BODY_BYTES:
+            raise RemoteError(HTTP, f'GET {path}: the body is over {MAX_BODY_BYTES} bytes')
+        return json.loads(body)
     except Exception as exc:
+        if expired.is_set():
+            raise RemoteError(TIMEOUT, f'GET {path} took over {timeout_s} s') from exc
         raise _error_of(exc, f'at GET {path}') from exc
     finally:
+        if timer is not None:
+            timer.cancel()
         connection.close()
 
 
 def list_models(endpoint: Endpoint, timeout_s: float) -> list:
-    """Return the model ids the server's ``/models`` lists."""
-    return [entry['id'] for entry in get_json(endpoint, '/models', timeout_s).get('data', [])]
+    """Return the model ids the server's ``/models`` lists (RemoteError naming a bad shape)."""
+    body = get_json(endpoint, '/models', timeout_s)
+    data = body.get('data') if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise RemoteError(HTTP, f'/models: expected {{"data": [...]}}, got '
+                                f'{_excerpt(body)}')
+    ids = []
+    for entry in data:
+        if not isinstance(entry, dict) or not isinstance(entry.get('id'), str):
+            raise RemoteError(HTTP, f'/models: an entry without a string "id": '
+                                    f'{_excerpt(entry)}')
+        ids.append(entry['id'])
+    return ids
+
+
+def _excerpt(value, n_chars: int = 80) -> str:
+    """Return ``repr(value)`` cut to ``n_chars`` characters (for error messages)."""
+    text = repr(value)
+    return text if len(text) <= n_chars else text[:n_chars] + '...'
+
+
+def parse_chunk(data: bytes):
+    """Return (texts, finish_reason, usage) of one stream chunk's JSON ``data``.
+
+    texts: the tokens' texts it streams, in order; finish_reason: str or None; usage: dict
+    or None. RemoteError (HTTP) when it is not JSON, reports an error, or a field has the
+    wrong type (a number for a text, a list for a finish_reason, ...).
+    """
+    try:
+        chunk = json.loads(data)
+    except ValueError as exc:
+        raise RemoteError(HTTP, f'a stream chunk is not JSON: {_excerpt(data)}') from exc
+    if not isinstance(chunk, dict):
+        raise RemoteError(HTTP, f'a stream chunk is not an object: {_excerpt(chunk)}')
+    if 'error' in chunk:
+        raise RemoteError(HTTP, f'the engine reported: {_excerpt(chunk["error"], 200)}')
+    usage = chunk.get('usage')
+    choices = chunk.get('choices') or []
+    if usage is not None and not isinstance(usage, dict):
+        raise RemoteError(HTTP, f'a stream chunk\'s usage is not an object: {_excerpt(usage)}')
+    if not isinstance(choices, list):
+        raise RemoteError(HTTP, f'a stream chunk\'s choices are not a list: '
+                                f'{_excerpt(choices)}')
+    texts, finish = [], None
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise RemoteError(HTTP, f'a stream choice is not an object: {_excerpt(choice)}')
+        text = choice.get('text')
+        if text is None:  # the chat endpoint's delta; its role chunk is no token
+            delta = choice.get('delta') or {}
+            if not isinstance(delta, dict):
+                raise RemoteError(HTTP, f'a stream delta is not an object: {_excerpt(delta)}')
+            text = delta.get('content') or None
+        reason = choice.get('finish_reason')
+        for name, value in (('text', text), ('finish_reason', reason)):
+            if value is not None and not isinstance(value, str):
+                raise RemoteError(HTTP, f'a stream choice\'s {name} is not a string: '
+                                        f'{_excerpt(value)}')
+        if reason:
+            finish = reason
+            if text:
+                texts.append(text)
+        elif text is not None:
+            texts.append(text)
+    return texts, finish, usage
 
 
 class CompletionStream:
@@ -133,9 +238,11 @@ class CompletionStream:
     endpoint: where. path: ``/completions`` or ``/chat/completions``. body: the request
     (``stream`` is set here). connect_timeout_s: the longest the connection may take to
     open; idle_timeout_s: the longest the engine may stay silent once it is open (a prompt's
-    prefill included). ``events`` receives StreamEvents: TEXT per token, then one END or
-    one ERROR. :meth:`close` ends the request at once from any thread (the engines abort a
-    generation whose client disconnects); nothing is queued after it.
+    prefill included); the response's headers must have arrived ``connect_timeout_s +
+    idle_timeout_s`` after the connect. ``events`` receives StreamEvents: TEXT per token,
+    then one END or one ERROR. :meth:`close` ends the request at once from any thread (the
+    engines abort a generation whose client disconnects): the reader thread ends and
+    nothing is queued after it; a request closed before its connection opened is not sent.
     """
 
     def __init__(self, endpoint: Endpoint, path: str, body: dict, connect_timeout_s: float,
@@ -147,7 +254,8 @@ class CompletionStream:
         self.events = queue.SimpleQueue()
         self.sent_s = None  # when the request was written, monotonic seconds
         self._closed = threading.Event()
-        self._connection = None
+        self._expired = False  # the headers' deadline passed (the socket was shut down)
+        self._sock = None  # the connection's socket once open (kept past http.client's)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, name='timebill-remote', daemon=True)
         self._thread.start()
@@ -157,17 +265,23 @@ class CompletionStream:
         """Return True once :meth:`close` was called."""
         return self._closed.is_set()
 
+    @property
+    def reading(self) -> bool:
+        """Return whether the reader thread still runs."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
-        """End the request now: shut the socket down so the engine sees the client leave."""
+        """End the request now: shut the socket down so the engine sees the client leave.
+
+        Only a shutdown here: the reader thread, whose blocked read returns at once, closes
+        the connection (closing its buffered reader from this thread would wait for the
+        read to end).
+        """
         self._closed.set()
         with self._lock:
-            connection = self._connection
-        if connection is not None and connection.sock is not None:
-            try:
-                connection.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # already closed by the other side
-                pass
-            connection.close()
+            sock = self._sock
+        if sock is not None:
+            _shut(sock)
 
     def join(self, timeout_s: float = 1.0) -> None:
         """Wait for the reader thread to end (after END, ERROR or :meth:`close`)."""
@@ -177,30 +291,51 @@ class CompletionStream:
         if not self._closed.is_set():
             self.events.put(StreamEvent(kind, self.clock(), **fields))
 
+    def _expire(self) -> None:
+        """End a request whose headers did not arrive in time (the Timer's thread)."""
+        with self._lock:
+            self._expired = True
+            sock = self._sock
+        if sock is not None:
+            _shut(sock)
+
     def _read(self) -> None:
         what = f'at {self.endpoint.host}:{self.endpoint.port}'
+        connection, timer = None, None
         try:
-            self._open()
-            response = self._connection.getresponse()
+            connection = self.endpoint.connection(self.connect_timeout_s)
+            if self._closed.is_set():
+                return
+            connection.connect()
+            with self._lock:
+                self._sock = connection.sock
+            if self._closed.is_set():  # closed while connecting: send nothing
+                return
+            timer = threading.Timer(self.connect_timeout_s + self.idle_timeout_s,
+                                    self._expire)
+            timer.daemon = True
+            timer.start()
+            self._send(connection)
+            response = connection.getresponse()
+            timer.cancel()
             if response.status != 200:
                 raise _status_error(response)
             self._read_events(response)
         except Exception as exc:
+            if self._expired:
+                exc = RemoteError(TIMEOUT, f'no response headers within '
+                                           f'{self.connect_timeout_s + self.idle_timeout_s} s')
             if not self._closed.is_set():
                 self._put(ERROR, error=_error_of(exc, what))
         finally:
+            if timer is not None:
+                timer.cancel()
             with self._lock:
-                connection, self._connection = self._connection, None
+                self._sock = None
             if connection is not None:
                 connection.close()
 
-    def _open(self) -> None:
-        connection = self.endpoint.connection(self.connect_timeout_s)
-        with self._lock:
-            if self._closed.is_set():
-                raise RemoteError(HTTP, 'closed before it was sent')
-            self._connection = connection
-        connection.connect()
+    def _send(self, connection) -> None:
         connection.sock.settimeout(self.idle_timeout_s)
         payload = json.dumps(self.body).encode('utf-8')
         connection.request('POST', self.endpoint.base_path + self.path, body=payload,
@@ -212,7 +347,9 @@ class CompletionStream:
         """Read the server-sent events until ``[DONE]``; TEXT per token, then END."""
         finish, usage = None, None
         while not self._closed.is_set():
-            line = response.readline()
+            line = response.readline(MAX_LINE_BYTES + 1)
+            if len(line) > MAX_LINE_BYTES:
+                raise RemoteError(HTTP, f'a stream line is over {MAX_LINE_BYTES} bytes')
             if not line:
                 if finish is None:
                     raise RemoteError(STREAM_CUT, 'the stream ended before the answer did')
@@ -223,20 +360,11 @@ class CompletionStream:
             data = line[5:].strip()
             if data == b'[DONE]':
                 break
-            chunk = json.loads(data)
-            if 'error' in chunk:
-                raise RemoteError(HTTP, f'the engine reported: {chunk["error"]}')
-            usage = chunk.get('usage') or usage
-            for choice in chunk.get('choices') or ():
-                text = choice.get('text')
-                if text is None:  # the chat endpoint's delta; its role chunk is no token
-                    text = (choice.get('delta') or {}).get('content') or None
-                if choice.get('finish_reason'):
-                    finish = choice['finish_reason']
-                    if text:
-                        self._put(TEXT, text=text)
-                elif text is not None:
-                    self._put(TEXT, text=text)
+            texts, reason, chunk_usage = parse_chunk(data)
+            usage = chunk_usage or usage
+            finish = reason or finish
+            for text in texts:
+                self._put(TEXT, text=text)
         if finish is None and not self._closed.is_set():
             raise RemoteError(STREAM_CUT, 'the stream ended without a finish_reason')
         self._put(END, finish_reason=finish, usage=usage)
