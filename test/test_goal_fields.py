@@ -197,3 +197,77 @@ def test_a_schema_with_sampling_stays_valid(service):
 def test_the_mask_costs_a_fraction_of_a_millisecond(make_tiny_engine):
     from timebill_ros.engine.grammar import measure_mask_step_s
     assert 0 < measure_mask_step_s(make_tiny_engine()) < 0.05
+
+
+# --- hostile schemas (issue 58) ---------------------------------------------------------------
+def slow_schema(tag, n_fields=30):
+    """Return a small schema whose compile is slow (~1.9 s for 30 fields on 2 x86 cores).
+
+    String length bounds unroll into many grammar rules; ``tag`` makes it new to any cache.
+    """
+    import json
+    fields = {f'{tag}{i}': {'type': 'string', 'minLength': 50, 'maxLength': 300}
+              for i in range(n_fields)}
+    return json.dumps({'type': 'object', 'properties': fields})
+
+
+def nested_schema(depth):
+    """Return ``depth`` objects nested through "properties" (2 JSON levels each), compact."""
+    import json
+    schema = {'type': 'string'}
+    for _ in range(depth):
+        schema = {'type': 'object', 'properties': {'a': schema}}
+    return json.dumps(schema, separators=(',', ':'))
+
+
+@pytest.mark.parametrize('schema, needle', [
+    (nested_schema(440), 'too deep'),  # 16,298 characters: 18 s of compile, issue 58
+    (nested_schema(250), 'too deep: 501 levels of nesting, at most 64'),
+    ('[' * 16000, 'too deep'), ('{"a": ' * 2000 + '1' + '}' * 2000, 'too deep')])
+def test_deep_schemas_are_refused_before_compiling(service, monkeypatch, schema, needle):
+    from timebill_ros.engine import grammar
+    compiled = []
+    monkeypatch.setattr(grammar.SchemaCompiler, '_compile_now',
+                        lambda self, text: compiled.append(text))
+    result = _ask(service, prompt='What next?', json_schema=schema)
+    assert result.status == status.REJECTED, result.message
+    assert result.error_code == status.ERROR_INVALID_SCHEMA and needle in result.message
+    assert compiled == []
+
+
+def test_a_slow_compile_is_refused_at_its_limit_then_cached():
+    import time
+
+    from timebill_ros.engine.grammar import SchemaCompiler
+    from transformers import AutoTokenizer
+
+    from timebill_ros.engine.model_source import resolve_model_dir
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(EngineConfig()),
+                                              local_files_only=True)
+    compiler = SchemaCompiler(tokenizer, len(tokenizer))
+    schema = slow_schema('limit', n_fields=6)
+    with pytest.raises(ValueError, match='too complex: compile exceeded 0.00 s'):
+        compiler.compile(schema, 0.001)
+    with pytest.raises(ValueError, match='still compiling'):  # at once, no second wait
+        compiler.compile(schema, 10.0)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:  # the compile goes on and lands in the cache
+        try:
+            assert compiler.compile(schema, 0.0) is not None
+            break
+        except ValueError:
+            time.sleep(0.05)
+    else:
+        pytest.fail('the compile never landed in the cache')
+
+
+def test_a_schema_goal_waits_no_longer_than_its_budget(service):
+    import time
+    assert service.engine.schemas is not None  # made at start-up in the node (its probe)
+    start = time.monotonic()
+    result = _ask(service, prompt='What next?', json_schema=slow_schema('budget'),
+                  budget_s=0.2)
+    assert result.status == status.REJECTED, result.message
+    assert result.error_code == status.ERROR_INVALID_SCHEMA
+    assert 'too complex: compile exceeded 0.2' in result.message
+    assert time.monotonic() - start < 0.5  # queue.max_schema_compile_s is 0.5

@@ -279,3 +279,27 @@ def test_the_executor_has_a_thread_for_every_goal_that_may_wait_or_run(ros_graph
         assert server.executor_threads == 3 + 5 + 4
     finally:
         server.config = saved
+
+
+def test_a_slow_schema_compile_holds_no_other_goal(ros_graph):
+    """A goal sent while another's json_schema compiles is served meanwhile (issue 58)."""
+    import json
+    fields = {f'ros{i}': {'type': 'string', 'minLength': 50, 'maxLength': 300}
+              for i in range(30)}  # ~1.9 s of compile on 2 x86 cores; refused at 0.5 s
+    slow = _goal(json_schema=json.dumps({'type': 'object', 'properties': fields}))
+    action = ros_graph['action']
+    schema_handle = _wait(action.send_goal_async(slow))
+    schema_result = schema_handle.get_result_async()
+    time.sleep(0.1)  # its compile has begun
+    heard = []
+    sent = time.monotonic()
+    handle = _wait(action.send_goal_async(
+        _goal(), feedback_callback=lambda msg: heard.append(time.monotonic())))
+    while not heard and not schema_result.done():
+        time.sleep(0.002)
+    assert heard, 'the goal was held until the schema goal ended'
+    print(f'first feedback {1e3 * (heard[0] - sent):.1f} ms after the goal was sent')
+    refused = _wait(schema_result).result
+    assert refused.status == Instruct.Result.REJECTED and 'too complex' in refused.message
+    assert refused.error_code == Instruct.Result.INVALID_SCHEMA
+    assert _wait(handle.get_result_async()).result.status == Instruct.Result.COMPLETED

@@ -887,6 +887,6 @@ class _Recording:
     def __init__(self, calls):
         self.calls = calls
 
-    def compile(self, text):
+    def compile(self, text, timeout_s=None):
         self.calls.append(text)
         raise ValueError('not compiled in this test')

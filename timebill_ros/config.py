@@ -536,17 +536,24 @@ class QueueConfig:
         before any templating or tokenizing (default 65536: twice what fills an 8192-token
         context at ~4 characters per token).
     max_schema_chars: cap on a goal's json_schema, characters; a larger one is REJECTED
-        (INVALID_SCHEMA) before it is compiled, which runs on the action's thread (default
-        16384: a robot's tool or plan schema is a few hundred to a few thousand).
+        (INVALID_SCHEMA) before it is compiled (default 16384: a robot's tool or plan schema
+        is a few hundred to a few thousand).
+    max_schema_compile_s: the longest a goal waits for its json_schema's compile, seconds
+        (less when its budget is shorter; the compile counts against it): a longer one is
+        REJECTED (INVALID_SCHEMA, "too complex"). The compile runs outside the node's
+        locks; a schema nested over 64 levels is refused before it (default 0.5: a planner
+        schema compiles in ~10-20 ms on 2 x86 cores).
     """
 
     max_depth: int = 16
     max_prompt_chars: int = 65536
     max_schema_chars: int = 16384
+    max_schema_compile_s: float = 0.5
 
     def __post_init__(self):
         for name in ('max_depth', 'max_prompt_chars', 'max_schema_chars'):
             check_count(f'queue.{name}', getattr(self, name))
+        check_positive('queue.max_schema_compile_s', self.max_schema_compile_s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,13 +9,26 @@ takes ~7 ms (benchmarks/results/grammar_mask.md); llguidance 1.9.1, the other ma
 library, rejected SmolLM2's byte-level tokens (``'Ġ"'``) through its transformers import.
 The document is laid out on one line with ``json.dumps``' separators (free whitespace would
 let a model pad without end). Once it is complete the mask allows only the end-of-turn
-token, so the answer ends with ``eos``. Never imports rclpy.
+token, so the answer ends with ``eos``.
+
+A schema is a planner's input, so its compile is bounded (issue 58): nesting deeper than
+``MAX_SCHEMA_DEPTH`` is refused before compiling, and a compile runs on the compiler's own
+thread (xgrammar releases the GIL), waited for at most the caller's limit; one that takes
+longer is refused and its grammar, when it is done, cached for the next goal with that
+schema. Never imports rclpy.
 """
 
 import collections
+import concurrent.futures
 import json
 import threading
 from typing import Optional
+
+# Nesting levels of JSON (objects and arrays) a schema may have: an object property is two
+# (its object, the "properties" object). xgrammar's compile grows steeply with depth: 9 / 22 /
+# 385 / 1164 ms at 33 / 65 / 129 / 257 levels (16-128 nested objects) on the 2-core VM
+# (2026-11-28); a robot's tool or plan schema has about ten.
+MAX_SCHEMA_DEPTH = 64
 
 
 class SchemaCompiler:
@@ -23,6 +36,8 @@ class SchemaCompiler:
 
     def __init__(self, tokenizer, vocab_size: int, cache_size: int = 64):
         """Use ``tokenizer`` (transformers) whose model has ``vocab_size`` logits."""
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix='timebill-schema')
         import xgrammar
         self._xgr = xgrammar
         self.vocab_size = vocab_size
@@ -30,33 +45,68 @@ class SchemaCompiler:
         self._compiler = xgrammar.GrammarCompiler(info)
         self._tokenizer = tokenizer
         self._closer_bonus = None  # (vocab,) float tensor, built on first use
-        self._cache = collections.OrderedDict()
+        self._cache = collections.OrderedDict()  # schema text -> compiled grammar
+        self._refused = collections.OrderedDict()  # schema text -> why xgrammar refused it
+        self._late = {}  # schema text -> the refusal of a compile still running
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
-    def compile(self, schema_text: str):
-        """Return the compiled grammar of ``schema_text``; ValueError says why it is bad."""
+    def compile(self, schema_text: str, timeout_s: Optional[float] = None):
+        """Return the compiled grammar of ``schema_text``; ValueError says why it is refused.
+
+        timeout_s: the longest to wait for the compile, seconds (None: as long as it takes);
+        a compile that takes longer is refused ("too complex"), goes on on the compiler's
+        thread and is cached when done (the same schema meanwhile is refused at once).
+        Schemas nested deeper than ``MAX_SCHEMA_DEPTH`` are refused before compiling ("too
+        deep"); one xgrammar refused is refused again at once.
+        """
         if not isinstance(schema_text, str) or not schema_text.strip():
             raise ValueError('json_schema must be a non-empty JSON schema text')
         with self._lock:
             if schema_text in self._cache:
                 self._cache.move_to_end(schema_text)
                 return self._cache[schema_text]
+            why = self._refused.get(schema_text) or self._late.get(schema_text)
+        if why is not None:
+            raise ValueError(why)
         try:
             schema = json.loads(schema_text)
         except json.JSONDecodeError as exc:
             raise ValueError(f'json_schema is not JSON: {exc}') from None
+        except RecursionError:
+            raise ValueError('json_schema too deep: its nesting exceeds the JSON parser\'s '
+                             f'limit (at most {MAX_SCHEMA_DEPTH} levels)') from None
         if not isinstance(schema, dict):
             raise ValueError(f'json_schema must be a JSON object, got {type(schema).__name__}')
+        depth = nesting_depth(schema)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f'json_schema too deep: {depth} levels of nesting, at most '
+                             f'{MAX_SCHEMA_DEPTH}')
+        future = self._pool.submit(self._compile_now, schema_text)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            why = (f'json_schema too complex: compile exceeded {timeout_s:.2f} s (or waited '
+                   'for another schema\'s)')
+            with self._lock:
+                if not future.done():
+                    self._late[schema_text] = why + '; still compiling'
+            raise ValueError(why) from None
+
+    def _compile_now(self, schema_text: str):
+        """Compile ``schema_text`` (the compiler's thread) and cache it; ValueError if bad."""
         try:
             # One line, json.dumps' separators: free whitespace lets a model pad forever.
             compiled = self._compiler.compile_json_schema(schema_text, any_whitespace=False)
         except Exception as exc:  # xgrammar raises its own errors for unsupported schemas
-            raise ValueError(f'json_schema cannot be compiled: {exc}') from None
+            why = f'json_schema cannot be compiled: {exc}'
+            with self._lock:
+                self._late.pop(schema_text, None)
+                _bounded_put(self._refused, schema_text, why, self._cache_size)
+            raise ValueError(why) from None
         with self._lock:
-            self._cache[schema_text] = compiled
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._late.pop(schema_text, None)
+            _bounded_put(self._cache, schema_text, compiled, self._cache_size)
         return compiled
 
     def constrain(self, compiled, sampler=None, close_after=None,
@@ -86,6 +136,31 @@ class SchemaCompiler:
                     bonus[token_id] = CLOSE_BONUS * max(0.0, closing_score(piece or ''))
                 self._closer_bonus = bonus
             return self._closer_bonus
+
+
+def _bounded_put(cache: collections.OrderedDict, key, value, size: int) -> None:
+    """Put ``key`` last in ``cache``, dropping the oldest entries beyond ``size``."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)
+
+
+def nesting_depth(value) -> int:
+    """Return the nesting levels of objects and arrays in parsed JSON ``value`` (0: scalar).
+
+    Iterative: a schema is a planner's input and may be nested as deep as the parser took.
+    """
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (item.values() if isinstance(item, dict)
+                    else item if isinstance(item, list) else None)
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 class SchemaSampler:

@@ -144,6 +144,9 @@ class InstructGoals:
             finally:
                 finished.set()
 
+        early = node.service
+        if early is not None and request.json_schema:
+            early.precompile(request, received_s)  # outside the lock: it may take a while
         with node.slot.lock:  # a replacement service is never swapped in mid-submit
             service = node.service
             if service is not None:

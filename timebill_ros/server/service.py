@@ -381,7 +381,7 @@ class TimeBillService:
                                              self.config.engine.max_model_new_tokens)
         # Before the grammar compiler's and the tokenizer's work; again at the push.
         _rejecting(self.queue.check_room)
-        grammar = self._compile_schema(request)
+        grammar = self._compile_schema(request, deadline_s)
         input_ids = self._encode(request, messages)
         # The answer cannot outgrow the context: N_x + N_max <= context tokens.
         n_max = min(n_max, self.engine.context_tokens - len(input_ids))
@@ -530,13 +530,32 @@ class TimeBillService:
         stops_early = job.policy.stops_early and self.admission.name != 'none'
         job.expires_s = job.deadline_s - (verdict.min_time_s if stops_early else 0.0)
 
-    def _compile_schema(self, request):
-        """Return the goal's compiled json_schema, None without one; GoalRejected if bad."""
+    def precompile(self, request, received_s=None) -> None:
+        """Compile a goal's json_schema ahead of :meth:`submit`; never raises.
+
+        The node calls it before taking its slot lock, so a slow compile holds no other
+        goal's submit; submit then finds the grammar cached (or the refusal, at once).
+        """
+        received_s = self.clock() if received_s is None else received_s
+        try:
+            goals.check_schema(request, self.config.queue.max_schema_chars)
+            self._compile_schema(request, goals.resolve_deadline(request, received_s))
+        except Exception:  # submit refuses the goal with the reason
+            pass
+
+    def _compile_schema(self, request, deadline_s):
+        """Return the goal's compiled json_schema, None without one; GoalRejected if bad.
+
+        The compile is waited for at most queue.max_schema_compile_s, and never past the
+        goal's deadline.
+        """
         text = request.json_schema
         if not text:
             return None
+        timeout_s = max(0.0, min(self.config.queue.max_schema_compile_s,
+                                 deadline_s - self.clock()))
         try:
-            return self.engine.schemas.compile(text)
+            return self.engine.schemas.compile(text, timeout_s)
         except ValueError as exc:
             raise GoalRejected(str(exc), error_code=status.ERROR_INVALID_SCHEMA) from None
 
