@@ -107,3 +107,103 @@ def test_a_corrupt_header_is_a_value_error_naming_the_field(tmp_path, case, mess
     path = _file(tmp_path, keys, tensors, data=data, **counts)
     with pytest.raises(ValueError, match=message):
         GgufFile(path)
+
+
+# --- fuzz: truncations, byte flips and a corrupt real file ---------------------------------------
+def _little(tmp_path):
+    """Return the bytes of a little valid file: two keys, an array, two tensors and data."""
+    scores = (_string(b'tokenizer.ggml.scores')
+              + struct.pack('<IIQ', GGUFValueType.ARRAY, GGUFValueType.FLOAT32, 3)
+              + struct.pack('<3f', 0.5, 1.5, 2.5))
+    path = _file(tmp_path, [ARCH, scores],
+                 [_tensor(b'w', (4, 2)), _tensor(b'v', (8,), offset=32)], data=b'\1' * 64)
+    raw = path.read_bytes()
+    GgufFile(path)  # valid as written
+    return raw
+
+
+def test_every_truncation_is_a_value_error(tmp_path):
+    raw = _little(tmp_path)
+    path = tmp_path / 'cut.gguf'
+    for size in range(len(raw)):  # 0 bytes, inside the magic, counts, keys, tensors, data
+        path.write_bytes(raw[:size])
+        with pytest.raises(ValueError, match='cut.gguf|engine.model_path'):
+            GgufFile(path)
+
+
+def test_every_flipped_header_byte_reads_or_is_a_value_error(tmp_path):
+    raw = _little(tmp_path)
+    path = tmp_path / 'flip.gguf'
+    header = len(raw) - 64
+    refused = 0
+    for at in range(header):
+        for mask in (0x01, 0x80, 0xFF):
+            flipped = bytearray(raw)
+            flipped[at] ^= mask
+            path.write_bytes(bytes(flipped))
+            try:
+                GgufFile(path)
+            except ValueError as exc:
+                assert 'flip.gguf' in str(exc)
+                refused += 1
+    assert refused > header  # most flips break it; none raises anything else
+
+
+def test_a_corrupt_real_file_is_refused_within_64_mb(tmp_path):
+    """The embedded GGUF with corrupt fields: each a ValueError, peak RSS <= 64 MB above.
+
+    The parses run in one child process that measures its own peak RSS around them (a
+    corrupt string length once copied and decoded the rest of a 98 MB file, +540 MB).
+    """
+    import json
+    import subprocess
+    import sys
+
+    from timebill_ros.engine.model_source import embedded_gguf_path
+    source = embedded_gguf_path()
+    whole = source.read_bytes()
+    first_key = 4 + 4 + 8 + 8  # magic, version, tensor count, key count
+    size = len(whole)
+    key_length = struct.unpack_from('<Q', whole, first_key)[0]
+    value_type_at = first_key + 8 + key_length
+    cases = {
+        'key length past the file': (first_key, struct.pack('<Q', size - 100)),
+        'key length near 2^64': (first_key, struct.pack('<Q', HUGE)),
+        'key count': (16, struct.pack('<Q', size)),
+        'tensor count': (8, struct.pack('<Q', size // 8)),
+        'version': (4, struct.pack('<I', 7)),
+        'magic': (0, b'GGUG'),
+        'value type': (value_type_at, struct.pack('<I', 1234)),
+        'string value length': (value_type_at + 4, struct.pack('<Q', size - 200)),
+    }
+    paths = []
+    for i, (at, value) in enumerate(cases.values()):
+        raw = bytearray(whole)
+        raw[at:at + len(value)] = value
+        paths.append(tmp_path / f'corrupt_{i}.gguf')
+        paths[-1].write_bytes(bytes(raw))
+    del whole, raw
+    # VmHWM (peak RSS) is reset after the imports (clear_refs 5), so the peak measured is
+    # the parses' own, not the imports'.
+    script = ('import json, sys\n'
+              'from timebill_ros.engine.gguf.file import GgufFile\n'
+              'def status(field):\n'
+              '    for line in open("/proc/self/status"):\n'
+              '        if line.startswith(field):\n'
+              '            return int(line.split()[1]) / 1024\n'
+              'open("/proc/self/clear_refs", "w").write("5")\n'
+              'base = status("VmRSS:")\n'
+              'out = []\n'
+              'for path in sys.argv[1:]:\n'
+              '    try:\n'
+              '        GgufFile(path)\n'
+              '        out.append("READ")\n'
+              '    except ValueError as exc:\n'
+              '        out.append(f"ValueError {exc}")\n'
+              'print(json.dumps({"results": out, "peak_mb": status("VmHWM:") - base}))\n')
+    done = subprocess.run([sys.executable, '-c', script, *map(str, paths)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(done.stdout.splitlines()[-1])
+    for case, path, outcome in zip(cases, paths, report['results']):
+        assert outcome.startswith('ValueError') and path.name in outcome, (case, outcome)
+    assert report['peak_mb'] <= 64, report
