@@ -1,6 +1,7 @@
 """Helpers shared by the tests that run the core service (no ROS) on a small real model."""
 
 import threading
+import time
 
 from timebill_ros.config import ServerConfig
 from timebill_ros.engine import LlmEngine
@@ -30,3 +31,15 @@ def ask(service, request, timeout_s=120):
                    lambda result: (results.append(result), done.set()))
     assert done.wait(timeout_s), 'no result'
     return results[0]
+
+
+def wait_schema_compiles(timeout_s=120.0):
+    """Wait for json_schema compiles still running on their threads (a test's slow schema).
+
+    A compile past its goal's limit goes on (xgrammar cannot be stopped); tests that start
+    one wait for it, so no server thread outlives them.
+    """
+    end = time.monotonic() + timeout_s
+    while any(t.name == 'timebill-schema' for t in threading.enumerate()):
+        assert time.monotonic() < end, 'a json_schema compile ran for over 120 s'
+        time.sleep(0.02)

@@ -541,14 +541,14 @@ class QueueConfig:
     max_schema_compile_s: the longest a goal waits for its json_schema's compile, seconds
         (less when its budget is shorter; the compile counts against it): a longer one is
         REJECTED (INVALID_SCHEMA, "too complex"). The compile runs outside the node's
-        locks; a schema nested over 64 levels is refused before it (default 0.5: a planner
-        schema compiles in ~10-20 ms on 2 x86 cores).
+        locks; a schema nested over 64 levels is refused before it (default 2.0: a planner
+        schema compiles in ~3-20 ms on 2 idle x86 cores, a loaded ARM board is slower).
     """
 
     max_depth: int = 16
     max_prompt_chars: int = 65536
     max_schema_chars: int = 16384
-    max_schema_compile_s: float = 0.5
+    max_schema_compile_s: float = 2.0
 
     def __post_init__(self):
         for name in ('max_depth', 'max_prompt_chars', 'max_schema_chars'):

@@ -12,16 +12,17 @@ let a model pad without end). Once it is complete the mask allows only the end-o
 token, so the answer ends with ``eos``.
 
 A schema is a planner's input, so its compile is bounded (issue 58): nesting deeper than
-``MAX_SCHEMA_DEPTH`` is refused before compiling, and a compile runs on the compiler's own
-thread (xgrammar releases the GIL), waited for at most the caller's limit; one that takes
-longer is refused and its grammar, when it is done, cached for the next goal with that
-schema. Never imports rclpy.
+``MAX_SCHEMA_DEPTH`` is refused before compiling, and a compile runs on a thread of its own
+(xgrammar releases the GIL; one compile at a time per compiler, no thread kept between
+compiles), waited for at most the caller's limit; one that takes longer is refused and its
+grammar, when it is done, cached for the next goal with that schema. Never imports rclpy.
 """
 
 import collections
 import concurrent.futures
 import json
 import threading
+import time
 from typing import Optional
 
 # Nesting levels of JSON (objects and arrays) a schema may have: an object property is two
@@ -36,8 +37,7 @@ class SchemaCompiler:
 
     def __init__(self, tokenizer, vocab_size: int, cache_size: int = 64):
         """Use ``tokenizer`` (transformers) whose model has ``vocab_size`` logits."""
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix='timebill-schema')
+        self._slot = threading.BoundedSemaphore(1)  # one compile at a time
         import xgrammar
         self._xgr = xgrammar
         self.vocab_size = vocab_size
@@ -82,9 +82,16 @@ class SchemaCompiler:
         if depth > MAX_SCHEMA_DEPTH:
             raise ValueError(f'json_schema too deep: {depth} levels of nesting, at most '
                              f'{MAX_SCHEMA_DEPTH}')
-        future = self._pool.submit(self._compile_now, schema_text)
+        start = time.monotonic()
+        if not self._slot.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise ValueError(f'json_schema too complex: compile exceeded {timeout_s:.2f} s '
+                             '(waited for another schema\'s)')
+        future = concurrent.futures.Future()
+        threading.Thread(target=self._compile_into, args=(schema_text, future),
+                         name='timebill-schema', daemon=True).start()
+        left_s = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
         try:
-            return future.result(timeout=timeout_s)
+            return future.result(timeout=left_s)
         except concurrent.futures.TimeoutError:
             why = (f'json_schema too complex: compile exceeded {timeout_s:.2f} s (or waited '
                    'for another schema\'s)')
@@ -92,6 +99,15 @@ class SchemaCompiler:
                 if not future.done():
                     self._late[schema_text] = why + '; still compiling'
             raise ValueError(why) from None
+
+    def _compile_into(self, schema_text: str, future) -> None:
+        """Compile ``schema_text`` into ``future`` (the compile's thread), then free the slot."""
+        try:
+            future.set_result(self._compile_now(schema_text))
+        except BaseException as exc:  # the waiting goal gets it (ValueError: refused)
+            future.set_exception(exc)
+        finally:
+            self._slot.release()
 
     def _compile_now(self, schema_text: str):
         """Compile ``schema_text`` (the compiler's thread) and cache it; ValueError if bad."""
