@@ -17,7 +17,9 @@ if [[ "$device" == cpu ]]; then  # limits (s): two cores, a first start calibrat
   stops=(--device cpu --lines 20)
   gguf=(--device cpu --quick --dtypes float32)
   serve=(--device cpu --goals 4 --params config/llm.yaml --dtypes float32)
-  limits=(30 120 420 120 120 480)
+  # bare: 8 agreement answers and the decode rows on the dense CPU path ran past 120 s on an
+  # AVX2-only 2-core VM (2026-11-28); the dry run checks that the parts work, not their speed.
+  limits=(30 360 420 120 120 480)
 else  # on one GPU the parts stay under 10 minutes (the kernels' first build: 46 s on an H200)
   stops=(--device "$device")
   gguf=(--device "$device")
