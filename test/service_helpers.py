@@ -43,3 +43,14 @@ def wait_schema_compiles(timeout_s=120.0):
     while any(t.name == 'timebill-schema' for t in threading.enumerate()):
         assert time.monotonic() < end, 'a json_schema compile ran for over 120 s'
         time.sleep(0.02)
+
+
+def slow_schema(tag, n_fields=30):
+    """Return a small json_schema whose compile is slow (~1.9 s for 30 fields, 2 x86 cores).
+
+    String length bounds unroll into many grammar rules; ``tag`` makes it new to any cache.
+    """
+    import json
+    fields = {f'{tag}{i}': {'type': 'string', 'minLength': 50, 'maxLength': 300}
+              for i in range(n_fields)}
+    return json.dumps({'type': 'object', 'properties': fields})

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from service_helpers import ask, core_service, wait_schema_compiles
+from service_helpers import ask, core_service, slow_schema, wait_schema_compiles
 from timebill_ros.config import EngineConfig
 from timebill_ros.engine.sampling import Sampler, SamplingConfig
 from timebill_ros.engine.stopping import StopCriteria
@@ -200,17 +200,6 @@ def test_the_mask_costs_a_fraction_of_a_millisecond(make_tiny_engine):
 
 
 # --- hostile schemas (issue 58) ---------------------------------------------------------------
-def slow_schema(tag, n_fields=30):
-    """Return a small schema whose compile is slow (~1.9 s for 30 fields on 2 x86 cores).
-
-    String length bounds unroll into many grammar rules; ``tag`` makes it new to any cache.
-    """
-    import json
-    fields = {f'{tag}{i}': {'type': 'string', 'minLength': 50, 'maxLength': 300}
-              for i in range(n_fields)}
-    return json.dumps({'type': 'object', 'properties': fields})
-
-
 def nested_schema(depth):
     """Return ``depth`` objects nested through "properties" (2 JSON levels each), compact."""
     import json

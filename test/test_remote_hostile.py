@@ -130,8 +130,8 @@ def _reader_threads():
     return [t for t in threading.enumerate() if t.name == 'timebill-remote' and t.is_alive()]
 
 
-def _factors(service):
-    model = service.time_model
+def _factors(model):
+    """Return the speed factors of time model ``model``'s prefill and decode."""
     return {phase: model.status(phase).speed_factor for phase in (PREFILL, DECODE)}
 
 
@@ -156,7 +156,7 @@ def run_case(handler, request, **engine_fields):
             time.sleep(0.002)
         assert not _reader_threads(), 'the reader thread outlived the result by 100 ms'
         assert _rss_mb() - rss_mb <= RSS_MB
-        factors = _factors(service)
+        factors = _factors(service.time_model)
         engine.handler = healthy()
         after = ask(service, goal(budget_s=5.0))
         assert after.status == status.COMPLETED, after.message
@@ -406,11 +406,7 @@ def test_implausibly_fast_observations_are_not_learned(caplog):
     model = RemoteTimeModel(LOOPBACK)
     model.observe_decode(20, 400, 1e-4)  # 400 steps in 0.1 ms
     model.observe_prefill(20, 1e-5)
-    assert model.n_dropped == 2 and _factors_of(model) == UNMOVED
+    assert model.n_dropped == 2 and _factors(model) == UNMOVED
     assert 'not learned' in caplog.text
     model.observe_decode(20, 40, 0.5)  # a slow-down counts at once
     assert model.status(DECODE).speed_factor > 1.0
-
-
-def _factors_of(model):
-    return {phase: model.status(phase).speed_factor for phase in (PREFILL, DECODE)}

@@ -13,7 +13,7 @@ import pytest
 from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
 from ros_helpers import goal_msg, node_and_client, wait_future, tiny_factory
-from service_helpers import wait_schema_compiles
+from service_helpers import slow_schema, wait_schema_compiles
 
 from timebill_ros.server import status
 from timebill_ros.action import Instruct
@@ -284,10 +284,7 @@ def test_the_executor_has_a_thread_for_every_goal_that_may_wait_or_run(ros_graph
 
 def test_a_slow_schema_compile_holds_no_other_goal(ros_graph):
     """A goal sent while another's json_schema compiles is served meanwhile (issue 58)."""
-    import json
-    fields = {f'ros{i}': {'type': 'string', 'minLength': 50, 'maxLength': 300}
-              for i in range(30)}  # ~1.9 s of compile on 2 idle x86 cores
-    slow = _goal(json_schema=json.dumps({'type': 'object', 'properties': fields}))
+    slow = _goal(json_schema=slow_schema('ros'))  # ~1.9 s of compile on 2 idle x86 cores
     action = ros_graph['action']
     schema_handle = _wait(action.send_goal_async(slow))
     schema_result = schema_handle.get_result_async()

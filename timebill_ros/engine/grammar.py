@@ -37,7 +37,6 @@ class SchemaCompiler:
 
     def __init__(self, tokenizer, vocab_size: int, cache_size: int = 64):
         """Use ``tokenizer`` (transformers) whose model has ``vocab_size`` logits."""
-        self._slot = threading.BoundedSemaphore(1)  # one compile at a time
         import xgrammar
         self._xgr = xgrammar
         self.vocab_size = vocab_size
@@ -50,6 +49,7 @@ class SchemaCompiler:
         self._late = {}  # schema text -> the refusal of a compile still running
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self._slot = threading.BoundedSemaphore(1)  # one compile at a time
 
     def compile(self, schema_text: str, timeout_s: Optional[float] = None):
         """Return the compiled grammar of ``schema_text``; ValueError says why it is refused.
@@ -83,9 +83,10 @@ class SchemaCompiler:
             raise ValueError(f'json_schema too deep: {depth} levels of nesting, at most '
                              f'{MAX_SCHEMA_DEPTH}')
         start = time.monotonic()
+        too_complex = (f'json_schema too complex: compile exceeded {timeout_s or 0:.2f} s (or '
+                       'waited for another schema\'s)')
         if not self._slot.acquire(timeout=-1 if timeout_s is None else timeout_s):
-            raise ValueError(f'json_schema too complex: compile exceeded {timeout_s:.2f} s '
-                             '(waited for another schema\'s)')
+            raise ValueError(too_complex)
         future = concurrent.futures.Future()
         threading.Thread(target=self._compile_into, args=(schema_text, future),
                          name='timebill-schema', daemon=True).start()
@@ -93,12 +94,10 @@ class SchemaCompiler:
         try:
             return future.result(timeout=left_s)
         except concurrent.futures.TimeoutError:
-            why = (f'json_schema too complex: compile exceeded {timeout_s:.2f} s (or waited '
-                   'for another schema\'s)')
-            with self._lock:
-                if not future.done():
-                    self._late[schema_text] = why + '; still compiling'
-            raise ValueError(why) from None
+            with self._lock:  # unless the compile ended meanwhile (cached or refused)
+                if schema_text not in self._cache and schema_text not in self._refused:
+                    self._late[schema_text] = too_complex + '; still compiling'
+            raise ValueError(too_complex) from None
 
     def _compile_into(self, schema_text: str, future) -> None:
         """Compile ``schema_text`` into ``future`` (the compile's thread), then free the slot."""

@@ -126,6 +126,28 @@ def _shut(sock) -> None:
         pass
 
 
+class _Watchdog:
+    """Shuts ``sock`` down ``timeout_s`` seconds from now unless cancelled first.
+
+    A total deadline: a socket's own timeout restarts with every byte, so a server dripping
+    bytes never reaches it. A read blocked on another thread then returns at once.
+    """
+
+    def __init__(self, sock, timeout_s: float):
+        self.expired = False
+        self._timer = threading.Timer(timeout_s, self._expire, args=(sock,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self, sock) -> None:
+        self.expired = True
+        _shut(sock)
+
+    def cancel(self) -> None:
+        """Stop the watch (the deadline's work is done)."""
+        self._timer.cancel()
+
+
 def get_json(endpoint: Endpoint, path: str, timeout_s: float):
     """GET ``endpoint.base_path + path`` and return its JSON body (RemoteError on failure).
 
@@ -133,19 +155,10 @@ def get_json(endpoint: Endpoint, path: str, timeout_s: float):
     is read up to ``MAX_BODY_BYTES``.
     """
     connection = endpoint.connection(timeout_s)
-    expired = threading.Event()
-    timer = None
+    watchdog = None
     try:
         connection.connect()
-        sock = connection.sock
-
-        def expire():
-            expired.set()
-            _shut(sock)
-
-        timer = threading.Timer(timeout_s, expire)
-        timer.daemon = True
-        timer.start()
+        watchdog = _Watchdog(connection.sock, timeout_s)
         connection.request('GET', endpoint.base_path + path)
         response = connection.getresponse()
         if response.status != 200:
@@ -155,12 +168,12 @@ def get_json(endpoint: Endpoint, path: str, timeout_s: float):
             raise RemoteError(HTTP, f'GET {path}: the body is over {MAX_BODY_BYTES} bytes')
         return json.loads(body)
     except Exception as exc:
-        if expired.is_set():
+        if watchdog is not None and watchdog.expired:
             raise RemoteError(TIMEOUT, f'GET {path} took over {timeout_s} s') from exc
         raise _error_of(exc, f'at GET {path}') from exc
     finally:
-        if timer is not None:
-            timer.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
         connection.close()
 
 
@@ -254,7 +267,6 @@ class CompletionStream:
         self.events = queue.SimpleQueue()
         self.sent_s = None  # when the request was written, monotonic seconds
         self._closed = threading.Event()
-        self._expired = False  # the headers' deadline passed (the socket was shut down)
         self._sock = None  # the connection's socket once open (kept past http.client's)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, name='timebill-remote', daemon=True)
@@ -291,17 +303,10 @@ class CompletionStream:
         if not self._closed.is_set():
             self.events.put(StreamEvent(kind, self.clock(), **fields))
 
-    def _expire(self) -> None:
-        """End a request whose headers did not arrive in time (the Timer's thread)."""
-        with self._lock:
-            self._expired = True
-            sock = self._sock
-        if sock is not None:
-            _shut(sock)
-
     def _read(self) -> None:
         what = f'at {self.endpoint.host}:{self.endpoint.port}'
-        connection, timer = None, None
+        headers_s = self.connect_timeout_s + self.idle_timeout_s
+        connection, watchdog = None, None
         try:
             connection = self.endpoint.connection(self.connect_timeout_s)
             if self._closed.is_set():
@@ -311,25 +316,21 @@ class CompletionStream:
                 self._sock = connection.sock
             if self._closed.is_set():  # closed while connecting: send nothing
                 return
-            timer = threading.Timer(self.connect_timeout_s + self.idle_timeout_s,
-                                    self._expire)
-            timer.daemon = True
-            timer.start()
+            watchdog = _Watchdog(connection.sock, headers_s)
             self._send(connection)
             response = connection.getresponse()
-            timer.cancel()
+            watchdog.cancel()
             if response.status != 200:
                 raise _status_error(response)
             self._read_events(response)
         except Exception as exc:
-            if self._expired:
-                exc = RemoteError(TIMEOUT, f'no response headers within '
-                                           f'{self.connect_timeout_s + self.idle_timeout_s} s')
+            if watchdog is not None and watchdog.expired:
+                exc = RemoteError(TIMEOUT, f'no response headers within {headers_s} s')
             if not self._closed.is_set():
                 self._put(ERROR, error=_error_of(exc, what))
         finally:
-            if timer is not None:
-                timer.cancel()
+            if watchdog is not None:
+                watchdog.cancel()
             with self._lock:
                 self._sock = None
             if connection is not None:
