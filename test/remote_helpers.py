@@ -22,6 +22,10 @@ from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.remote import RemoteCoefficients, RemoteTimeModel
 
 SERVER_CTX = 2048  # the loopback server's context, tokens
+# One thread: llama.cpp's threads spin at every barrier of a step, so two of them on a machine
+# whose two cores are busy with other work wait for each other for a whole time slice (steps of
+# 100s of ms); one thread has no barrier to wait at and keeps its pace under load.
+SERVER_THREADS = 1
 END_TOKENS = (0, 1, 2)  # the embedded SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|>
 
 
@@ -36,7 +40,8 @@ def start_llama_server(tmp_path_factory):
             pytest.fail('llama-cpp-python[server] is not installed (scripts/setup_venv.sh)')
         pytest.skip('llama-cpp-python[server] is not installed (make venv installs it)')
     log = tmp_path_factory.mktemp('llama') / 'server.log'
-    return LoopbackLlamaServer(n_ctx=SERVER_CTX, log_path=log).start()
+    return LoopbackLlamaServer(n_ctx=SERVER_CTX, threads=SERVER_THREADS,
+                               log_path=log).start()
 
 
 def complete(url, prompt, max_tokens, ignore_eos=False):

@@ -266,6 +266,17 @@ def test_the_report_holds_the_table_and_the_summary(tmp_path):
     saved = json.loads((tmp_path / 'soak.json').read_text())
     assert saved['summary']['lost'] == summary['lost'] == 1
     assert len(saved['rows']) == 4
+    import csv
+    with open(tmp_path / 'soak_goals.csv', encoding='utf-8') as stream:
+        goals = list(csv.DictReader(stream))
+    assert len(goals) == len(run['records'])
+    assert [int(row['index']) for row in goals] == [r['index'] for r in run['records']]
+    assert {row['status_name'] for row in goals} == {
+        r.get('status_name') or '' for r in run['records']}
+    with open(tmp_path / 'soak_samples.csv', encoding='utf-8') as stream:
+        samples = list(csv.DictReader(stream))
+    assert [float(row['rss_mb']) for row in samples] == pytest.approx(
+        [sample['rss_mb'] for sample in run['samples']], abs=1e-4)
 
 
 def test_node_params_hold_the_soak_settings(tmp_path):

@@ -1,5 +1,8 @@
 """``timebill soak``'s figures: per-minute rows, the summary, soak.md, soak.png and soak.json.
 
+soak_goals.csv (one row per goal sent) and soak_samples.csv (the node process's samples) are
+the raw rows beside the table: small enough to commit with it, where soak.json is not.
+
 Everything here works on plain values, so the tests feed it synthetic runs. A run is a dict:
 ``records`` (one dict per goal sent, times in seconds from the load's start: ``sent_s``,
 ``response_s`` and ``accepted`` once the goal response came, ``ended_s``, ``status``,
@@ -9,6 +12,7 @@ node process), ``duration_s`` (the load), ``end_s`` (when the soak stopped waiti
 ``grace_s``, ``node_died_s`` (None while it lived), and what :func:`render_markdown` prints.
 """
 
+import csv
 import datetime
 import json
 import math
@@ -20,6 +24,12 @@ import numpy as np
 from timebill_ros.server.status import (CANCELED, COMPLETED, ERROR_INACTIVE, KILLED, REJECTED,
                                         SKIPPED, STATUS_NAMES)
 
+# The columns of soak_goals.csv (a record's keys; a missing one is written empty).
+GOAL_COLUMNS = ('index', 'kind', 'policy', 'budget_s', 'cancel_after_s', 'at_s', 'sent_s',
+                'response_s', 'accepted', 'ended_s', 'status_name', 'error_code', 'goal_status',
+                'deadline_met', 'total_s', 'queue_s', 'predicted_wcet_s', 'truncated',
+                'executor', 'cached_tokens')
+SAMPLE_COLUMNS = ('t_s', 'rss_mb', 'threads', 'fds')
 # The action_msgs GoalStatus code each terminal status may reach the client with: SUCCEEDED
 # (4), CANCELED (5); every other status ABORTED (6).
 GOAL_STATUS_OF = {COMPLETED: 4, CANCELED: 5}
@@ -381,6 +391,22 @@ def write_outputs(run, out):
     with open(os.path.join(out, 'soak.json'), 'w', encoding='utf-8') as stream:
         json.dump({'run': run, 'rows': rows, 'summary': summary}, stream, indent=1,
                   default=str)
+    write_csv(os.path.join(out, 'soak_goals.csv'), GOAL_COLUMNS, run.get('records', ()))
+    write_csv(os.path.join(out, 'soak_samples.csv'), SAMPLE_COLUMNS, run.get('samples', ()))
     plot(rows, os.path.join(out, 'soak.png'))
     print(text, flush=True)
     return summary
+
+
+def write_csv(path, columns, dicts):
+    """Write ``dicts`` as CSV rows of ``columns`` (floats to 4 decimals; None empty)."""
+    def cell(value):
+        if value is None:
+            return ''
+        return f'{value:.4f}' if isinstance(value, float) else value
+
+    with open(path, 'w', encoding='utf-8', newline='') as stream:
+        writer = csv.writer(stream)
+        writer.writerow(columns)
+        for item in dicts:
+            writer.writerow([cell(item.get(column)) for column in columns])

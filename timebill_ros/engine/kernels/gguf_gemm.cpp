@@ -2,8 +2,15 @@
 // dtype, shape, layout) before its pointer reaches the core, and a bad one is a RuntimeError
 // naming it. Built at first use on the machine that runs it (engine/kernels/__init__.py).
 
-#include <torch/extension.h>
+// Only the headers the binding uses, not <torch/extension.h>: that one pulls in all of
+// libtorch's C++ API (autograd, nn, optim) and took 54 s of the first start's compile on two
+// cores against 17 s for these (the same pybind11 binding, the same calls at run time).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "gguf_core.h"
 
@@ -14,7 +21,7 @@ namespace {
 
 // Every tensor these kernels read or write is host memory: a CUDA (or other device) tensor's
 // data_ptr would be dereferenced on the CPU, a crash rather than an error.
-void check_cpu(const torch::Tensor& t, const char* what) {
+void check_cpu(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), what, " must be a CPU tensor (the GGUF kernels run on the "
               "CPU), got one on ", t.device());
 }
@@ -27,11 +34,11 @@ void check_type_and_k(int64_t qtype, int64_t K) {
 }
 
 // ``packed`` must be ``pack``'s layout of N rows of K weights of type ``qtype``.
-void check_packed(const torch::Tensor& packed, int64_t qtype, int64_t K, int64_t N,
+void check_packed(const at::Tensor& packed, int64_t qtype, int64_t K, int64_t N,
                   const char* what) {
   check_type_and_k(qtype, K);
   check_cpu(packed, what);
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 &&
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte &&
               packed.is_contiguous(), what, " must be a contiguous packed uint8 tensor");
   TORCH_CHECK(N > 0 && packed.size(0) == (N + GROUP - 1) / GROUP &&
               packed.size(1) == K / QK * GROUP * block_bytes(qtype),
@@ -41,31 +48,31 @@ void check_packed(const torch::Tensor& packed, int64_t qtype, int64_t K, int64_t
 
 // The kernels' layout of ``blocks`` (N, K / 32 * block bytes), rows as the GGUF (or
 // engine/kquants.py) holds them: (ceil(N / GROUP), K / 32 * GROUP * block bytes).
-torch::Tensor pack(torch::Tensor blocks, int64_t qtype, int64_t K) {
+at::Tensor pack(at::Tensor blocks, int64_t qtype, int64_t K) {
   check_type_and_k(qtype, K);
   const int64_t bb = block_bytes(qtype), nb = K / QK;
   check_cpu(blocks, "blocks");
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte &&
               blocks.is_contiguous() && blocks.size(1) == nb * bb,
               "blocks must be a contiguous (N, ", nb * bb, ") uint8 tensor for ", K,
               " weights of type ", qtype, ", got ", blocks.sizes());
   const int64_t N = blocks.size(0), groups = (N + GROUP - 1) / GROUP;
-  auto out = torch::zeros({groups, nb * GROUP * bb}, blocks.options());
+  auto out = at::zeros({groups, nb * GROUP * bb}, blocks.options());
   pack_raw(blocks.data_ptr<uint8_t>(), N, qtype, K, out.data_ptr<uint8_t>());
   return out;
 }
 
 // y (M, N) = x (M, K) W^T; W = ``packed`` (``pack`` of N rows of type ``qtype``).
 // ``portable`` forces the scalar path (tests compare both).
-torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t qtype, int64_t N,
+at::Tensor gemm(at::Tensor x, at::Tensor packed, int64_t qtype, int64_t N,
                    bool portable) {
   check_cpu(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous (M, K) float32 tensor");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
   check_packed(packed, qtype, K, N, "blocks");
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   gemm_raw(qtype, packed.data_ptr<uint8_t>(), x.data_ptr<float>(), M, K, y.data_ptr<float>(),
            N, portable);
   return y;
@@ -78,8 +85,8 @@ struct Caches {
   int64_t n_kv_heads = 0, dim = 0;
 };
 
-Caches check_caches(const std::vector<torch::Tensor>& keys,
-                    const std::vector<torch::Tensor>& values, int64_t M) {
+Caches check_caches(const std::vector<at::Tensor>& keys,
+                    const std::vector<at::Tensor>& values, int64_t M) {
   TORCH_CHECK(M >= 1 && static_cast<int64_t>(keys.size()) == M &&
               static_cast<int64_t>(values.size()) == M, "one cache a row");
   TORCH_CHECK(keys[0].dim() == 4, "keys / values must be (1, H_kv, C, D) buffers");
@@ -93,8 +100,8 @@ Caches check_caches(const std::vector<torch::Tensor>& keys,
     check_cpu(v, "values");
     TORCH_CHECK(k.dim() == 4 && k.size(0) == 1 && k.size(1) == caches.n_kv_heads &&
                 k.size(3) == caches.dim && k.is_contiguous() && v.is_contiguous() &&
-                k.sizes() == v.sizes() && k.scalar_type() == torch::kFloat32 &&
-                v.scalar_type() == torch::kFloat32,
+                k.sizes() == v.sizes() && k.scalar_type() == at::kFloat &&
+                v.scalar_type() == at::kFloat,
                 "keys / values must be contiguous (1, H_kv, C, D) float32 buffers");
     caches.keys.push_back(k.data_ptr<float>());
     caches.values.push_back(v.data_ptr<float>());
@@ -110,11 +117,11 @@ Caches check_caches(const std::vector<torch::Tensor>& keys,
 // kernels' GEMMs): q (M, n_heads * D) fp32, keys[r] / values[r] the (1, H_kv, C, D) buffers
 // of row r, positions [first[r], first[r] + n_live[r]) attended (a sliding window starts
 // after 0). Returns (M, n_heads * D).
-torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
-                             std::vector<torch::Tensor> values, std::vector<int64_t> first,
+at::Tensor attention_step(at::Tensor q, std::vector<at::Tensor> keys,
+                             std::vector<at::Tensor> values, std::vector<int64_t> first,
                              std::vector<int64_t> n_live, int64_t n_heads, double scaling) {
   check_cpu(q, "q");
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.is_contiguous(),
               "q must be a contiguous (M, n_heads * D) float32 tensor");
   const int64_t M = q.size(0);
   TORCH_CHECK(static_cast<int64_t>(first.size()) == M &&
@@ -132,23 +139,23 @@ torch::Tensor attention_step(torch::Tensor q, std::vector<torch::Tensor> keys,
     caches.keys[r] += first[r] * dim;
     caches.values[r] += first[r] * dim;
   }
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   attention(q.data_ptr<float>(), caches.keys, caches.values, caches.capacity, n_live, n_heads,
             n_kv_heads, dim, static_cast<float>(scaling), out.data_ptr<float>());
   return out;
 }
 
 // Dequantize ``blocks`` (N, row_bytes) to fp32 (N, K) with the same arithmetic as the kernels.
-torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
+at::Tensor dequantize(at::Tensor blocks, int64_t qtype, int64_t K) {
   const int64_t bb = block_bytes(qtype);
   TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, TYPES_HELP);
   check_cpu(blocks, "blocks");
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == torch::kUInt8 &&
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte &&
               blocks.is_contiguous() && blocks.size(1) == K / QK * bb && K % QK == 0,
               "blocks must be a contiguous (N, K / 32 * block bytes) uint8 tensor");
   TORCH_CHECK(!is_kquant(qtype) || K % QK_K == 0, "K must be a multiple of ", QK_K,
               " (a K-quant super-block) for type ", qtype, ", got ", K);
-  auto out = torch::empty({blocks.size(0), K}, torch::TensorOptions().dtype(torch::kFloat32));
+  auto out = at::empty({blocks.size(0), K}, at::TensorOptions().dtype(at::kFloat));
   dequantize_raw(blocks.data_ptr<uint8_t>(), blocks.size(0), qtype, K, out.data_ptr<float>());
   return out;
 }
@@ -157,17 +164,17 @@ torch::Tensor dequantize(torch::Tensor blocks, int64_t qtype, int64_t K) {
 // ``qtype``) as fp32 (R, K), each weight dequantized as gguf's reference does: the embedding
 // rows of a step's tokens, or a whole matrix (rows 0..N-1) for one prefill chunk's GEMM, so
 // that no fp32 copy of the model is kept. Rows split over the calling thread's pool.
-torch::Tensor unpack_rows(torch::Tensor packed, int64_t qtype, int64_t K, int64_t N,
-                          torch::Tensor rows) {
+at::Tensor unpack_rows(at::Tensor packed, int64_t qtype, int64_t K, int64_t N,
+                          at::Tensor rows) {
   check_packed(packed, qtype, K, N, "blocks");
   check_cpu(rows, "rows");
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(),
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.is_contiguous(),
               "rows must be a contiguous 1-D int64 tensor");
   const int64_t R = rows.size(0);
   const int64_t* index = rows.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r)
     TORCH_CHECK(index[r] >= 0 && index[r] < N, "row ", index[r], " is not in [0, ", N, ")");
-  auto out = torch::empty({R, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  auto out = at::empty({R, K}, at::TensorOptions().dtype(at::kFloat));
   unpack_rows_raw(packed.data_ptr<uint8_t>(), qtype, K, index, R, out.data_ptr<float>());
   return out;
 }
@@ -176,12 +183,12 @@ namespace {
 
 // A linear layer held as several packed matrices (each one GEMM), their outputs side by side.
 struct Parts {
-  std::vector<torch::Tensor> packed;
+  std::vector<at::Tensor> packed;
   std::vector<int64_t> types, rows;
   int64_t total = 0;
 };
 
-Parts make_parts(std::vector<torch::Tensor> packed, std::vector<int64_t> types,
+Parts make_parts(std::vector<at::Tensor> packed, std::vector<int64_t> types,
                  std::vector<int64_t> rows, int64_t K, const char* what) {
   TORCH_CHECK(!packed.empty() && packed.size() == types.size() && packed.size() == rows.size(),
               what, ": one type and row count a packed part");
@@ -208,10 +215,10 @@ void gemm_parts(const Parts& parts, const float* x, int64_t M, int64_t K, float*
 }
 
 // An optional norm weight: empty (numel 0) means none.
-const float* optional(const torch::Tensor& t, int64_t n, const char* what) {
+const float* optional(const at::Tensor& t, int64_t n, const char* what) {
   if (t.numel() == 0) return nullptr;
   check_cpu(t, what);
-  TORCH_CHECK(t.numel() == n && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+  TORCH_CHECK(t.numel() == n && t.scalar_type() == at::kFloat && t.is_contiguous(),
               what, " must be a contiguous float32 tensor of ", n, " values, or empty");
   return t.data_ptr<float>();
 }
@@ -225,20 +232,20 @@ const float* optional(const torch::Tensor& t, int64_t n, const char* what) {
 // empty; activation 0 = SiLU, 1 = tanh-GELU. Row r's key / value go to position n_kv[r] of
 // keys[r] / values[r] (1, H_kv, C_r, D); it attends over positions [first[r], n_kv[r]] (a
 // sliding window starts later). All norms share ``eps``.
-torch::Tensor decoder_step(
-    torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv,
-    std::vector<int64_t> qkv_types, std::vector<int64_t> qkv_rows, torch::Tensor qkv_bias,
-    torch::Tensor q_norm, torch::Tensor k_norm, torch::Tensor cos, torch::Tensor sin,
-    std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+at::Tensor decoder_step(
+    at::Tensor x, at::Tensor attn_norm, double eps, std::vector<at::Tensor> qkv,
+    std::vector<int64_t> qkv_types, std::vector<int64_t> qkv_rows, at::Tensor qkv_bias,
+    at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin,
+    std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
     std::vector<int64_t> n_kv, std::vector<int64_t> first, int64_t n_heads, double scaling,
-    torch::Tensor out_proj, int64_t out_type, torch::Tensor post_attn_norm,
-    torch::Tensor ffn_norm, std::vector<torch::Tensor> gate_up,
+    at::Tensor out_proj, int64_t out_type, at::Tensor post_attn_norm,
+    at::Tensor ffn_norm, std::vector<at::Tensor> gate_up,
     std::vector<int64_t> gate_up_types, std::vector<int64_t> gate_up_rows, int64_t activation,
-    torch::Tensor down, int64_t down_type, torch::Tensor post_ffn_norm) {
+    at::Tensor down, int64_t down_type, at::Tensor post_ffn_norm) {
   check_cpu(x, "x");
   check_cpu(cos, "cos");
   check_cpu(sin, "sin");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous (M, hidden) float32 tensor");
   const int64_t M = x.size(0), hidden = x.size(1);
   TORCH_CHECK(M >= 1 && M <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows, got ", M);
@@ -271,8 +278,8 @@ torch::Tensor decoder_step(
   const float* w_k = optional(k_norm, dim, "k_norm");
   const float* bias = optional(qkv_bias, qkv_parts.total, "qkv_bias");
   TORCH_CHECK(cos.numel() == M * dim && sin.numel() == M * dim && cos.is_contiguous() &&
-              sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
-              sin.scalar_type() == torch::kFloat32,
+              sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+              sin.scalar_type() == at::kFloat,
               "cos / sin must be contiguous (M, D) float32 tensors");
   std::vector<float*> key_ptrs(M), value_ptrs(M);
   std::vector<int64_t> n_live(M);
@@ -355,12 +362,12 @@ torch::Tensor decoder_step(
 // of keys[r] / values[r] (1, H_kv, C_r, D), whose capacity the caller ensured. One call
 // instead of ~25 torch ops dispatched from Python, each weight block decoded once for all M
 // rows; the caller still checks its interrupts before every layer.
-torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
-                         torch::Tensor qkv, int64_t qkv_type, torch::Tensor out_proj,
-                         int64_t out_type, torch::Tensor post_norm, double post_eps,
-                         torch::Tensor gate_up, int64_t gate_up_type, torch::Tensor down,
-                         int64_t down_type, torch::Tensor cos, torch::Tensor sin,
-                         std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+at::Tensor layer_step(at::Tensor x, at::Tensor in_norm, double in_eps,
+                         at::Tensor qkv, int64_t qkv_type, at::Tensor out_proj,
+                         int64_t out_type, at::Tensor post_norm, double post_eps,
+                         at::Tensor gate_up, int64_t gate_up_type, at::Tensor down,
+                         int64_t down_type, at::Tensor cos, at::Tensor sin,
+                         std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                          std::vector<int64_t> n_kv, int64_t n_heads, double scaling) {
   TORCH_CHECK(in_eps == post_eps, "the two norms' epsilons differ: ", in_eps, ", ", post_eps);
   TORCH_CHECK(!keys.empty() && keys[0].dim() == 4, "keys must be (1, H_kv, C, D) buffers");
@@ -368,11 +375,11 @@ torch::Tensor layer_step(torch::Tensor x, torch::Tensor in_norm, double in_eps,
   const int64_t proj_rows = (n_heads + 2 * keys[0].size(1)) * dim;
   TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2, "down must be packed blocks");
   const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
-  return decoder_step(x, in_norm, in_eps, {qkv}, {qkv_type}, {proj_rows}, torch::empty({0}),
-                      torch::empty({0}), torch::empty({0}), cos, sin, keys, values, n_kv,
+  return decoder_step(x, in_norm, in_eps, {qkv}, {qkv_type}, {proj_rows}, at::empty({0}),
+                      at::empty({0}), at::empty({0}), cos, sin, keys, values, n_kv,
                       std::vector<int64_t>(n_kv.size(), 0), n_heads, scaling, out_proj,
-                      out_type, torch::empty({0}), post_norm, {gate_up}, {gate_up_type},
-                      {2 * inter}, 0, down, down_type, torch::empty({0}));
+                      out_type, at::empty({0}), post_norm, {gate_up}, {gate_up_type},
+                      {2 * inter}, 0, down, down_type, at::empty({0}));
 }
 
 bool has_avx2() { return TB_HAVE_AVX2; }
