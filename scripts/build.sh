@@ -17,6 +17,14 @@ np_inc="$ROOT/install/timebill_ros/.numpy_include"
 mkdir -p "$(dirname "$np_inc")"
 ln -sfn "$(python -c 'import numpy; print(numpy.get_include())')" "$np_inc"
 
+# The C++ GGUF kernels (timebill_ros/engine/kernels), compiled for this machine's CPU into the
+# cache (~45 s the first time, then a no-op while source, torch, compiler and CPU are the same).
+# They compile on one core (one translation unit) while colcon configures and generates on the
+# other (both mostly one process at a time): a first build takes the longer of the two, not
+# their sum. `python -m` from the source tree: the kernels need nothing colcon generates.
+python -m timebill_ros.engine.kernels &
+kernels_pid=$!
+
 colcon --log-base log build \
   --base-paths . \
   --build-base build \
@@ -29,6 +37,5 @@ colcon --log-base log build \
 # Symlink install keeps links to deleted sources; drop them (`make clean` for a full reset).
 find install/timebill_ros -xtype l -delete
 
-# The C++ GGUF kernels (timebill_ros/engine/kernels), compiled for this machine's CPU into the
-# cache (~45 s the first time, then a no-op while source, torch, compiler and CPU are the same).
-python -m timebill_ros.engine.kernels
+# The kernels' build ends here: its status is this script's.
+wait "$kernels_pid"

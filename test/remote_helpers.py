@@ -32,13 +32,13 @@ END_TOKENS = (0, 1, 2)  # the embedded SmolLM2's <|endoftext|>, <|im_start|>, <|
 def start_llama_server(tmp_path_factory):
     """Start the loopback llama.cpp server, or skip here / fail under CI without it.
 
-    CI installs llama-cpp-python[server] (scripts/setup_venv.sh): there a missing server is a
-    failure, not a skip.
+    CI installs llama-cpp-python[server] (scripts/setup_llama.sh, run by ``make test``): there a
+    missing server is a failure, not a skip.
     """
     if not server_available():
         if os.environ.get('CI'):
-            pytest.fail('llama-cpp-python[server] is not installed (scripts/setup_venv.sh)')
-        pytest.skip('llama-cpp-python[server] is not installed (make venv installs it)')
+            pytest.fail('llama-cpp-python[server] is not installed (scripts/setup_llama.sh)')
+        pytest.skip('llama-cpp-python[server] is not installed (make llama installs it)')
     log = tmp_path_factory.mktemp('llama') / 'server.log'
     return LoopbackLlamaServer(n_ctx=SERVER_CTX, threads=SERVER_THREADS,
                                log_path=log).start()

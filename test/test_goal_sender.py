@@ -12,12 +12,13 @@ import os
 import threading
 
 from action_msgs.msg import GoalStatus
+import pytest
 import rclpy
 from rclpy.action import ActionClient, ActionServer
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import QoSProfile
-from ros_helpers import goal_msg, wait_for
+from ros_helpers import goal_msg, wait_for, wait_future
 
 from timebill_ros.action import Instruct
 from timebill_ros.ros.goal_sender import GoalSender
@@ -61,7 +62,9 @@ def _send_waves(sender, n_goals, faults, done):
                 return
 
 
-def test_threads_sending_while_results_arrive_raise_nothing_and_leak_nothing():
+@pytest.fixture
+def bare():
+    """Yield (action client, node) on a bare action server, spun by 4 executor threads."""
     rclpy.init()
     node = rclpy.create_node('goal_sender_test')
     group = ReentrantCallbackGroup()
@@ -74,20 +77,7 @@ def test_threads_sending_while_results_arrive_raise_nothing_and_leak_nothing():
     spinner.start()
     try:
         assert action.wait_for_server(timeout_sec=20)
-        sender = GoalSender(action)
-        faults, done = [], []
-        threads = [threading.Thread(target=_send_waves,
-                                    args=(sender, N_GOALS // N_THREADS, faults, done))
-                   for _ in range(N_THREADS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(600)
-        assert faults == [], faults[:5]
-        assert len(done) == N_GOALS // N_THREADS * N_THREADS
-        assert set(done) == {GoalStatus.STATUS_SUCCEEDED}
-        wait_for(lambda: sender.tracked_futures() == 0, 10,
-                 f'{sender.tracked_futures()} futures kept after {len(done)} goals')
+        yield action
     finally:
         executor.shutdown(timeout_sec=5)
         spinner.join(5)
@@ -95,3 +85,62 @@ def test_threads_sending_while_results_arrive_raise_nothing_and_leak_nothing():
         server.destroy()
         node.destroy_node()
         rclpy.try_shutdown()
+
+
+def test_threads_sending_while_results_arrive_raise_nothing_and_leak_nothing(bare):
+    sender = GoalSender(bare)
+    assert sender.own_send  # rclpy 9.1.2's layout: the send this test is about
+    faults, done = [], []
+    threads = [threading.Thread(target=_send_waves,
+                                args=(sender, N_GOALS // N_THREADS, faults, done))
+               for _ in range(N_THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert faults == [], faults[:5]
+    assert len(done) == N_GOALS // N_THREADS * N_THREADS
+    assert set(done) == {GoalStatus.STATUS_SUCCEEDED}
+    wait_for(lambda: sender.tracked_futures() == 0, 10,
+             f'{sender.tracked_futures()} futures kept after {len(done)} goals')
+
+
+class _SwitchAfterRelease:
+    """The client's lock; the sending thread's first release waits for the goal response.
+
+    What a thread switch at the worst moment does: the executor takes and handles the goal
+    response right after the send left the lock. rclpy 9.1.2's send_goal_async registers its
+    returned future only after that point, so its response went to the other future and the
+    returned one never completed (10 s here); GoalSender's send has registered it already.
+    """
+
+    def __init__(self, action):
+        self.lock, self.action = action._lock, action
+        self.sender_thread, self.switched = threading.get_ident(), False
+
+    def acquire(self, *args, **kwargs):
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self):
+        self.lock.release()
+        if threading.get_ident() == self.sender_thread and not self.switched:
+            self.switched = True
+            wait_for(lambda: not self.action._pending_goal_requests, 10,
+                     'the executor did not handle the goal response')
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+
+def test_a_goal_response_handled_right_after_the_send_reaches_the_returned_future(bare):
+    sender = GoalSender(bare)
+    bare._lock = _SwitchAfterRelease(bare)
+    future = sender.send(goal_msg('x', 60))
+    assert bare._lock.switched
+    assert wait_future(future, timeout=10).accepted
+    wait_for(lambda: sender.tracked_futures() == 0, 10,
+             f'{sender.tracked_futures()} futures kept after one goal')

@@ -1,82 +1,74 @@
-"""Sending action goals without rclpy's per-goal future leak.
+"""Sending action goals without rclpy's per-goal future leak and its lost-response race.
 
 rclpy's ``ActionClient.send_goal_async`` (9.1.2, the Kilted wheels; the same backport reached
-other distributions, ros2/rclpy#1519) creates the goal-response future twice: both are added
-to the client's waitable ``_futures`` list, only the second is ever completed and removed
-(fixed upstream by ros2/rclpy#1532). The first stays for the life of the client, and the
-executor walks the whole list each time the action client has data, so a long-lived client
-slows down goal by goal: measured here with a bare action server, the goal-response p50 went
-2.6 -> 5.4 ms over 4000 goals, and a fresh client on the same server started again at 1.9 ms.
-:class:`GoalSender` sends through ``send_goal_async`` and then drops the orphan; where rclpy
-has no such orphan (a fixed release, another layout) it drops nothing.
+other distributions, ros2/rclpy#1519) registers the goal-response future twice: once under
+the client's lock, right after the request is sent, and once more after the lock is released.
+
+- **Leak.** Both futures go into the client's waitable ``_futures`` list; only the second is
+  ever completed and removed (fixed upstream by ros2/rclpy#1532). The executor walks the whole
+  list each time the action client has data, so a long-lived client slows down goal by goal:
+  measured here with a bare action server, the goal-response p50 went 2.6 -> 5.4 ms over 4000
+  goals, and a fresh client on the same server started again at 1.9 ms.
+- **Race.** A server that answers before the sending thread reaches the second registration
+  completes the *first* future; the second, the one returned, then waits for a response that
+  already came. Seen once in 10 runs of 10,000 goals from 4 threads on a bare server
+  (test_goal_sender.py); ``test_ros_load.py`` forces it.
+
+:class:`GoalSender` therefore registers the one future itself, under the client's lock, in the
+same call that sends the request (what the fixed upstream does), through the client's
+attributes that 9.1.2 has. A client without them (another rclpy layout) gets the plain
+``send_goal_async``.
 """
 
-import threading
+from rclpy.task import Future
 
-# The ActionClient's dicts of requests in flight, sequence number -> future.
-PENDING_DICTS = ('_pending_goal_requests', '_pending_cancel_requests', '_pending_result_requests')
+# What GoalSender's own send uses of rclpy's ActionClient (9.1.2's layout).
+CLIENT_ATTRIBUTES = ('_lock', '_client_handle', '_action_type', '_pending_goal_requests',
+                     '_goal_sequence_number_to_goal_id', '_remove_pending_goal_request',
+                     '_feedback_callbacks', '_generate_random_uuid', 'add_future', '_futures')
 
 
 class GoalSender:
-    """Sends goals on one ``rclpy.action.ActionClient``; all goals of that client go through it.
+    """Sends goals on one ``rclpy.action.ActionClient``; every goal of that client goes through.
 
-    Sends are serialized (one lock). The futures that appear during a send are the one it
-    returns, an orphan (not done, in none of rclpy's pending-request dicts), and futures other
-    threads add meanwhile (results, cancels), which are pending and kept.
+    ``own_send``: True when the client has the layout :func:`send` registers its future in
+    (CLIENT_ATTRIBUTES); False: ``send_goal_async`` as it is.
     """
 
     def __init__(self, action):
         self.action = action
-        self._lock = threading.Lock()
+        self.own_send = all(hasattr(action, name) for name in CLIENT_ATTRIBUTES)
 
     def send(self, goal, feedback_callback=None):
-        """Send ``goal``; return rclpy's future of the goal handle (``send_goal_async``'s)."""
-        with self._lock:
-            futures = getattr(self.action, '_futures', None)
-            # The futures themselves are held, not only their ids: one another thread drops
-            # meanwhile could be freed and its id reused by the orphan, which would then pass
-            # for an old future and stay (the likely cause of one future kept in one of four
-            # runs of 2,000 goals from 4 threads, test_goal_sender.py).
-            held = _snapshot(futures) if isinstance(futures, list) else None
-            future = self.action.send_goal_async(goal, feedback_callback=feedback_callback)
-            if held is not None:
-                self._drop_orphans({id(f) for f in held}, future)
-            del held
-        return future
+        """Send ``goal``; return the future of its goal handle (as ``send_goal_async``'s).
 
-    def _drop_orphans(self, before, returned):
+        Raises TypeError when ``goal`` is not the action's Goal type.
+        """
+        if not self.own_send:
+            return self.action.send_goal_async(goal, feedback_callback=feedback_callback)
         action = self.action
+        if not isinstance(goal, action._action_type.Goal):
+            raise TypeError(f'goal must be a {action._action_type.__name__}.Goal, '
+                            f'got {type(goal).__name__}')
+        request = action._action_type.Impl.SendGoalService.Request()
+        request.goal_id, request.goal = action._generate_random_uuid(), goal
+        future = Future()
+        # The response is taken under the same lock (ActionClient.take_data): it finds the
+        # future registered, whichever thread runs first.
         with action._lock:
-            # A cancel or result future another thread adds meanwhile (a response callback
-            # asking for the result) is in its pending dict: keep it. rclpy removes those
-            # itself when they complete, and raises (killing the executor) if one is gone.
-            # rclpy's executor thread deletes from the pending dicts (a done-callback) without
-            # this lock: each is copied in one call first, which no other thread interrupts.
-            pending_futures = [f for name in PENDING_DICTS
-                               for f in _snapshot(getattr(action, name, {}))]
-            pending = {id(f) for f in pending_futures}
-            orphans = [f for f in _snapshot(action._futures)
-                       if id(f) not in before and f is not returned and not f.done()
-                       and id(f) not in pending]
-            for orphan in orphans:
-                try:
-                    action._futures.remove(orphan)
-                except ValueError:
-                    pass
+            if feedback_callback is not None:
+                action._feedback_callbacks[bytes(request.goal_id.uuid)] = feedback_callback
+            sequence_number = action._client_handle.send_goal_request(request)
+            if sequence_number in action._pending_goal_requests:
+                raise RuntimeError(f'goal request sequence number {sequence_number} is '
+                                   'already pending')
+            action._pending_goal_requests[sequence_number] = future
+            action._goal_sequence_number_to_goal_id[sequence_number] = request.goal_id
+            future.add_done_callback(action._remove_pending_goal_request)
+            action.add_future(future)
+        return future
 
     def tracked_futures(self) -> int:
         """Return how many futures the action client's waitable holds (0 if it has no list)."""
         futures = getattr(self.action, '_futures', None)
         return len(futures) if isinstance(futures, list) else 0
-
-
-def _snapshot(container) -> list:
-    """Return a list of ``container``'s items (a dict's values), copied in one C call.
-
-    ``list(d.values())`` / ``list(l)`` hold the GIL for the whole copy, so another thread's
-    insert or delete cannot change the size mid-iteration ("dictionary changed size during
-    iteration", which a generator over the live dict raised 9-15 times in ~8,000 sends).
-    """
-    if isinstance(container, dict):
-        return list(container.values())
-    return list(container)
