@@ -39,7 +39,7 @@ def prefill_features(engine, examples: Sequence, path=None,
     """Return prompt id -> pooled states (1, 2 x layers x hidden) fp32 of each prefill.
 
     engine: an LlmEngine (its ``pool_layers`` are set to ``layers``; () keeps them).
-    examples: rlp.dataset.Example. path: the cache file (None: no cache). Progress and an
+    examples: training.dataset.Example. path: the cache file (None: no cache). Progress and an
     ETA are logged every SAVE_EVERY prompts.
     """
     if layers:

@@ -14,7 +14,7 @@ DEFAULT_LENGTHS = 'data/rlp/lengths.jsonl'
 
 def load_pool(lengths_path=DEFAULT_LENGTHS, goals=GOALS, max_prompt_tokens=MAX_PROMPT_TOKENS,
               examples=None, split='test'):
-    """Return the held-out prompts the subsets are drawn from (rlp.dataset.Example list).
+    """Return the held-out prompts the subsets are drawn from (training.dataset.Example list).
 
     split ``test``: the test split, joined by the val split when test has fewer than
     ``2 * goals`` prompts of at most ``max_prompt_tokens`` chat-formatted tokens (0 = no

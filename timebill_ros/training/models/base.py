@@ -37,7 +37,7 @@ class LengthModel(abc.ABC):
 
     @abc.abstractmethod
     def fit(self, train: Sequence, val: Sequence) -> None:
-        """Train on ``train`` examples (rlp.dataset.Example); ``val`` only for early stopping."""
+        """Train on ``train`` (training.dataset.Example); ``val`` only for early stopping."""
 
     @abc.abstractmethod
     def predict_tokens(self, examples: Sequence) -> np.ndarray:

@@ -17,7 +17,8 @@ def input_arrays(examples: Sequence, what: str) -> Tuple[np.ndarray, np.ndarray]
     ``what`` names the argument in error messages (e.g. ``'examples'``).
 
     Raises:
-        TypeError: ``examples`` is a str or not a sequence of rlp.dataset.Example-like objects.
+        TypeError: ``examples`` is a str or not a sequence of training.dataset.Example-like
+            objects.
         ValueError: an example has n_model < 1 or n_prompt_tokens < 0.
 
     """
