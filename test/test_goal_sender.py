@@ -15,7 +15,7 @@ from action_msgs.msg import GoalStatus
 import pytest
 import rclpy
 from rclpy.action import ActionClient, ActionServer
-from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import QoSProfile
 from ros_helpers import goal_msg, wait_for, wait_future
@@ -26,6 +26,7 @@ from timebill_ros.ros.goal_sender import GoalSender
 N_GOALS = int(os.environ.get('TIMEBILL_SENDER_GOALS', '2000'))
 N_THREADS = 4
 WAVE = 25  # goals a thread has in flight at most
+RESULT_TIMEOUT_S = 600
 # The action's services keep this many requests (rclpy's default, 10, drops the rest of 100
 # in flight: their results never come).
 QOS = {name: QoSProfile(depth=1000) for name in (
@@ -68,9 +69,15 @@ def bare():
     rclpy.init()
     node = rclpy.create_node('goal_sender_test')
     group = ReentrantCallbackGroup()
+    # Results kept RESULT_TIMEOUT_S (rclpy's default, 10 s, expired goals whose result request
+    # a loaded machine's executor had not yet handled: STATUS_UNKNOWN).
     server = ActionServer(node, Instruct, 'sender_test', _serve, callback_group=group,
-                          **QOS)
-    action = ActionClient(node, Instruct, 'sender_test', callback_group=group, **QOS)
+                          result_timeout=RESULT_TIMEOUT_S, **QOS)
+    # The client runs on one executor thread at a time, as a planner's (TimebillClient) does:
+    # rclpy's ActionClient.execute on two threads at once deletes a finished goal's handle
+    # twice (KeyError, which ended the executor's spin in one of ten runs).
+    action = ActionClient(node, Instruct, 'sender_test',
+                          callback_group=MutuallyExclusiveCallbackGroup(), **QOS)
     executor = MultiThreadedExecutor(num_threads=4)
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)

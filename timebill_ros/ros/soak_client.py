@@ -16,7 +16,7 @@ from builtin_interfaces.msg import Duration
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 from rclpy.action import ActionClient
-from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -80,8 +80,12 @@ class SoakClient(Node):
         profile = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=REQUEST_QUEUE_DEPTH,
                              reliability=ReliabilityPolicy.RELIABLE,
                              durability=DurabilityPolicy.VOLATILE)
+        # The action client in a group of its own, run on one thread at a time: rclpy 9.1.2's
+        # ActionClient.execute is not safe on two threads at once (two status messages of a
+        # finished goal delete its handle twice; the KeyError ends the executor's spin).
         self.action = ActionClient(
-            self, Instruct, f'/{server_name}/instruct', callback_group=group,
+            self, Instruct, f'/{server_name}/instruct',
+            callback_group=MutuallyExclusiveCallbackGroup(),
             **{f'{name}_service_qos_profile': profile for name in ('goal', 'cancel', 'result')})
         self.sender = GoalSender(self.action)
         self.lifecycle = self.create_client(ChangeState, f'/{server_name}/change_state',
