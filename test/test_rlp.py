@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import threading
+import time
 
 import numpy as np
 import onnxruntime
@@ -521,3 +522,34 @@ def test_each_rlp_call_gives_the_arena_back(exported):
     assert all(o.get_run_config_entry('memory.enable_memory_arena_shrinkage') == 'cpu:0'
                for o in seen)
     assert (first == second).all()
+
+
+def test_rlp_calls_from_several_threads_run_one_at_a_time(exported):
+    """A call's activations grow with N_p^2: concurrent calls would add up their peaks."""
+    predictor = OnnxRlpPredictor.load(exported, provider='cpu', max_input_tokens=256)
+    session, lock = predictor.session, threading.Lock()
+    inside, most, answers = [0], [0], []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(session, name)
+
+        def run(self, names, feeds, options=None):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.05)  # long enough for the other threads to arrive meanwhile
+            try:
+                return session.run(names, feeds, options)
+            finally:
+                with lock:
+                    inside[0] -= 1
+    predictor.session = Counting()
+    threads = [threading.Thread(target=lambda: answers.append(predictor.run(range(5, 60))))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(answers) == 4 and most[0] == 1
+    assert all((answer == answers[0]).all() for answer in answers)

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import pathlib
 import statistics
+import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -89,6 +90,13 @@ class OnnxRlpPredictor(LengthPredictor):
         if not 2 <= min_input_tokens <= max_input_tokens:
             raise ValueError(f'need 2 <= min_input_tokens <= max_input_tokens, got '
                              f'{min_input_tokens!r} and {max_input_tokens!r}')
+        # One call at a time: a call's activations grow with N_p^2 (attention) and a node calls
+        # from up to three threads (each runner's prediction, the queue's uncertainty). The
+        # embedded model's RLP on 2048-token prompts: one call peaked at +380 MB resident,
+        # three at once at +1.1 GB (benchmarks/rlp_call_memory.py; the soak's node stepped up
+        # ~420 MB after its predictor swap). A caller waits at most its predictor.timeout_s
+        # (then the fallback N^).
+        self._run_lock = threading.Lock()
         self.session = session
         meta = read_metadata(session)
         self.format = OutputFormat.from_metadata(meta)
@@ -122,16 +130,20 @@ class OnnxRlpPredictor(LengthPredictor):
         import onnxruntime
         ids = np.asarray([list(input_ids)], dtype=np.int64)
         # One RunOptions per call, so that abort() ends this call and no later one.
-        options = self._run_options = onnxruntime.RunOptions()
-        # Give the CPU arena back after each call: its activations grow with N_p^2 (attention),
-        # and the arena otherwise keeps the largest call's for good. A 4000-token prompt held
-        # 1.7 GB afterwards, 166 MB with this, at the same speed (2026-11-27, the embedded
-        # model's RLP; docs/reliability.md).
-        options.add_run_config_entry(*ARENA_SHRINKAGE)
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: ids}, options)[0][0]
+        with self._run_lock:
+            options = self._run_options = onnxruntime.RunOptions()
+            # Give the CPU arena back after each call: its activations grow with N_p^2, and
+            # the arena otherwise keeps the largest call's for good. A 4000-token prompt held
+            # 1.7 GB afterwards, 166 MB with this, at the same speed (2026-11-27, the embedded
+            # model's RLP; docs/reliability.md).
+            options.add_run_config_entry(*ARENA_SHRINKAGE)
+            return self.session.run([OUTPUT_NAME], {INPUT_NAME: ids}, options)[0][0]
 
     def abort(self):
-        """Terminate the onnxruntime run in flight (it raises in its own thread)."""
+        """Terminate the onnxruntime call in flight (it raises in its own thread).
+
+        Calls run one at a time (:meth:`run`): the one in flight, whichever thread made it.
+        """
         options = self._run_options
         if options is not None:
             options.terminate = True
