@@ -290,6 +290,18 @@ def test_node_params_hold_the_soak_settings(tmp_path):
     assert not os.path.exists(loaded.predictor.model_file)
 
 
+def test_the_swap_brings_the_rlps_offload_sample_first(tmp_path):
+    from timebill_ros import params
+    _, config = soak.write_node_params(tmp_path)
+    pairs = soak.predictor_paths(tmp_path, config)
+    names = [target.name for _, target in pairs]
+    assert names[0].endswith('__rlp.onnx.lengths.json') and names[1].endswith('__rlp.onnx')
+    assert names[2].endswith('__readout.onnx')
+    node = params.load_config(str(tmp_path / 'soak_params.yaml'))
+    assert [str(target) for _, target in pairs[1:]] == [node.predictor.model_file,
+                                                        node.predictor.readout_file]
+
+
 def test_swap_copies_cached_files_into_place_or_says_why(tmp_path):
     source = tmp_path / 'cache' / 'm__rlp.onnx'
     missing = tmp_path / 'cache' / 'm__readout.onnx'

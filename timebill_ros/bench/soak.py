@@ -278,16 +278,20 @@ def make_plan(seed, duration_s, rate):
 
 # --- the node ------------------------------------------------------------------------------
 def predictor_paths(folder, config):
-    """Return [(source in the cache, path the soak's node reads)] of the RLP and the readout.
+    """Return [(source in the cache, path the soak's node reads)] of the predictor files.
 
-    The node is pointed at ``folder``/predictors, where nothing is at the start: it serves
-    with the fallback and looks for the files every ``predictor.reload_check_s``.
+    The RLP's offload sample (``<rlp>.lengths.json``, the offload threshold's input) comes
+    first, so it is in place when the node sees the RLP; then the RLP and the readout. The
+    node is pointed at ``folder``/predictors, where nothing is at the start: it serves with
+    the fallback and looks for the files every ``predictor.reload_check_s``.
     """
     from timebill_ros.engine import model_source
     from timebill_ros.predictors.contract import default_onnx_path, default_readout_path
+    from timebill_ros.predictors.threshold import lengths_path
     key = model_source.model_key(config.engine)
     cache = config.engine.model_cache_dir or None
-    sources = (default_onnx_path(key, cache), default_readout_path(key, cache))
+    rlp = default_onnx_path(key, cache)
+    sources = (lengths_path(rlp), rlp, default_readout_path(key, cache))
     target = pathlib.Path(folder) / 'predictors'
     return [(pathlib.Path(src), target / pathlib.Path(src).name) for src in sources]
 
@@ -298,7 +302,7 @@ def write_node_params(folder):
     folder = pathlib.Path(folder)
     flat = dict(NODE_PARAMS, **{'timing.state_file': str(folder / 'online.yaml')})
     base = params.config_from_flat(flat)
-    (rlp, readout) = [target for _, target in predictor_paths(folder, base)]
+    (_, rlp, readout) = [target for _, target in predictor_paths(folder, base)]
     config = params.config_from_flat(dict(flat, **{'predictor.model_file': str(rlp),
                                                    'predictor.readout_file': str(readout)}))
     path = folder / 'soak_params.yaml'
