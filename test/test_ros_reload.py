@@ -4,7 +4,9 @@ Real node over real rclpy, tiny model; upgrade_check is injected (the default lo
 RLP / readout files, server/factory.py predictor_upgrade, tested in test_goals_and_params).
 """
 
+import gc
 import threading
+import weakref
 
 from rclpy.parameter import Parameter
 from ros_helpers import GatedEngine, node_and_client, wait_for, tiny_factory
@@ -84,3 +86,42 @@ def test_a_service_built_while_the_node_shuts_down_is_never_swapped_in(
                  'the rebuild never ended')
         assert not inner.built[1].healthy  # started, then shut down: never swapped in
         assert server.service is old and not old.healthy
+
+
+def test_the_retired_service_is_freed_from_a_frozen_heap(tiny_model, smollm2_tokenizer):
+    """freeze_heap, as the server process: the swapped-out service and its engine are collected.
+
+    Frozen at configure, the old service's reference cycles are out of the collector's reach;
+    the node unfreezes, collects and freezes again after the swap (a soak's node kept ~420 MB).
+    """
+    ready = threading.Event()
+    inner = tiny_factory(tiny_model, smollm2_tokenizer)
+    services = []  # weak references only: the test must not keep a service alive
+
+    def factory(config, log):
+        service = inner(config, log)
+        inner.built.clear()
+        services.append(weakref.ref(service))
+        return service
+
+    overrides = [Parameter('engine.max_new_tokens', value=8),
+                 Parameter('predictor.reload_check_s', value=0.1)]
+    try:
+        with node_and_client(factory, 'robot7', overrides, 'reload_client_3', freeze_heap=True,
+                             upgrade_check=lambda service: (
+                                 ('the test RLP', ('x', 1.0)) if ready.is_set() else None)) as (
+                server, _, _):
+            with TimebillClient('/robot7/timebill/instruct', 'reload_planner_3', wait_s=20) as llm:
+                assert llm.ask('Plan a route to the dock.', budget_s=60.0).status == R.COMPLETED
+                assert gc.get_freeze_count() > 0
+                old_engine = weakref.ref(server.service.engine)
+                ready.set()
+                wait_for(lambda: len(services) == 2 and server.service is services[1](), 30,
+                         'never switched')
+                wait_for(lambda: services[0]() is None and old_engine() is None, 10,
+                         'the old service was not freed')
+                with server.slot.lock:  # the swap holds it until the old service is freed
+                    assert gc.get_freeze_count() > 0  # frozen again, with the new service
+                assert llm.ask('Describe the dock.', budget_s=60.0).status == R.COMPLETED
+    finally:
+        gc.unfreeze()  # the test process's heap: as it was

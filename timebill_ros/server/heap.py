@@ -38,6 +38,48 @@ def release_free_heap() -> bool:
     return True
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc >= 2.33), every field in bytes or counts."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        'arena', 'ordblks', 'smblks', 'hblks', 'hblkhd', 'usmblks', 'fsmblks', 'uordblks',
+        'fordblks', 'keepcost')]
+
+
+@functools.lru_cache(maxsize=None)
+def _mallinfo2():
+    """Return libc's ``mallinfo2``, or None where the C library has none."""
+    try:
+        info = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6').mallinfo2
+    except (OSError, AttributeError):
+        return None
+    info.argtypes, info.restype = [], _MallInfo2
+    return info
+
+
+def heap_mb():
+    """Return the C heap's ``(in_use, free)`` MiB (glibc's mallinfo2), or None elsewhere.
+
+    in_use: what is allocated now (arenas and mmapped chunks); free: what the arenas hold
+    free, resident until :func:`release_free_heap` gives its pages back. Counts the main
+    arena and the threads' arenas; torch's and onnxruntime's CPU buffers come from here.
+    """
+    info = _mallinfo2()
+    if info is None:
+        return None
+    stats = info()
+    return (stats.uordblks + stats.hblkhd) / 2 ** 20, stats.fordblks / 2 ** 20
+
+
+def memory_text():
+    """Return ``'N MB resident (heap: U MB in use, F MB free)'`` for a log line."""
+    rss, heap = resident_mb(), heap_mb()
+    text = 'resident memory unknown' if rss is None else f'{rss:.0f} MB resident'
+    if heap is not None:
+        text += f' (heap: {heap[0]:.0f} MB in use, {heap[1]:.0f} MB free)'
+    return text
+
+
 def resident_mb():
     """Return this process's resident memory, MiB, or None where /proc is missing."""
     try:

@@ -21,16 +21,20 @@ class ServiceSlot:
     predictor_upgrade); each key is built once. log(text) / fault(where): the node's logger
     and its fault report (the traceback of the exception being handled). on_swap(service):
     called under the lock when a replacement goes in (the node takes its config).
+    on_retired(): called under the lock once the old service is shut down and no reference
+    to it is left here (the node collects its objects: they were frozen at configure).
     ``lock`` orders submits against swaps and releases: a replacement never goes in
-    mid-submit.
+    mid-submit, and a goal submitted during a swap waits for its end.
     """
 
-    def __init__(self, factory, upgrade_check, log, fault, on_swap=lambda service: None):
+    def __init__(self, factory, upgrade_check, log, fault, on_swap=lambda service: None,
+                 on_retired=lambda: None):
         self.factory = factory
         self.upgrade_check = upgrade_check
         self.log = log
         self.fault = fault
         self.on_swap = on_swap
+        self.on_retired = on_retired
         self.lock = threading.Lock()
         self.service = None  # the TimeBillService while configured
         self.active = False  # set by the node's lifecycle: swaps happen only while active
@@ -83,26 +87,34 @@ class ServiceSlot:
             self.fault(f'building a service with {what}')
             self.rebuilding = False
             return
-        old = self._swap_when_idle(new)
-        if old is None:
+        if not self._swap_when_idle(new):
             new.shutdown()
             self.rebuilding = False
             self.log(f'{what}: not switched (the node left the active state)')
             return
         self.rebuilding = False
-        old.shutdown()
         self.log(f'switched to a service with {what}: length predictor {new.predictor.name}, '
                  f'readout {"on" if new.readout is not None else "off"}')
 
-    def _swap_when_idle(self, new):
-        """Swap ``new`` in when no goal is queued or running; return the old service or None."""
+    def _swap_when_idle(self, new) -> bool:
+        """Swap ``new`` in when no goal is queued or running, retire the old one; True if done.
+
+        All under the lock, while nothing runs: the old service shuts down (idle, it ends no
+        goal) and ``on_retired`` frees it before ``new`` takes its first goal.
+        """
         while True:
             with self.lock:
                 old = self.service
                 if old is None or not self.active or self.closing:
-                    return None
+                    return False
                 if old.idle:
                     self.on_swap(new)
                     self.service = new
-                    return old
+                    try:
+                        old.shutdown()
+                        del old  # the last reference here: on_retired can collect it
+                        self.on_retired()
+                    except Exception:
+                        self.fault('retiring the old service')
+                    return True
             time.sleep(SWAP_POLL_S)
