@@ -15,7 +15,8 @@ from timebill_ros.config import (EngineConfig, EvictionConfig, PredictorConfig,
                                  PrefixCacheConfig)
 from timebill_ros.engine import LlmEngine, stopping
 from timebill_ros.predictors import FallbackPredictor, make_predictor
-from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor, PredictorTiming
+from timebill_ros.predictors.onnx_rlp import (OnnxRlpPredictor, PredictorTiming,
+                                              trained_input_tokens)
 from timebill_ros.training import collect as collect_mod
 from timebill_ros.predictors.compress import compress_ids
 from timebill_ros.training.corpus import SPLITS, build_corpus, split_of
@@ -264,9 +265,9 @@ def test_onnx_predictor_applies_eq2_and_compression(exported):
     assert predictor.to_tokens(np.array([0.0, 5.0, 0.0, 0.0]), 20) == 20
     assert predictor.to_tokens(np.array([0.0, 0.0, 0.0, 9.0]), 500) == 500  # censored top
     assert predictor.input_cap(50) == 50 and predictor.input_cap(4) == 8
-    assert predictor.input_cap(5000) == 100
+    assert predictor.input_cap(5000) == 64  # the file's training N_p, under the 100 asked
     n_hat = predictor.predict('p', list(range(10, 400)), 128)
-    assert predictor.last_input_tokens == 100 and 16 <= n_hat <= 128
+    assert predictor.last_input_tokens == 64 and 16 <= n_hat <= 128
     # Bucket probabilities 0.1 / 0.5 / 0.3 / 0.1: median bucket 1, 0.9-quantile bucket 2.
     logits = np.log(np.array([0.1, 0.5, 0.3, 0.1]))
     assert predictor.to_tokens(logits, 128) == 32
@@ -274,6 +275,20 @@ def test_onnx_predictor_applies_eq2_and_compression(exported):
     assert predictor.to_tokens(logits, 128, q=0.95) == 128  # top bucket: ">= N_model"
     n_hat, n_upper = predictor.predict_bounds('p', list(range(10, 400)), 128, 0.9)
     assert n_hat == predictor.predict('p', list(range(10, 400)), 128) <= n_upper <= 128
+
+
+def test_the_rlp_reads_no_longer_inputs_than_it_was_trained_on(exported):
+    """The fixture was trained at N_p = 64: a config's 2048 is lowered to it, min too."""
+    predictor = OnnxRlpPredictor.load(exported, provider='cpu', timing=PredictorTiming(0, 0, 0),
+                                      min_input_tokens=100, max_input_tokens=2048)
+    assert predictor.trained_input_tokens == 64
+    assert (predictor.min_input_tokens, predictor.max_input_tokens) == (64, 64)
+    predictor.predict('p', list(range(10, 4000)), 128)
+    assert predictor.last_input_tokens == 64
+    assert trained_input_tokens({}) == 0 and trained_input_tokens({'max_input_tokens': '7'}) == 7
+    for bad in ('x', '-3'):
+        with pytest.raises(ValueError, match=f"max_input_tokens.*'{bad}'"):
+            trained_input_tokens({'max_input_tokens': bad})
 
 
 def test_predictor_timing_solves_the_cap():

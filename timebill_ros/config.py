@@ -339,7 +339,7 @@ class PredictorConfig:
         provider (the CPU where it lacks it).
     min_input_tokens: lower clamp of N_p, the compressed predictor input, tokens.
     max_input_tokens: upper clamp of N_p, the compressed predictor input, tokens
-        (>= min_input_tokens).
+        (>= min_input_tokens); an RLP file trained at a smaller N_p reads at most that.
     timeout_s: how long after prefill ends a goal waits for the predictor's answer, seconds;
         then it goes on with the fallback N^ and the result says so.
     prefill_readout: with ``kind`` rlp, read N^ (and N^_q) after the prefill from the goal's

@@ -35,7 +35,8 @@ def make_predictor(predictor_config, model_key='', prefill_s=None, cache_dir=Non
         return fallback
     timing = predictor.timing
     log(f'RLP loaded from {path}: t^_Predict(N_p) = {timing.a_p:.3g} N_p^2 + '
-        f'{timing.b_p:.3g} N_p + {timing.c_p:.3g} s')
+        f'{timing.b_p:.3g} N_p + {timing.c_p:.3g} s; reads N_p <= '
+        f'{predictor.max_input_tokens} tokens')
     return predictor
 
 

@@ -70,6 +70,18 @@ def resolve_providers(provider: str) -> list:
     return list(PROVIDERS['cpu' if provider == 'auto' else provider])
 
 
+def trained_input_tokens(meta) -> int:
+    """Return the N_p an RLP file was trained at (its ``max_input_tokens``), tokens; 0: unknown."""
+    text = meta.get('max_input_tokens', '0') or '0'
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f'RLP metadata max_input_tokens must be an int >= 0, got {text!r}')
+    return value
+
+
 class OnnxRlpPredictor(LengthPredictor):
     """N^ from the exported RLP (Eq. 2), with prompt compression.
 
@@ -78,7 +90,8 @@ class OnnxRlpPredictor(LengthPredictor):
         prefill_s: N_x (tokens) -> t^_prefill in seconds (Eq. 4a); None = no compression
             beyond ``max_input_tokens``.
         timing: the t^_Predict fit; None = fit it now (about a few seconds).
-        min_input_tokens / max_input_tokens: clamp of N_p, tokens.
+        min_input_tokens / max_input_tokens: clamp of N_p, tokens; max_input_tokens is lowered
+            to the N_p the file was trained at (its ``max_input_tokens`` metadata), if smaller.
 
     """
 
@@ -104,6 +117,13 @@ class OnnxRlpPredictor(LengthPredictor):
         # Token ids the embedding takes (files exported before it was stored: >= 1000).
         self.vocab_size = int(meta.get('vocab_size') or 1000)
         self.prefill_s = prefill_s
+        # Never longer inputs than the training's N_p (its compress_ids cap): the RLP saw none,
+        # and a call's activations grow with N_p^2. The embedded model's RLP was trained at 512
+        # tokens and read up to 2048 here: +380 MB a call (benchmarks/rlp_call_memory.py).
+        self.trained_input_tokens = trained_input_tokens(meta)
+        if self.trained_input_tokens:
+            max_input_tokens = min(max_input_tokens, self.trained_input_tokens)
+            min_input_tokens = min(min_input_tokens, max_input_tokens)
         self.min_input_tokens = min_input_tokens
         self.max_input_tokens = max_input_tokens
         self.timing = timing or self.fit_timing()
