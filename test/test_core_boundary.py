@@ -170,3 +170,32 @@ def test_import_resolution_sees_submodules_and_relative_imports(tmp_path):
     edges = _edges()
     assert 'timebill_ros.engine.model_source' in edges['timebill_ros.engine.llm_engine']
     assert 'timebill_ros.checks' in edges['timebill_ros.config']
+
+
+def _dev_imports():
+    """Return the import names of the packages requirements-dev.txt adds (tests, benchmarks)."""
+    names = set()
+    for line in (PACKAGE.parent / 'requirements-dev.txt').read_text().splitlines():
+        requirement = line.split('#')[0].strip()
+        if requirement:
+            name = requirement.split('==')[0].lower().replace('-', '_')
+            names.add(name[:-3] if name.endswith('_py') else name)  # rpds-py imports rpds
+    return names | {'attr'}  # attrs is imported as attr too
+
+
+@pytest.mark.parametrize('path', FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_runtime_install_imports_every_module(path):
+    """A test / benchmark package is imported inside functions only; never on the robot side.
+
+    `make run` installs requirements.txt only (requirements-dev.txt is for the tests).
+    """
+    dev = _dev_imports()
+    robot = _wing(path) == 'robot'
+    for name, node in _imports(path, top_level_only=not robot):
+        assert name.split('.')[0] not in dev, (
+            f'{_module_name(path)} imports {name} (requirements-dev.txt) at line {node.lineno}')
+
+
+def test_the_dev_imports_are_read_from_the_file():
+    assert {'matplotlib', 'rouge_score', 'sentence_transformers', 'pytest', 'rpds'} <= (
+        _dev_imports())

@@ -74,3 +74,11 @@ def test_the_readme_installs_the_robot_file():
     robot = readme.split('## On a ROS 2 robot', 1)[1].split('\n## ', 1)[0]
     assert re.search(r'pip install -r \S*requirements-robot\.txt', robot)
     assert 'requirements.txt' not in robot.replace('requirements-robot.txt', '')
+
+
+def test_the_dev_file_adds_to_the_runtime_file_and_pins_exactly():
+    """requirements-dev.txt (tests, benchmarks) names nothing requirements.txt has; all pinned."""
+    runtime, dev = _requirements('requirements.txt'), _requirements('requirements-dev.txt')
+    assert not {r.name.lower() for r in runtime} & {r.name.lower() for r in dev}
+    for requirement in runtime + dev:
+        assert [s.operator for s in requirement.specifier] == ['=='], str(requirement)
