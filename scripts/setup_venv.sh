@@ -63,8 +63,11 @@ else
     "$PY" -m pip install --upgrade pip
     "$PY" -m pip install "$torch_pin" "$ninja_pin"
     # The GGUF kernels compile beside the rest of pip's work (scripts/kernels_early.py); a
-    # failure here is only logged: scripts/build.sh builds them again and reports it.
-    "$PY" "$ROOT/scripts/kernels_early.py" > "$VENV/kernels_early.log" 2>&1 &
+    # failure here is only logged: scripts/build.sh builds them again and reports it. The
+    # venv's bin first, as build.sh has it: torch runs the `ninja` on PATH, and a system
+    # ninja's build log (1.11 here) made the venv's (1.13) rebuild the whole entry (59 s).
+    PATH="$VENV/bin:$PATH" "$PY" "$ROOT/scripts/kernels_early.py" \
+      > "$VENV/kernels_early.log" 2>&1 &
     kernels_pid=$!
     "$PY" -m pip install -r "$ROOT/requirements.txt"
     if [[ "$ros_mode" == pip ]]; then

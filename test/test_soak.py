@@ -325,3 +325,21 @@ def test_the_real_soak_loses_no_goal(tmp_path):
                            minutes, '--out', str(tmp_path)], check=False)
     assert (tmp_path / 'soak.md').is_file()
     assert done.returncode == 0, (tmp_path / 'soak.md').read_text()
+
+
+def test_a_predictor_swap_is_a_level_step_fitted_on_each_side():
+    """Flat at 1000 MB, +150 MB at the swap (40 min), flat after: no growth on either side."""
+    samples = [{'t_s': t, 'rss_mb': 1000.0 + (150.0 if t >= 2400 else 0.0) + (t % 10) / 10,
+                'threads': 40, 'fds': 23} for t in range(0, 3600, 5)]
+    run = {'events': [{'event': 'predictor swap', 't_s': 2400.0, 'copied': ['rlp.onnx']}]}
+    whole = soak_report.growth_mb_per_h(samples, 600.0, 3600.0)
+    split = soak_report.swap_growth(run, samples, 600.0, 3600.0)
+    assert whole > 100  # the step reads as growth over the whole run
+    assert abs(split['before']) < 1 and abs(split['after']) < 1
+    assert split['mean_after'] - split['mean_before'] == pytest.approx(150.0, abs=1)
+    assert split['windows_s'] == ((600.0, pytest.approx(2400.0)), (2520.0, 3600.0))
+    line = soak_report._swap_lines(split)[0]
+    assert 'level step' in line and '40.0 min' in line
+    no_files = {'events': [{'event': 'predictor swap', 't_s': 2400.0, 'copied': []}]}
+    assert soak_report.swap_growth(no_files, samples, 600.0, 3600.0) is None
+    assert soak_report.swap_growth({}, samples, 600.0, 3600.0) is None

@@ -543,6 +543,8 @@ def run_soak(args):
     from timebill_ros.ros.soak_client import soak_session
     duration_s = _check_minutes(args.minutes) * 60.0
     out = pathlib.Path(args.out)
+    if getattr(args, 'report_only', False):
+        return report_again(out)
     out.mkdir(parents=True, exist_ok=True)
     contexts, plan = make_plan(args.seed, duration_s, args.rate)
     params_file, config = write_node_params(out)
@@ -586,6 +588,16 @@ def run_soak(args):
     return 0 if summary['ok'] else 1
 
 
+def report_again(out):
+    """Rewrite soak.md, soak.png and the CSV rows from ``out``/soak.json (a past run)."""
+    from timebill_ros.bench import soak_report
+    path = pathlib.Path(out) / 'soak.json'
+    if not path.is_file():
+        raise FileNotFoundError(f'no {path}: run the soak first (its run is kept there)')
+    summary = soak_report.write_outputs(json.loads(path.read_text())['run'], out)
+    return 0 if summary['ok'] else 1
+
+
 def soak_command(args):
     """Return the ``timebill soak`` command line that repeats this run."""
     return (f'timebill soak --minutes {args.minutes:g} --rate {args.rate:g} --seed {args.seed} '
@@ -620,3 +632,5 @@ def add_arguments(parser):
                         help='longest wait for the node to come up, s')
     parser.add_argument('--drain-s', type=float, default=DRAIN_MAX_S,
                         help='after the load, longest wait for the last results, s')
+    parser.add_argument('--report-only', action='store_true',
+                        help="rewrite --out's report from its soak.json (no run)")

@@ -180,6 +180,32 @@ def growth_mb_per_h(samples, start_s, stop_s):
     return float(np.polyfit(hours, rss_mb, 1)[0])
 
 
+SWAP_SETTLE_S = 120.0  # after a predictor swap, seconds left out of the "after" fit
+
+
+def swap_growth(run, samples, fit_from, duration_s):
+    """Return the RSS fit on each side of the run's predictor swap, or None without one.
+
+    A swap adds the new predictors' memory once (a level step), which a fit over the whole
+    run reads as growth. ``{swap_s, before, after, mean_before, mean_after}``: the slopes
+    (MB/hour) over [fit_from, swap) and [swap + SWAP_SETTLE_S, end], the mean RSS (MB) of each.
+    """
+    swaps = [e['t_s'] for e in run.get('events', [])
+             if e['event'] == 'predictor swap' and e.get('copied')]
+    if not swaps or not fit_from < swaps[0] < duration_s - SWAP_SETTLE_S:
+        return None
+    swap_s = swaps[0]
+    sides = ((fit_from, swap_s - 1e-9), (swap_s + SWAP_SETTLE_S, duration_s))
+
+    def mean(start_s, stop_s):
+        values = [x['rss_mb'] for x in samples if start_s <= x['t_s'] <= stop_s]
+        return float(np.mean(values)) if values else None
+    return {'swap_s': swap_s, 'windows_s': sides,
+            'before': growth_mb_per_h(samples, *sides[0]),
+            'after': growth_mb_per_h(samples, *sides[1]),
+            'mean_before': mean(*sides[0]), 'mean_after': mean(*sides[1])}
+
+
 def _first_last(samples, key):
     return (samples[0][key], samples[-1][key]) if samples else (None, None)
 
@@ -208,6 +234,7 @@ def summarize(run):
         'rss_max_mb': max((s['rss_mb'] for s in samples), default=None),
         'threads': _first_last(samples, 'threads'), 'fds': _first_last(samples, 'fds'),
         'growth_mb_per_h': growth_mb_per_h(samples, fit_from, duration_s),
+        'swap_growth': swap_growth(run, samples, fit_from, duration_s),
         'fit_window_s': (fit_from, duration_s), 'first_window_s': first, 'last_window_s': last,
         'response_p99_ms': (early['response_p99_ms'], late['response_p99_ms']),
         'refusal_p99_ms': (early['refusal_p99_ms'], late['refusal_p99_ms']),
@@ -290,6 +317,7 @@ def summary_lines(run, summary):
         f"- node RSS: {_pair(summary['rss_mb'])} MB (max {_fmt(summary['rss_max_mb'])}); "
         f"growth fitted (least squares) over {fit[0] / 60:.1f}-{fit[1] / 60:.1f} min: "
         f"{_fmt(summary['growth_mb_per_h'], 1)} MB/hour",
+        *_swap_lines(summary.get('swap_growth')),
         f"- threads: {_pair(summary['threads'])}; open fds: {_pair(summary['fds'])} "
         f"(first sample -> last)",
         f"- goal response p99: {_pair(summary['response_p99_ms'], 1)} ms (sent in "
@@ -307,6 +335,17 @@ def summary_lines(run, summary):
                  f"{_fmt(run.get('node_stop_s'), 1)} s"
                  f"{' (SIGKILL)' if run.get('node_killed') else ''}")
     return lines
+
+
+def _swap_lines(split):
+    """Return the line of the RSS fits on each side of a predictor swap (none without one)."""
+    if split is None:
+        return []
+    (b0, b1), (a0, a1) = split['windows_s']
+    return [f"- around the predictor swap at {split['swap_s'] / 60:.1f} min (a level step, not "
+            f"growth): {_fmt(split['before'], 1)} MB/hour over {b0 / 60:.1f}-{b1 / 60:.1f} min, "
+            f"{_fmt(split['after'], 1)} MB/hour over {a0 / 60:.1f}-{a1 / 60:.1f} min; mean RSS "
+            f"{_fmt(split['mean_before'])} -> {_fmt(split['mean_after'])} MB"]
 
 
 def event_text(event):
