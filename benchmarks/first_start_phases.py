@@ -13,8 +13,8 @@ import re
 
 # (phase, the pattern of the line that ends it), in the order make run prints them. Since
 # 2026-11-29 the kernels compile beside pip (scripts/kernels_early.py); before, beside colcon.
+PIP_UPGRADE = (('pip itself', r'Successfully installed pip-'),)  # until 2026-11-29
 PIP = (
-    ('pip itself', r'Successfully installed pip-'),
     ('torch (the CPU wheel)', r'Successfully installed .*\btorch-'),
     ('requirements.txt', r'Successfully installed .*\baccelerate-'),
     ('requirements-ros.txt', r'Successfully installed .*\bros-action-msgs-'),
@@ -25,14 +25,14 @@ DEMO = (
     ('server ready: the demo table begins', r'^goal\s+budget'),
     ('last demo goal: `make run` returns', r'server exited with code'),
 )
-PHASES_KERNELS_BESIDE_COLCON = PIP + (
+PHASES_KERNELS_BESIDE_COLCON = PIP_UPGRADE + PIP + (
     ('colcon build', r'Summary: 1 package finished'),
     ('the GGUF kernels (built beside colcon)', r'kernels: GGUF GEMM ready'),
 ) + DEMO
 PHASES_KERNELS_BESIDE_PIP = PIP + (
     ('the GGUF kernels (built beside pip; the wait for them)', r'kernels: GGUF GEMM ready'),
-    ('colcon build', r'Summary: 1 package finished'),
-    ('the kernels found built', r'kernels: GGUF GEMM ready'),
+    ('colcon build (build.sh finds the kernels built meanwhile)',
+     r'Summary: 1 package finished'),
 ) + DEMO
 
 
@@ -42,7 +42,10 @@ def layout(lines):
     kernels = next((i for i, t in enumerate(texts) if 'kernels: GGUF GEMM ready' in t), None)
     colcon = next((i for i, t in enumerate(texts) if 'Summary: 1 package finished' in t), None)
     early = kernels is not None and colcon is not None and kernels < colcon
-    return PHASES_KERNELS_BESIDE_PIP if early else PHASES_KERNELS_BESIDE_COLCON
+    if not early:
+        return PHASES_KERNELS_BESIDE_COLCON
+    upgraded = any('Successfully installed pip-' in t for t in texts)
+    return (PIP_UPGRADE if upgraded else ()) + PHASES_KERNELS_BESIDE_PIP
 
 
 def phases(lines):
