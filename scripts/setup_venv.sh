@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create and fill .venv (idempotent; a stamp skips the pip work when nothing changed).
 #   scripts/setup_venv.sh [--dev]
-#   - the venv's own pip (Python 3.11's is 23.2, which does all we ask; an upgrade cost 11 s)
+#   - pip upgraded first: with Python 3.11's own (23.2) the installs took 19 s longer than
+#     the upgrade's 11 s (one run each: benchmarks/results/first_start_2026-11-29)
 #   - torch first, pinned (the CPU build); an unpinned torch pulls GBs of CUDA wheels
 #   - requirements.txt, then ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced
 #     ROS 2 install (ROS_DISTRO set) provides it; then the venv sees system packages
@@ -61,6 +62,7 @@ else
   if [[ "$have" != "$sum runtime" ]]; then
     torch_pin="$(grep -m1 -E '^torch==' "$ROOT/requirements.txt")"
     ninja_pin="$(grep -m1 -E '^ninja==' "$ROOT/requirements.txt")"
+    "$PY" -m pip install --upgrade pip
     "$PY" -m pip install "$torch_pin" "$ninja_pin"
     # The GGUF kernels compile beside the rest of pip's work (scripts/kernels_early.py); a
     # failure here is only logged: scripts/build.sh builds them again and reports it. The
