@@ -3,10 +3,12 @@
 # timebill cache; every output line is stamped with the seconds since the command started.
 #   bash benchmarks/first_start.sh [OUT_LOG]   (default /tmp/make_run_first_start.log)
 # The demo leaves a predictor build running in the background: its pid is in
-# /tmp/fresh_cache/rlp/build.lock.
+# /tmp/fresh_cache/rlp/build.lock (the next run stops it first).
 set -u
 out="${1:-/tmp/make_run_first_start.log}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A previous run's background predictor build (its own process group) must not run beside.
+if pid=$(cat /tmp/fresh_cache/rlp/build.lock 2>/dev/null); then kill -- -"$pid" 2>/dev/null; fi
 rm -rf /tmp/fresh /tmp/fresh_cache && git clone -q "$repo" /tmp/fresh && cd /tmp/fresh || exit 1
 export TIMEBILL_CACHE=/tmp/fresh_cache
 start=$(date +%s.%N)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create and fill .venv (idempotent; a stamp skips the pip work when nothing changed).
 #   scripts/setup_venv.sh [--dev]
-#   - pip upgraded first: with Python 3.11's own (23.2) the installs took 19 s longer than
-#     the upgrade's 11 s (one run each: benchmarks/results/first_start_2026-11-29)
+#   - pip upgraded first (Python 3.11's own is 23.2; a run without the upgrade was no faster:
+#     benchmarks/results/first_start_2026-11-29)
 #   - torch first, pinned (the CPU build); an unpinned torch pulls GBs of CUDA wheels
 #   - requirements.txt, then ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced
 #     ROS 2 install (ROS_DISTRO set) provides it; then the venv sees system packages
