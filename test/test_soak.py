@@ -13,7 +13,7 @@ import pytest
 
 from timebill_ros.bench import soak, soak_report
 from timebill_ros.server.status import (CANCELED, COMPLETED, ERROR_INACTIVE, KILLED,
-                                        POLICY_DEFAULT, REJECTED, SKIPPED)
+                                        POLICY_DEFAULT, REJECTED, SKIPPED, STATUS_NAMES)
 
 PLAN_S = 1800.0  # ~2,000 goals at 1 goal/s plus the bursts
 
@@ -123,6 +123,7 @@ def record(sent_s, budget_s=1.0, response_s=0.01, ended_s=None, status=None, **m
            'response_s': None if response_s is None else sent_s + response_s,
            'accepted': None if response_s is None else True,
            'ended_s': ended_s, 'status': status, 'error_code': 0,
+           'status_name': None if status is None else STATUS_NAMES.get(status, str(status)),
            'goal_status': soak_report.GOAL_STATUS_OF.get(status, 6),
            'deadline_met': True, 'total_s': 0.5, 'queue_s': 0.1, 'predicted_wcet_s': 1.0}
     rec.update(more)
@@ -263,9 +264,9 @@ def test_the_report_holds_the_table_and_the_summary(tmp_path):
         assert words in text
     assert (tmp_path / 'soak.png').stat().st_size > 1000
     import json
-    saved = json.loads((tmp_path / 'soak.json').read_text())
-    assert saved['summary']['lost'] == summary['lost'] == 1
-    assert len(saved['rows']) == 4
+    saved = json.loads((tmp_path / soak_report.RUN_FILE).read_text())['run']
+    assert summary['lost'] == 1 and saved['command'] == 'timebill soak --minutes 3'
+    assert 'records' not in saved and 'samples' not in saved
     import csv
     with open(tmp_path / 'soak_goals.csv', encoding='utf-8') as stream:
         goals = list(csv.DictReader(stream))
@@ -276,7 +277,39 @@ def test_the_report_holds_the_table_and_the_summary(tmp_path):
     with open(tmp_path / 'soak_samples.csv', encoding='utf-8') as stream:
         samples = list(csv.DictReader(stream))
     assert [float(row['rss_mb']) for row in samples] == pytest.approx(
-        [sample['rss_mb'] for sample in run['samples']], abs=1e-4)
+        [sample['rss_mb'] for sample in run['samples']], abs=1e-6)
+
+
+def test_report_only_recomputes_the_report_from_the_kept_files(tmp_path):
+    run = synthetic_run()
+    run['records'][0]['sent_s'] = 1.0000004  # kept to 6 decimals: the same figures
+    summary = soak_report.write_outputs(run, str(tmp_path))
+    first = (tmp_path / 'soak.md').read_text()
+    (tmp_path / 'soak.md').unlink()
+    kept = {name: (tmp_path / name).read_bytes() for name in (
+        soak_report.RUN_FILE, 'soak_goals.csv', 'soak_samples.csv')}
+    read = soak_report.read_run(str(tmp_path))
+    assert [r['status'] for r in read['records']] == [r['status'] for r in run['records']]
+    assert read['records'][2]['accepted'] is True and read['records'][8]['ended_s'] is None
+    assert read['samples'][1] == {'t_s': 5.0, 'rss_mb': 2005.0, 'threads': 31, 'fds': 40}
+    assert soak.report_again(tmp_path) == 1  # the run lost a goal
+    assert (tmp_path / 'soak.md').read_text() == first
+    assert all((tmp_path / name).read_bytes() == data for name, data in kept.items())
+    again = soak_report.summarize(read)
+    assert again['failures'] == summary['failures'] and again['sent'] == summary['sent']
+    assert again['response_p99_ms'] == pytest.approx(summary['response_p99_ms'])
+
+
+def test_report_only_names_a_missing_file_and_a_bad_cell(tmp_path):
+    soak_report.write_outputs(synthetic_run(), str(tmp_path))
+    rows = (tmp_path / 'soak_samples.csv').read_text().splitlines()
+    rows[2] = rows[2].replace(',40', ',forty')
+    (tmp_path / 'soak_samples.csv').write_text('\n'.join(rows) + '\n')
+    with pytest.raises(ValueError, match=r"soak_samples.csv:3: column 'fds' holds 'forty'"):
+        soak_report.read_run(str(tmp_path))
+    (tmp_path / soak_report.RUN_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match='soak_run.json'):
+        soak.report_again(tmp_path)
 
 
 def test_node_params_hold_the_soak_settings(tmp_path):

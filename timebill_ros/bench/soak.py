@@ -18,7 +18,7 @@ The node runs as ``timebill serve`` (its own process, continuous batching of 4, 
   predictors.
 
 Every SAMPLE_S seconds it samples the node process (RSS, threads, fds). At the end it stops
-the node (SIGINT; SIGKILL after STOP_WAIT_S) and writes soak.md, soak.png and soak.json
+the node (SIGINT; SIGKILL after STOP_WAIT_S) and writes soak.md, soak.png and the kept run
 (``timebill_ros.bench.soak_report``). Exit status 1 when a goal was lost, a result had no
 terminal status, or the node died.
 """
@@ -589,12 +589,10 @@ def run_soak(args):
 
 
 def report_again(out):
-    """Rewrite soak.md, soak.png and the CSV rows from ``out``/soak.json (a past run)."""
+    """Rewrite soak.md and soak.png from the run kept in ``out`` (no new run)."""
     from timebill_ros.bench import soak_report
-    path = pathlib.Path(out) / 'soak.json'
-    if not path.is_file():
-        raise FileNotFoundError(f'no {path}: run the soak first (its run is kept there)')
-    summary = soak_report.write_outputs(json.loads(path.read_text())['run'], out)
+    run = soak_report.read_run(str(out))
+    summary = soak_report.write_outputs(run, str(out), keep_run=False)
     return 0 if summary['ok'] else 1
 
 
@@ -627,10 +625,11 @@ def add_arguments(parser):
                         help='Poisson arrivals, goals per second (default 1.0; bursts extra)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the whole load')
     parser.add_argument('--out', default=DEFAULT_OUT,
-                        help='folder for soak.md, soak.png, soak.json and the node log')
+                        help='folder for soak.md, soak.png, the kept run and the node log')
     parser.add_argument('--ready-wait-s', type=float, default=READY_WAIT_S,
                         help='longest wait for the node to come up, s')
     parser.add_argument('--drain-s', type=float, default=DRAIN_MAX_S,
                         help='after the load, longest wait for the last results, s')
     parser.add_argument('--report-only', action='store_true',
-                        help="rewrite --out's report from its soak.json (no run)")
+                        help="rewrite --out's report from its kept run: soak_run.json and the "
+                        'CSV rows (no new run)')

@@ -1,7 +1,9 @@
-"""``timebill soak``'s figures: per-minute rows, the summary, soak.md, soak.png and soak.json.
+"""``timebill soak``'s figures: per-minute rows, the summary, soak.md and soak.png.
 
-soak_goals.csv (one row per goal sent) and soak_samples.csv (the node process's samples) are
-the raw rows beside the table: small enough to commit with it, where soak.json is not.
+A run is kept in three files, small enough to commit beside its table: soak_goals.csv (one
+row per goal sent), soak_samples.csv (the node process's samples) and soak_run.json (the rest:
+command, host, events, node exit). :func:`read_run` rebuilds the run from them, so
+``timebill soak --report-only`` recomputes every figure of soak.md from what is committed.
 
 Everything here works on plain values, so the tests feed it synthetic runs. A run is a dict:
 ``records`` (one dict per goal sent, times in seconds from the load's start: ``sent_s``,
@@ -30,6 +32,13 @@ GOAL_COLUMNS = ('index', 'kind', 'policy', 'budget_s', 'cancel_after_s', 'at_s',
                 'deadline_met', 'total_s', 'queue_s', 'predicted_wcet_s', 'truncated',
                 'executor', 'cached_tokens')
 SAMPLE_COLUMNS = ('t_s', 'rss_mb', 'threads', 'fds')
+RUN_FILE = 'soak_run.json'  # the run without its records and samples (those are the CSVs)
+GOALS_FILE = 'soak_goals.csv'
+SAMPLES_FILE = 'soak_samples.csv'
+INT_COLUMNS = ('index', 'policy', 'error_code', 'goal_status', 'cached_tokens', 'threads',
+               'fds')
+BOOL_COLUMNS = ('accepted', 'deadline_met', 'truncated')
+TEXT_COLUMNS = ('kind', 'status_name', 'executor')  # every other column is a float (s or MB)
 # The action_msgs GoalStatus code each terminal status may reach the client with: SUCCEEDED
 # (4), CANCELED (5); every other status ABORTED (6).
 GOAL_STATUS_OF = {COMPLETED: 4, CANCELED: 5}
@@ -416,8 +425,12 @@ def _line(axis, minutes, rows, key, label):
     axis.plot([m for m, _ in points], [v for _, v in points], marker='.', label=label)
 
 
-def write_outputs(run, out):
-    """Write soak.md, soak.png and soak.json into ``out``; print soak.md; return the summary."""
+def write_outputs(run, out, keep_run=True):
+    """Write soak.md and soak.png into ``out`` and print soak.md; return the summary.
+
+    With ``keep_run``, also keep the run there: the CSV rows and soak_run.json (its other
+    fields; figures are recomputed from these, never stored).
+    """
     run.setdefault('host', platform.node())
     run.setdefault('cpus', os.cpu_count())
     run.setdefault('date', datetime.datetime.now().isoformat(timespec='seconds'))
@@ -427,25 +440,82 @@ def write_outputs(run, out):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'soak.md'), 'w', encoding='utf-8') as stream:
         stream.write(text)
-    with open(os.path.join(out, 'soak.json'), 'w', encoding='utf-8') as stream:
-        json.dump({'run': run, 'rows': rows, 'summary': summary}, stream, indent=1,
-                  default=str)
-    write_csv(os.path.join(out, 'soak_goals.csv'), GOAL_COLUMNS, run.get('records', ()))
-    write_csv(os.path.join(out, 'soak_samples.csv'), SAMPLE_COLUMNS, run.get('samples', ()))
+    if keep_run:
+        meta = {key: value for key, value in run.items() if key not in ('records', 'samples')}
+        with open(os.path.join(out, RUN_FILE), 'w', encoding='utf-8') as stream:
+            json.dump({'run': meta}, stream, indent=1, default=str)
+            stream.write('\n')
+        write_csv(os.path.join(out, GOALS_FILE), GOAL_COLUMNS, run.get('records', ()))
+        write_csv(os.path.join(out, SAMPLES_FILE), SAMPLE_COLUMNS, run.get('samples', ()))
     plot(rows, os.path.join(out, 'soak.png'))
     print(text, flush=True)
     return summary
 
 
 def write_csv(path, columns, dicts):
-    """Write ``dicts`` as CSV rows of ``columns`` (floats to 4 decimals; None empty)."""
+    """Write ``dicts`` as CSV rows of ``columns`` (floats to 6 decimals; None empty)."""
     def cell(value):
         if value is None:
             return ''
-        return f'{value:.4f}' if isinstance(value, float) else value
+        return f'{value:.6f}' if isinstance(value, float) else value
 
     with open(path, 'w', encoding='utf-8', newline='') as stream:
         writer = csv.writer(stream)
         writer.writerow(columns)
         for item in dicts:
             writer.writerow([cell(item.get(column)) for column in columns])
+
+
+def read_run(out):
+    """Return the run kept in ``out`` (soak_run.json and the two CSVs), as :func:`summarize` takes.
+
+    A goal's ``status`` comes back from its ``status_name`` (a name of STATUS_NAMES, or the
+    code itself when unknown; empty: no result). Raises FileNotFoundError naming a missing file
+    and ValueError naming a cell that does not parse.
+    """
+    paths = [os.path.join(out, name) for name in (RUN_FILE, GOALS_FILE, SAMPLES_FILE)]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'no {path}: run the soak first (its run is kept there)')
+    with open(paths[0], encoding='utf-8') as stream:
+        run = dict(json.load(stream)['run'])
+    run['records'] = [_with_status(row) for row in read_csv(paths[1])]
+    run['samples'] = read_csv(paths[2])
+    return run
+
+
+def read_csv(path):
+    """Return the rows of a CSV written by :func:`write_csv`, each cell typed by its column."""
+    with open(path, encoding='utf-8', newline='') as stream:
+        reader = csv.DictReader(stream)
+        return [{column: _cell(path, line, column, text) for column, text in row.items()}
+                for line, row in enumerate(reader, start=2)]
+
+
+def _cell(path, line, column, text):
+    if text == '':
+        return None
+    try:
+        if column in TEXT_COLUMNS:
+            return text
+        if column in BOOL_COLUMNS:
+            return {'True': True, 'False': False}[text]
+        return int(text) if column in INT_COLUMNS else float(text)
+    except (KeyError, ValueError):
+        raise ValueError(f'{path}:{line}: column {column!r} holds {text!r}') from None
+
+
+STATUS_OF_NAME = {name: code for code, name in STATUS_NAMES.items()}
+
+
+def _with_status(record):
+    name = record.get('status_name')
+    if name is None:
+        record['status'] = None
+    elif name in STATUS_OF_NAME:
+        record['status'] = STATUS_OF_NAME[name]
+    elif name.lstrip('-').isdigit():
+        record['status'] = int(name)
+    else:
+        raise ValueError(f'status_name {name!r} is neither a status name nor a code')
+    return record
