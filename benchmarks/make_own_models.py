@@ -14,7 +14,6 @@ Prints each file's path, size and tensor types. Files already made are kept.
 """
 
 import argparse
-import ctypes
 import pathlib
 import subprocess
 import sys
@@ -40,17 +39,9 @@ def make_smollm2_q4_k_m(out: pathlib.Path) -> pathlib.Path:
     target = out / 'smollm2-135m-instruct-q4_k_m.gguf'
     if target.is_file():
         return target
-    import llama_cpp
-
+    from timebill_ros.bench.gguf_make import llama_quantize
     from timebill_ros.engine.model_source import embedded_gguf_path
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    params.allow_requantize = True
-    params.nthread = 2
-    status = llama_cpp.llama_model_quantize(str(embedded_gguf_path()).encode(),
-                                            str(target).encode(), ctypes.byref(params))
-    if status != 0:
-        raise RuntimeError(f'llama_model_quantize returned {status}')
+    llama_quantize(embedded_gguf_path(), target, 'Q4_K_M', threads=2)
     return target
 
 
