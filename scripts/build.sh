@@ -22,8 +22,12 @@ ln -sfn "$(python -c 'import numpy; print(numpy.get_include())')" "$np_inc"
 # They compile on one core (one translation unit) while colcon configures and generates on the
 # other (both mostly one process at a time): a first build takes the longer of the two, not
 # their sum. `python -m` from the source tree: the kernels need nothing colcon generates.
-python -m timebill_ros.engine.kernels &
-kernels_pid=$!
+# TIMEBILL_BUILD_KERNELS=0: colcon only (setup_venv.sh's early build, before transformers).
+kernels_pid=""
+if [[ "${TIMEBILL_BUILD_KERNELS:-1}" != 0 ]]; then
+  python -m timebill_ros.engine.kernels &
+  kernels_pid=$!
+fi
 
 colcon --log-base log build \
   --base-paths . \
@@ -38,4 +42,6 @@ colcon --log-base log build \
 find install/timebill_ros -xtype l -delete
 
 # The kernels' build ends here: its status is this script's.
-wait "$kernels_pid"
+if [[ -n "$kernels_pid" ]]; then
+  wait "$kernels_pid"
+fi

