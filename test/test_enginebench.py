@@ -38,8 +38,11 @@ def test_a_prefill_only_row_has_no_decode_figures():
                                                       {2048: [3.1]})}
     meta = {'model': 'm', 'threads': 2, 'command': 'c', 'rounds': 1, 'bandwidth_gbs': 30.0,
             'floor_ms': {'timebill gguf': 6.0}, 'agreement_tokens': 32, 'llama_cpp': 'skipped',
-            'prefill_dtype': 'bfloat16 (a bf16 GEMM ran 4.4x as fast as fp32)'}
+            'prefill_dtype': 'bfloat16 (a bf16 GEMM ran 4.4x as fast as fp32)',
+            'memory': {'file_mb': 860.4, 'before_load_mb': 412.0, 'after_load_mb': 1333.6}}
     text = enginebench.report(rows, meta)
+    assert 'after loading the file: 1334 MiB (process before the load: 412 MiB; the file: 860' \
+        in text
     assert '| timebill gguf | 10.0 | 1.00x | 6.0 | 1.50 |' in text
     assert f'| {enginebench.PREFILL_ONLY} | - | - | - | 3.10 |' in text
     assert '`engine.prefill_dtype: auto` on this machine: bfloat16 (a bf16' in text

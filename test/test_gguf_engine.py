@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from timebill_ros.config import EngineConfig, EvictionConfig
-from timebill_ros.engine import LlmEngine, kernels, kquants
+from timebill_ros.engine import LlmEngine, kernels
 from timebill_ros.engine.forward import PassHooks
 from timebill_ros.engine.gguf_weights import LAYER_TENSORS, read_step_blocks
 from timebill_ros.engine.models.base import rope_row_order
@@ -68,7 +68,7 @@ MIXED = {'q_proj': Q4_K, 'k_proj': Q4_K, 'v_proj': Q4_K, 'o_proj': Q5_K, 'gate_p
 
 
 def _kquantized(model, kquant_rows, qtype_of):
-    """Return (model copy, {module name: (kernel type, repacked blocks)}) of random K-quants.
+    """Return (model copy, {module name: (kernel type, blocks)}) of random K-quants.
 
     Every linear of the copy gets the gguf dequantization of random K-quant rows of type
     ``qtype_of(name)`` (K must be a multiple of 256: the 256-wide ``slow_model``).
@@ -82,15 +82,14 @@ def _kquantized(model, kquant_rows, qtype_of):
             raw = kquant_rows(qtype, n_rows, k, seed)
             with torch.no_grad():
                 module.weight.copy_(torch.from_numpy(dequantize(raw, qtype).reshape(n_rows, k)))
-            kernel_type, data = kquants.repack(raw, int(qtype), k)
-            blocks[name] = (kernel_type, torch.from_numpy(data))
+            blocks[name] = (int(qtype), torch.from_numpy(raw))
     return model, blocks
 
 
 @pytest.mark.parametrize('qtypes', [Q4_K, Q5_K, Q6_K, 'mixed'],
                          ids=lambda t: getattr(t, 'name', t))
 def test_steps_on_kquant_blocks_match_the_fp32_steps(slow_model, kquant_rows, qtypes):
-    """Repacked K-quants hold gguf's weights, so the steps agree to float rounding."""
+    """The K-quants' blocks are gguf's weights, so the steps agree to float rounding."""
     def qtype_of(name):
         return MIXED[name.rsplit('.', 1)[-1]] if qtypes == 'mixed' else qtypes
 
@@ -104,8 +103,8 @@ def test_steps_on_kquant_blocks_match_the_fp32_steps(slow_model, kquant_rows, qt
     _assert_steps_agree(exact, on_blocks)
 
 
-def test_read_step_blocks_repacks_the_kquants(tmp_path, kquant_rows):
-    """A GGUF file of K-quant (and Q8_0, F32) matrices: the repacked blocks are its weights.
+def test_read_step_blocks_keeps_the_kquants_as_the_file_holds_them(tmp_path, kquant_rows):
+    """A GGUF file of K-quant (and Q8_0, F32) matrices: the blocks read are its weights.
 
     Query / key rows in transformers' order; the F32 head is left out.
     """
@@ -136,7 +135,7 @@ def test_read_step_blocks_repacks_the_kquants(tmp_path, kquant_rows):
     heads = {'attn_q': 4, 'attn_k': 2}
     for short, (n_rows, k, qtype) in matrices.items():
         kernel_type, data = blocks[f'model.layers.0.{LAYER_TENSORS[short]}']
-        assert kernel_type == kernels.KQUANTS.get(qtype.name, int(qtype)), short
+        assert kernel_type == int(qtype), short
         weights = dequantize(raws[short], qtype).reshape(n_rows, k)
         if short in heads:
             weights = weights[rope_row_order(n_rows, heads[short])]

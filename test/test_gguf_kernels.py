@@ -1,6 +1,6 @@
 """The C++ GGUF kernels (engine/kernels) against gguf's own dequantization, both paths.
 
-K-quants are checked through their repacking (engine/kquants.py).
+K-quants are checked on their own super-blocks, as the file holds them.
 """
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize, quantize
 
-from timebill_ros.engine import kernels, kquants
+from timebill_ros.engine import kernels
 from timebill_ros.engine.model_source import embedded_gguf_path
 
 TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
@@ -139,7 +139,7 @@ def test_bad_inputs_are_refused(gemm):
     with pytest.raises(RuntimeError, match='do not hold'):  # one group more than packed
         gemm.gemm(torch.zeros(1, 64), packed, q4_1, gemm.group_rows() + 1, False)
     with pytest.raises(RuntimeError, match='unsupported GGML type'):
-        gemm.gemm(torch.zeros(1, 64), packed, 12, 8, False)
+        gemm.gemm(torch.zeros(1, 64), packed, 112, 8, False)  # no longer a type (repacked Q4_K)
     with pytest.raises(RuntimeError, match='float32'):
         gemm.gemm(torch.zeros(1, 64, dtype=torch.float64), packed, q4_1, 8, False)
     with pytest.raises(RuntimeError, match='blocks must be a contiguous'):
@@ -153,80 +153,86 @@ def test_the_build_key_names_the_cpu_and_the_source(monkeypatch):
     assert kernels.build_key() != key
 
 
-# K-quants: repacked at load (engine/kquants.py) into 32-weight blocks with fp32 scale / min;
-# random rows from conftest's kquant_rows.
+# K-quants: read from the file's own 256-weight super-blocks; random rows from conftest's
+# kquant_rows.
 KQUANTS = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
+KQUANT_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q5_K: 176,
+                GGMLQuantizationType.Q6_K: 210}
 
 
 def _kquant_blocks(kquant_rows, qtype, n_rows, k, seed):
-    """Return (repacked type, blocks tensor, weights (N, K) float64) of random K-quant rows."""
+    """Return (blocks tensor, weights (N, K) float64) of random K-quant rows."""
     raw = kquant_rows(qtype, n_rows, k, seed)
-    kernel_type, blocks = kquants.repack(raw, int(qtype), k)
     weights = dequantize(raw, qtype).astype(np.float64)
-    return kernel_type, torch.from_numpy(blocks), weights
+    return torch.from_numpy(raw), weights
 
 
 @pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
-def test_repacked_kquants_dequantize_bit_exactly_to_gguf(gemm, kquant_rows, qtype):
-    """Every bit, signed zeros included, for any finite fp16 d / dmin: scale * code is exact."""
+def test_kquants_dequantize_bit_exactly_to_gguf(gemm, kquant_rows, qtype):
+    """Every bit, signed zeros included, for any finite fp16 d / dmin: d sc q is exact."""
+    assert kernels.QTYPES[qtype.name] == int(qtype)
     for seed, wild in ((int(qtype), True), (int(qtype) + 1, False)):
         raw = kquant_rows(qtype, 48, 768, seed, wild)
-        kernel_type, blocks = kquants.repack(raw, int(qtype), 768)
-        assert kernel_type == kernels.KQUANTS[qtype.name]
-        assert blocks.shape == (48, 768 // 32 * (24 if qtype == GGMLQuantizationType.Q4_K else 40))
-        ours = gemm.dequantize(torch.from_numpy(blocks), kernel_type, 768).numpy()
+        assert raw.shape == (48, 768 // 256 * KQUANT_BYTES[qtype])
+        blocks = torch.from_numpy(raw)
+        ours = gemm.dequantize(blocks, int(qtype), 768).numpy()
         ref = dequantize(raw, qtype)
         assert ours.shape == ref.shape == (48, 768) and np.isfinite(ref).all()
         assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (qtype.name, wild)
+        packed = gemm.pack(blocks, int(qtype), 768)
+        assert packed.numel() == -(-48 // gemm.group_rows()) * gemm.group_rows() * raw.shape[1]
+        rows = torch.tensor([47, 0, 13, 8], dtype=torch.long)
+        unpacked = gemm.unpack_rows(packed, int(qtype), 768, 48, rows).numpy()
+        assert np.array_equal(unpacked.view(np.uint32), ref[[47, 0, 13, 8]].view(np.uint32))
 
 
 @pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
 @pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize('rows', [1, 2, 3, 8])
-def test_gemm_multiplies_the_repacked_kquant_weights(gemm, kquant_rows, qtype, rows,
-                                                     portable):
-    kernel_type, blocks, weights = _kquant_blocks(kquant_rows, qtype, 200, 1536, seed=rows)
+def test_gemm_multiplies_the_kquant_weights(gemm, kquant_rows, qtype, rows, portable):
+    blocks, weights = _kquant_blocks(kquant_rows, qtype, 200, 1536, seed=rows)
     x = torch.randn(rows, 1536, generator=torch.Generator().manual_seed(rows))
-    y = _gemm(gemm, x, blocks, kernel_type, portable)
+    y = _gemm(gemm, x, blocks, int(qtype), portable)
     assert y.shape == (rows, 200) and y.dtype == torch.float32
     assert _rel_error(y, x, weights) < REL_TOL
 
 
+# Byte ranges of one super-block whose misreading must show: (first, end) of each field.
+KQUANT_FIELDS = {
+    GGMLQuantizationType.Q4_K: {'d': (0, 2), 'dmin': (2, 4), 'scales 0-3': (4, 8),
+                                'scales 4-7': (8, 16), 'nibbles 4-7': (80, 144)},
+    GGMLQuantizationType.Q5_K: {'d': (0, 2), 'dmin': (2, 4), 'scales 4-7': (8, 16),
+                                'fifth bits': (16, 48), 'nibbles 0-1': (48, 80)},
+    GGMLQuantizationType.Q6_K: {'ql second half': (64, 128), 'qh': (128, 192),
+                                'scales': (192, 208), 'd': (208, 210)}}
+
+
 @pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
 @pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
-def test_a_wrong_repacked_block_is_seen(gemm, kquant_rows, qtype, portable):
-    """One 32-weight block's codes read wrong (or, Q6_K, its second scale) breaks the bound."""
-    kernel_type, blocks, weights = _kquant_blocks(kquant_rows, qtype, 64, 512, seed=7)
+def test_a_wrong_kquant_field_is_seen(gemm, kquant_rows, qtype, portable):
+    """Each field of row 3's second super-block read wrong breaks the bound."""
+    blocks, weights = _kquant_blocks(kquant_rows, qtype, 64, 512, seed=7)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(7))
-    assert _rel_error(_gemm(gemm, x, blocks, kernel_type, portable), x, weights) < REL_TOL
-    broken = blocks.clone()
-    bb = blocks.shape[1] // 16
-    start = 3 * bb + 8  # the codes of row 3's fourth block
-    broken[3, start:start + 16] = broken[3, start:start + 16] ^ 0x11
-    assert _rel_error(_gemm(gemm, x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
-    if qtype == GGMLQuantizationType.Q6_K:  # the scale of weights 16-31 used for 0-15
+    assert _rel_error(_gemm(gemm, x, blocks, int(qtype), portable), x, weights) < REL_TOL
+    start = KQUANT_BYTES[qtype]  # the second super-block of the row
+    for field, (first, end) in KQUANT_FIELDS[qtype].items():
         broken = blocks.clone()
-        broken[3, 3 * bb + 4:3 * bb + 8] = broken[3, 3 * bb:3 * bb + 4]
-        assert _rel_error(_gemm(gemm, x, broken, kernel_type, portable), x, weights) > REL_TOL * 10
+        broken[3, start + first:start + end] ^= 0x5a
+        error = _rel_error(_gemm(gemm, x, broken, int(qtype), portable), x, weights)
+        assert error > REL_TOL * 10, field
 
 
 def test_kquants_need_whole_super_blocks(gemm, kquant_rows):
-    raw = kquant_rows(GGMLQuantizationType.Q4_K, 4, 512, seed=1)
-    with pytest.raises(ValueError, match='multiple of 256 for Q4_K, got 480'):
-        kquants.repack(raw[:, :-9], int(GGMLQuantizationType.Q4_K), 480)
-    with pytest.raises(ValueError, match='not whole Q4_K super-blocks'):
-        kquants.repack(raw[:, :-9], int(GGMLQuantizationType.Q4_K))
-    with pytest.raises(ValueError, match='not a K-quant'):
-        kquants.repack(raw, int(GGMLQuantizationType.Q4_1))
-    blocks = torch.zeros(4, 96 // 32 * 24, dtype=torch.uint8)  # K = 96 in the Q4_K format
+    raw = torch.from_numpy(kquant_rows(GGMLQuantizationType.Q4_K, 4, 512, seed=1))
+    q4_k = int(GGMLQuantizationType.Q4_K)
+    with pytest.raises(RuntimeError, match='multiple of 256 .* got 480'):
+        gemm.pack(raw[:, :-9].contiguous(), q4_k, 480)
     with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
-        gemm.pack(blocks, kernels.Q4_K_R, 96)
+        gemm.gemm(torch.zeros(1, 96), raw, q4_k, 32, False)
     with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
-        gemm.gemm(torch.zeros(1, 96), blocks, kernels.Q4_K_R, 32, False)
-    with pytest.raises(RuntimeError, match='multiple of 256 .* got 96'):
-        gemm.dequantize(blocks, kernels.Q4_K_R, 96)
-    with pytest.raises(RuntimeError, match='repacked'):  # the file's own K-quant bytes
-        gemm.pack(torch.from_numpy(raw), int(GGMLQuantizationType.Q4_K), 512)
+        gemm.dequantize(raw, q4_k, 96)
+    with pytest.raises(RuntimeError, match=r'\(N, 288\) uint8'):  # K = 512: two super-blocks
+        gemm.pack(raw[:, :-9].contiguous(), q4_k, 512)
 
 
 def test_threads_of_their_own_and_any_thread_count(gemm):

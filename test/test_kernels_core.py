@@ -1,7 +1,7 @@
 """The kernels' torch-free core (gguf_core.h) checked as a program, here and on the ARM cores.
 
 test/kernels/check_kernels.cpp runs the exactness checks of test_gguf_kernels.py without torch,
-on vectors made here from gguf's own quantize / dequantize (and engine/kquants.py's repacking).
+on vectors made here from gguf's own quantize / dequantize (the K-quants: random super-blocks).
 It is built three ways: with the host's compiler for this CPU; for plain x86-64 (the portable
 path and the scalar attention); and for AArch64 with Debian's cross compiler
 (g++-aarch64-linux-gnu), run under qemu-aarch64 (qemu-user): the NEON path a Jetson runs. On an
@@ -21,7 +21,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from timebill_ros.engine import kernels, kquants
+from timebill_ros.engine import kernels
 
 HERE = pathlib.Path(__file__).parent
 PROGRAM = HERE / 'kernels' / 'check_kernels.cpp'
@@ -58,9 +58,8 @@ def vectors(tmp_path_factory, kquant_rows):
         cases.append(_case(qtype, blocks, dequantize(blocks, qtype), x))
     for qtype in KQUANTS:
         raw = kquant_rows(qtype, 75, 512, int(qtype))
-        kernel_type, blocks = kquants.repack(raw, int(qtype), 512)
         x = rng.standard_normal((8, 512)).astype(np.float32)
-        cases.append(_case(kernel_type, blocks, dequantize(raw, qtype), x))
+        cases.append(_case(qtype, raw, dequantize(raw, qtype), x))
     path = tmp_path_factory.mktemp('kernel_vectors') / 'vectors.bin'
     path.write_bytes(b'TBKV' + struct.pack('<ii', 1, len(cases)) + b''.join(cases))
     return path

@@ -1,15 +1,15 @@
 """The weight types the kernels read are declared once per language; this holds them equal.
 
-The C++ core (gguf_core.h: enum QType and the TYPES_HELP message), the Python kernel binding
-(engine/kernels: QTYPES, KQUANTS) and the K-quant repacker (engine/kquants.py: SOURCES) must
-name the same ids; the file's own ids must be gguf's (GGMLQuantizationType).
+The C++ core (gguf_core.h: enum QType and the TYPES_HELP message) and the Python kernel binding
+(engine/kernels: QTYPES) must name the same ids, and those must be gguf's
+(GGMLQuantizationType): the kernels read every type as the file holds it.
 """
 
 import re
 
 import gguf
 
-from timebill_ros.engine import kernels, kquants
+from timebill_ros.engine import kernels
 
 
 def _cpp_enum():
@@ -24,21 +24,15 @@ def _cpp_help():
 
 
 def test_the_cpp_enum_is_the_python_table():
-    python = {**kernels.QTYPES, **{f'{name}_R': rid for name, rid in kernels.KQUANTS.items()}}
-    assert _cpp_enum() == python
+    assert _cpp_enum() == kernels.QTYPES
 
 
-def test_the_file_types_are_gguf_ids_and_the_repacked_ones_follow_them():
+def test_the_types_are_gguf_ids():
     for name, type_id in kernels.QTYPES.items():
         assert gguf.GGMLQuantizationType[name].value == type_id
-    for ggml_id, (name, repacked, _) in kquants.SOURCES.items():
-        assert gguf.GGMLQuantizationType[name].value == ggml_id
-        assert kernels.KQUANTS[name] == repacked == 100 + ggml_id
-    assert set(kquants.GGML_IDS) == set(kernels.KQUANTS)
+    assert set(kernels.KQUANTS) < set(kernels.QTYPES)
 
 
 def test_the_error_message_lists_every_type():
     message = _cpp_help()
     assert all(f'{name} = {type_id}' in message for name, type_id in kernels.QTYPES.items())
-    assert all(str(repacked) in message and name in message
-               for name, repacked in kernels.KQUANTS.items())

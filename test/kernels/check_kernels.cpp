@@ -13,7 +13,7 @@
 //
 // Usage: check_kernels VECTORS_FILE [THREADS]. The file (made by test/test_kernels_core.py from
 // gguf's quantize / dequantize): "TBKV", int32 version 1, int32 cases; a case: int64 qtype,
-// N, K, M; blocks (N * K / 32 * block bytes, the file's or engine/kquants.py's row layout);
+// N, K, M; blocks (N rows of row_bytes(qtype, K), the file's row layout);
 // weights float32 (N, K); x float32 (M, K); y float64 (M, N). Prints one line a check and
 // "PASS simd=<path> group=<rows>" last; exits 1 on a failed check, 2 on a bad file.
 
@@ -65,9 +65,10 @@ bool read_cases(const char* path, std::vector<Case>& cases) {
     if (!ok) break;
     c.qtype = head[0], c.N = head[1], c.K = head[2], c.M = head[3];
     const int64_t bb = block_bytes(c.qtype);
-    ok = bb > 0 && c.N > 0 && c.K > 0 && c.K % QK == 0 && c.M >= 1 && c.M <= MAX_ROWS;
+    ok = bb > 0 && c.N > 0 && c.K > 0 && c.K % block_weights(c.qtype) == 0 && c.M >= 1 &&
+         c.M <= MAX_ROWS;
     if (!ok) break;
-    c.blocks.resize(c.N * c.K / QK * bb);
+    c.blocks.resize(c.N * row_bytes(c.qtype, c.K));
     c.weights.resize(c.N * c.K);
     c.x.resize(c.M * c.K);
     c.y.resize(c.M * c.N);
@@ -103,10 +104,19 @@ std::vector<double> reference(const Case& c, int64_t m) {
 }
 
 std::vector<uint8_t> packed_of(const Case& c, const std::vector<uint8_t>& blocks) {
-  std::vector<uint8_t> packed((c.N + GROUP - 1) / GROUP * (c.K / QK) * GROUP *
-                                  block_bytes(c.qtype), 0);
+  std::vector<uint8_t> packed((c.N + GROUP - 1) / GROUP * GROUP * row_bytes(c.qtype, c.K), 0);
   pack_raw(blocks.data(), c.N, c.qtype, c.K, packed.data());
   return packed;
+}
+
+// The offset in a block of 16 code bytes of its 32-weight chunk ``chunk``.
+int64_t chunk_codes(int64_t qtype, int64_t chunk) {
+  switch (qtype) {
+    case Q4_K: return 16 + (chunk / 2) * QK;  // the nibbles of chunks 2 l and 2 l + 1
+    case Q5_K: return 48 + (chunk / 2) * QK;
+    case Q6_K: return (chunk / 4) * 64 + (chunk % 2) * QK;  // low nibbles of the half's ql
+    default: return block_fields(qtype).code_at;
+  }
 }
 
 void check_case(const Case& c) {
@@ -162,8 +172,9 @@ void check_case(const Case& c) {
       if (v > largest_abs) largest_abs = v, largest = b;
     }
   std::vector<uint8_t> broken = c.blocks;
-  const int64_t header = block_fields(c.qtype).n_fields * block_fields(c.qtype).field_bytes;
-  const int64_t at = (3 * (c.K / QK) + largest) * bb + header;
+  const int64_t per_block = block_weights(c.qtype) / QK;  // 32-weight chunks a block
+  const int64_t at = 3 * row_bytes(c.qtype, c.K) + (largest / per_block) * bb +
+                     chunk_codes(c.qtype, largest % per_block);
   for (int64_t j = 0; j < 16; ++j) broken[at + j] ^= 0x11;
   const std::vector<uint8_t> broken_packed = packed_of(c, broken);
   for (int portable = 0; portable < 2; ++portable) {

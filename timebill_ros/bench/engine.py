@@ -66,12 +66,20 @@ class Row:
     batch_s: dict = dataclasses.field(default_factory=dict)    # B -> [s/token per round]
 
 
-def _file_engines(model_path, threads):
-    """Return the engines of ``--model``: ours on the file, transformers' fp32 reference."""
+def _file_engines(model_path, threads, memory):
+    """Return the engines of ``--model``: ours on the file, transformers' fp32 reference.
+
+    memory: filled with the file's size and this process's resident MiB before and right
+    after loading ours (before anything else is loaded).
+    """
     from timebill_ros.engine import LlmEngine
+    from timebill_ros.server.heap import resident_mb
     from timebill_ros.training.target import transformers_model_of
+    memory.update(file_mb=pathlib.Path(model_path).stat().st_size / 2 ** 20,
+                  before_load_mb=resident_mb())
     ours = LlmEngine.load(EngineConfig(model_path=str(model_path), threads=threads),
                           EvictionConfig())
+    memory['after_load_mb'] = resident_mb()
     engines = {'timebill gguf': ours}
     if ours.engine_config.prefill_dtype != 'float32':
         engines[PREFILL_ONLY] = LlmEngine.load(EngineConfig(
@@ -298,6 +306,11 @@ def report(rows, meta) -> str:
         lines += ['', '`engine.decode_weights: auto` on this machine: ' + meta['auto']]
     if meta.get('prefill_dtype'):
         lines += ['', '`engine.prefill_dtype: auto` on this machine: ' + meta['prefill_dtype']]
+    memory = meta.get('memory')
+    if memory:
+        lines += ['', f"Resident memory after loading the file: {memory['after_load_mb']:.0f} "
+                  f"MiB (process before the load: {memory['before_load_mb']:.0f} MiB; the file: "
+                  f"{memory['file_mb']:.0f} MiB), before the reference and llama.cpp load."]
     return '\n'.join(lines) + '\n'
 
 
@@ -424,10 +437,12 @@ def run_enginebench(args, progress=print) -> int:
         _write(pathlib.Path(args.out), _rows_from_json(data), data['meta'], progress)
         return 0
     torch.manual_seed(0)
-    prefill_dtype = ''
+    prefill_dtype, memory = '', {}
     if args.model:
-        engines, auto = _file_engines(args.model, args.threads), ''
+        engines, auto = _file_engines(args.model, args.threads, memory), ''
         prefill_dtype = _prefill_choice(engines['timebill gguf'])
+        progress(f'resident after loading the file: {memory["after_load_mb"]:.0f} MiB '
+                 f'(before {memory["before_load_mb"]:.0f}; the file {memory["file_mb"]:.0f})')
     else:
         gpu = torch.device(args.device).type != 'cpu'
         engines = _engines(GPU_FORMATS if gpu else FORMATS, args.threads, args.device)
@@ -452,7 +467,7 @@ def run_enginebench(args, progress=print) -> int:
     meta = {'model': first.model_key, 'threads': torch.get_num_threads(), 'device': args.device,
             'rounds': args.rounds, 'bandwidth_gbs': bandwidth, 'floor_ms': floor_ms,
             'agreement_tokens': args.agreement_tokens, 'llama_cpp': llama_note, 'auto': auto,
-            'prefill_dtype': prefill_dtype,
+            'prefill_dtype': prefill_dtype, 'memory': memory,
             'command': _command(args)}
     _write(pathlib.Path(args.out), rows, meta, progress)
     return 0

@@ -7,9 +7,8 @@ onto the model's linear layers, so that the kernels (engine/kernels) multiply by
 weights the fp32 model holds. transformers reorders the rows of the query and key matrices of
 Llama-family GGUFs (llama.cpp's rotary layout); the same row order is applied to the blocks.
 
-Q4_0 / Q4_1 / Q8_0 blocks are kept as the file holds them. K-quants (Q4_K, Q5_K, Q6_K, the
-types most llama.cpp GGUFs use) are repacked row by row into the kernels' own formats
-(engine/kquants.py: fp32 scale and min per 32 weights, the same fp32 weights bit for bit).
+Blocks are kept as the file holds them: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 and the K-quants
+(Q4_K, Q5_K, Q6_K, the types most llama.cpp GGUFs use).
 """
 
 import pathlib
@@ -18,8 +17,7 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from timebill_ros.engine import kquants
-from timebill_ros.engine.kernels import KQUANTS, QTYPES
+from timebill_ros.engine.kernels import QTYPES
 from timebill_ros.engine.models.base import rope_row_order
 
 # GGUF tensor name (per layer) -> transformers module name.
@@ -32,8 +30,7 @@ LAYER_TENSORS = {
 def read_step_blocks(gguf_path, config) -> Dict[str, Tuple[int, torch.Tensor]]:
     """Return {module name: (kernel type id, blocks (N, row bytes) uint8)} of ``gguf_path``.
 
-    The type id is the GGML one (Q4_0, Q4_1, Q8_0), or for a K-quant that of the format it is
-    repacked into (engine/kquants.py). config: the model's transformers config (heads,
+    The type id is the GGML one (kernels.QTYPES). config: the model's transformers config (heads,
     layers). Names are the model's (``model.layers.3.mlp.up_proj``, ``lm_head``). Matrices in
     a type the kernels do not read are left out (those layers keep the model's own weights).
     ValueError when the file does not hold the model's layers.
@@ -57,17 +54,10 @@ def read_step_blocks(gguf_path, config) -> Dict[str, Tuple[int, torch.Tensor]]:
 
 
 def _add(out, name, tensor, order):
-    """Put ``tensor``'s blocks (rows in ``order``) under ``name`` when the kernels read it.
-
-    K-quants are repacked after the rows are reordered (the same thing: repacking is per row).
-    """
+    """Put ``tensor``'s blocks (rows in ``order``) under ``name`` when the kernels read it."""
     kind = tensor.tensor_type.name
-    if kind not in QTYPES and kind not in KQUANTS:
+    if kind not in QTYPES:
         return
     data = np.asarray(tensor.data)
     data = data[order] if order is not None else data
-    if kind in KQUANTS:
-        qtype, data = kquants.repack(data, int(tensor.tensor_type), int(tensor.shape[0]))
-    else:
-        qtype, data = QTYPES[kind], np.array(data, copy=True, order='C')  # own memory
-    out[name] = (qtype, torch.from_numpy(data))
+    out[name] = (QTYPES[kind], torch.from_numpy(np.array(data, copy=True, order='C')))

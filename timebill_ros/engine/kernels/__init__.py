@@ -3,12 +3,12 @@
 gguf_core.h holds their arithmetic with no torch (AVX2 / AVX-512, NEON and portable paths);
 gguf_gemm.cpp binds it to torch tensors and checks them. ``simd_path()`` names the path built.
 
-They multiply fp32 activations by a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks, and by
-its K-quants (Q4_K / Q5_K / Q6_K) once engine/kquants.py has repacked them (type ids below).
-``unpack_rows`` dequantizes chosen rows of a packed matrix (embedding lookups, a prefill's
-per-matrix weights). ``pack(blocks,
-type, K)`` lays a matrix's blocks out once, at load, in the kernels' own order (8 output rows
-interleaved, 16 where the build has AVX-512: ``group_rows()``; the same bytes);
+They multiply fp32 activations by a GGUF file's own blocks: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+(32 weights a block) and the K-quants Q4_K / Q5_K / Q6_K (256-weight super-blocks), read as the
+file holds them (type ids below). ``unpack_rows`` dequantizes chosen rows of a packed matrix
+(embedding lookups, a prefill's per-matrix weights). ``pack(blocks, type, K)`` lays a matrix's
+blocks out once, at load, in the kernels' own order (8 output rows interleaved, 16 where the
+build has AVX-512: ``group_rows()``; the same bytes);
 ``gemm(x, packed, type, N, portable)`` and ``layer_step`` take that.
 
 :func:`load` builds the C++ extension with torch's cpp_extension (g++ and ninja) into
@@ -30,19 +30,11 @@ from timebill_ros import paths
 SOURCE = pathlib.Path(__file__).with_name('gguf_gemm.cpp')
 CORE = SOURCE.with_name('gguf_core.h')  # the torch-free core the binding includes
 # GGML type ids of the block formats the kernels read as the file holds them
-# (gguf.GGMLQuantizationType).
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
-QTYPES = {'Q4_0': Q4_0, 'Q4_1': Q4_1, 'Q5_0': Q5_0, 'Q5_1': Q5_1, 'Q8_0': Q8_0}
-# Internal formats the K-quants are repacked into at load (engine/kquants.py): 100 + the GGML
-# id of the source (GGML's own ids stay below 100, so the two never collide). A block holds 32
-# weights, w = scale * code + min, scale and min fp32 (gguf's own d * sc and -(dmin * m)):
-#   Q4_K_R 112 (from Q4_K, id 12): scale, min, 16 bytes of 4-bit codes: 24 bytes (0.75 a weight)
-#   Q5_K_R 113 (from Q5_K, id 13): scale, min, 32 int8 codes 0..31: 40 bytes (1.25 a weight)
-#   Q6_K_R 114 (from Q6_K, id 14): scales of weights 0-15 and 16-31 (no min), 32 int8 codes
-#                                  -32..31: 40 bytes (1.25 a weight)
-# K must be a multiple of 256 (a K-quant super-block) for these.
-Q4_K_R, Q5_K_R, Q6_K_R = 112, 113, 114
-KQUANTS = {'Q4_K': Q4_K_R, 'Q5_K': Q5_K_R, 'Q6_K': Q6_K_R}
+# (gguf.GGMLQuantizationType). The K-quants need K to be a multiple of 256 (a super-block).
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 8, 12, 13, 14
+QTYPES = {'Q4_0': Q4_0, 'Q4_1': Q4_1, 'Q5_0': Q5_0, 'Q5_1': Q5_1, 'Q8_0': Q8_0,
+          'Q4_K': Q4_K, 'Q5_K': Q5_K, 'Q6_K': Q6_K}
+KQUANTS = ('Q4_K', 'Q5_K', 'Q6_K')  # the types of 256-weight super-blocks
 MAX_ROWS = 8  # activation rows per kernel call (goals in one decoding step)
 
 _lock = threading.Lock()

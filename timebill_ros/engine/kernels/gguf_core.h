@@ -5,9 +5,9 @@
 // aarch64 build is compiled with a cross compiler and checked under qemu-aarch64 in CI
 // (test/test_kernels_aarch64.py).
 //
-// y = x W^T with W kept as a GGUF file's own blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or its
-// K-quants (Q4_K, Q5_K, Q6_K) repacked at load into 32-weight blocks of fp32 scale / min and
-// 4- or 8-bit codes (engine/kquants.py; formats at QType below), x fp32.
+// y = x W^T with W kept as a GGUF file's own blocks, x fp32: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+// (32 weights a block) and the K-quants Q4_K, Q5_K, Q6_K (256-weight super-blocks, read as the
+// file holds them: no repacked copy; formats at QType below).
 //
 // Why by hand (docs/engine.md, PLATFORM.md): no maintained library multiplies fp32 activations
 // by these blocks on a CPU without quantizing the activations. llama.cpp quantizes x to
@@ -21,8 +21,8 @@
 // Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); W (N, K) held
 // as ``pack_raw`` lays the blocks out at load (GROUP rows interleaved, see GROUP); y (M, N)
 // fp32. Every weight is decoded once and used for all M rows. Groups of rows are split over
-// the calling thread's threads (WorkerPool). The repacked K-quants need K to be a multiple of
-// 256 (the super-blocks they come from).
+// the calling thread's threads (WorkerPool). K is a multiple of the type's block: 32 weights,
+// 256 for the K-quants.
 //
 // Paths, chosen when the library is compiled (-march=native / -mcpu=native on the machine
 // that runs it): AVX2 + FMA + F16C (AVX-512 widens the GEMM's groups to 16 rows) on x86; NEON
@@ -197,24 +197,26 @@ float* scratch(Scratch slot, int64_t n) {
 constexpr int64_t QK = 32;        // weights per block
 constexpr int64_t QK_K = 256;     // weights per K-quant super-block
 constexpr int64_t MAX_ROWS = 8;   // activation rows per call
-// GGML type ids of the file's own blocks (Q4_0, Q4_1, Q8_0), and the internal formats that
-// engine/kquants.py repacks the K-quants into at load: 100 + the K-quant's GGML id (GGML's own
-// ids stay below 100). An internal block holds 32 weights, two fp32 parameters first:
-//   Q4_K_R (112): scale, min, 16 bytes of 4-bit codes 0..15 in Q4_1's order (byte j holds
-//                 weight j in its low nibble, weight j + 16 in its high one): 24 bytes
-//   Q5_K_R (113): scale, min, 32 int8 codes 0..31: 40 bytes
-//   Q6_K_R (114): scale of weights 0-15, scale of weights 16-31, 32 int8 codes -32..31: 40 bytes
-// w = scale * code + min (Q6_K_R: scale * code). scale and min are gguf's own fp32 d * sc and
-// -(dmin * m); scale * code is exact in fp32, so the one rounding left is gguf's.
-// Q5_0 / Q5_1 are read as the file holds them too: fp16 d (Q5_1: and fp16 m), the 32 fifth bits
-// as a little-endian uint32 (read here as two 16-bit fields: weights 0-15, then 16-31), 16
-// bytes of low nibbles in Q4_1's order; w = d * (q - 16) (Q5_0) or d * q + m (Q5_1).
+constexpr int64_t MAX_BLOCK_BYTES = 210;  // Q6_K's super-block, the largest
+// GGML type ids of the blocks read, all as the file holds them:
+// - Q4_0 / Q4_1 / Q8_0: fp16 d (Q4_1: and fp16 m), then the codes; Q5_0 / Q5_1: fp16 d (Q5_1:
+//   and fp16 m), the 32 fifth bits as a little-endian uint32 (read here as two 16-bit fields:
+//   weights 0-15, then 16-31), 16 bytes of low nibbles in Q4_1's order; w = d * (q - 16)
+//   (Q5_0) or d * q + m (Q5_1).
+// - Q4_K (144 bytes a super-block of 256): fp16 d, fp16 dmin, 12 bytes of 6-bit scale sc and
+//   minimum m of each 32 weights, 128 bytes of nibbles (bytes 32 l .. 32 l + 31: weights 64 l
+//   + t in the low nibbles, 64 l + 32 + t in the high ones); w = (d sc) q - dmin m.
+// - Q5_K (176): as Q4_K with 32 bytes of fifth bits before the nibbles (bit j of byte t:
+//   weight 32 j + t).
+// - Q6_K (210): 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one a 16
+//   weights), fp16 d last; w = (d sc) (q - 32).
+// d sc and (d sc) q are exact in fp32 (at most 11 + 8 + 6 significant bits), so fma(d sc, q,
+// -(dmin m)) rounds once, where gguf's reference does.
 enum QType : int64_t {
-  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K_R = 112, Q5_K_R = 113, Q6_K_R = 114
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14
 };
 constexpr const char* TYPES_HELP =
-    " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8; the K-quants Q4_K / Q5_K / Q6_K are "
-    "read repacked, as 112 / 113 / 114: engine/kquants.py)";
+    " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14)";
 
 int64_t block_bytes(int64_t qtype) {
   switch (qtype) {
@@ -223,15 +225,21 @@ int64_t block_bytes(int64_t qtype) {
     case Q5_0: return 6 + QK / 2;
     case Q5_1: return 8 + QK / 2;
     case Q8_0: return 2 + QK;
-    case Q4_K_R: return 8 + QK / 2;
-    case Q5_K_R: return 8 + QK;
-    case Q6_K_R: return 8 + QK;
+    case Q4_K: return 4 + 12 + QK_K / 2;
+    case Q5_K: return 4 + 12 + QK_K / 8 + QK_K / 2;
+    case Q6_K: return QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
     default: return -1;
   }
 }
 
-inline bool is_kquant(int64_t qtype) {
-  return qtype == Q4_K_R || qtype == Q5_K_R || qtype == Q6_K_R;
+inline bool is_kquant(int64_t qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_K; }
+
+// Weights a block of ``qtype`` holds: 32, or 256 for a K-quant super-block.
+inline int64_t block_weights(int64_t qtype) { return is_kquant(qtype) ? QK_K : QK; }
+
+// Bytes of a row of K weights of ``qtype`` (K a multiple of block_weights).
+inline int64_t row_bytes(int64_t qtype, int64_t K) {
+  return K / block_weights(qtype) * block_bytes(qtype);
 }
 
 template <int64_t T>
@@ -247,9 +255,9 @@ void with_qtype(int64_t qtype, F&& f) {
     case Q5_0: return f(QT<Q5_0>{});
     case Q5_1: return f(QT<Q5_1>{});
     case Q8_0: return f(QT<Q8_0>{});
-    case Q4_K_R: return f(QT<Q4_K_R>{});
-    case Q5_K_R: return f(QT<Q5_K_R>{});
-    case Q6_K_R: return f(QT<Q6_K_R>{});
+    case Q4_K: return f(QT<Q4_K>{});
+    case Q5_K: return f(QT<Q5_K>{});
+    case Q6_K: return f(QT<Q6_K>{});
     default: throw std::invalid_argument("unsupported GGML type " + std::to_string(qtype) + TYPES_HELP);
   }
 }
@@ -302,7 +310,19 @@ inline float read_f32(const uint8_t* p) {
   return v;
 }
 
-// Dequantize one block to w[32] exactly as gguf's reference dequantization does.
+// The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K super-block's 12 scale
+// bytes (llama.cpp's get_scale_min_k4).
+inline void kquant_scale_min(const uint8_t* q, int j, uint8_t& scale, uint8_t& min) {
+  if (j < 4) {
+    scale = q[j] & 63;
+    min = q[j + 4] & 63;
+  } else {
+    scale = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Dequantize one block to w[block_weights(T)] exactly as gguf's reference dequantization does.
 template <int64_t T>
 inline void dequantize_block(const uint8_t* b, float* w) {
   if constexpr (T == Q8_0) {
@@ -343,31 +363,43 @@ inline void dequantize_block(const uint8_t* b, float* w) {
         w[j + QK / 2] = d * (hi - 16.0f);
       }
     }
-  } else if constexpr (T == Q4_K_R) {  // gguf: (d * sc) * q - dmin * m, the product exact
-    const float s = read_f32(b), m = read_f32(b + 4);
-    const uint8_t* qs = b + 8;
-    for (int j = 0; j < QK / 2; ++j) {
-      w[j] = std::fma(s, static_cast<float>(qs[j] & 0x0f), m);
-      w[j + QK / 2] = std::fma(s, static_cast<float>(qs[j] >> 4), m);
+  } else if constexpr (T == Q4_K || T == Q5_K) {  // gguf: (d sc) q - dmin m
+    const float d = half_to_float(read_u16(b)), dmin = half_to_float(read_u16(b + 2));
+    const uint8_t* sc = b + 4;
+    const uint8_t* qh = b + 16;  // Q5_K's fifth bits
+    const uint8_t* qs = b + (T == Q5_K ? 48 : 16);
+    for (int j = 0; j < QK_K / QK; ++j) {
+      uint8_t scale, min;
+      kquant_scale_min(sc, j, scale, min);
+      const float s = d * static_cast<float>(scale), m = -(dmin * static_cast<float>(min));
+      const uint8_t* q = qs + (j / 2) * QK;
+      for (int t = 0; t < QK; ++t) {
+        int code = j % 2 ? q[t] >> 4 : q[t] & 0x0f;
+        if constexpr (T == Q5_K) code |= ((qh[t] >> j) & 1) << 4;
+        w[j * QK + t] = std::fma(s, static_cast<float>(code), m);
+      }
     }
-  } else if constexpr (T == Q5_K_R) {
-    const float s = read_f32(b), m = read_f32(b + 4);
-    const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
-    for (int j = 0; j < QK; ++j) w[j] = std::fma(s, static_cast<float>(q[j]), m);
-  } else {  // Q6_K_R: gguf: (d * sc) * q, one scale per 16 weights
-    static_assert(T == Q6_K_R, "a type without a dequantization");
-    const float s0 = read_f32(b), s1 = read_f32(b + 4);
-    const int8_t* q = reinterpret_cast<const int8_t*>(b + 8);
-    for (int j = 0; j < QK / 2; ++j) w[j] = s0 * static_cast<float>(q[j]);
-    for (int j = QK / 2; j < QK; ++j) w[j] = s1 * static_cast<float>(q[j]);
+  } else {  // Q6_K: gguf: (d sc) (q - 32), one scale a 16 weights
+    static_assert(T == Q6_K, "a type without a dequantization");
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + QK_K / 2;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + QK_K / 2 + QK_K / 4);
+    const float d = half_to_float(read_u16(b + QK_K / 2 + QK_K / 4 + QK_K / 16));
+    for (int i = 0; i < QK_K; ++i) {
+      const int half = i / 128, c = (i % 128) / QK, t = i % QK;  // chunk c of 32 in a half
+      const uint8_t low = ql[half * 64 + (c % 2) * QK + t];
+      const int nibble = c < 2 ? low & 0x0f : low >> 4;
+      const int high = (qh[half * QK + t] >> (2 * c)) & 3;
+      w[i] = (d * static_cast<float>(sc[i / 16])) * static_cast<float>((nibble | high << 4) - 32);
+    }
   }
 }
 
 // The kernels' layout: the weight rows in groups of GROUP, each group's blocks interleaved so
 // that one vector holds the same weight of GROUP output rows (made once at load by ``pack``).
-// A group block is GROUP blocks of the type, field by field: each header field (fp16 d / m of
-// the GGML types, fp32 scale / min of the repacked K-quants) of the GROUP rows side by side,
-// then each code byte of the GROUP rows side by side. Same bytes as the rows it comes from, so
+// A group block is GROUP blocks of the type, field by field: each fp16 header field (d, and m
+// or dmin) of the GROUP rows side by side, then each other byte of the block (codes, and the
+// K-quants' scales) of the GROUP rows side by side. Same bytes as the rows it comes from, so
 // the same bytes a token; rows past N (a last partial group) are zero (weight 0).
 // Why: with a row of W a vector, every activation row costs four FMAs a block and a horizontal
 // sum, and the activations are re-read for every weight row; with GROUP rows a vector, one FMA
@@ -386,28 +418,33 @@ constexpr int64_t GROUP = 8;
 #endif
 
 struct Fields {
-  int64_t field_bytes, n_fields, code_bytes;  // a block: n_fields header fields, then codes
+  // A block: n_fields header fields of field_bytes (at byte field_at of the file's block),
+  // and code_bytes of codes (at code_at): everything but the header, in the file's order.
+  int64_t field_bytes, n_fields, code_bytes, field_at, code_at;
 };
 
 Fields block_fields(int64_t qtype) {
   switch (qtype) {
-    case Q4_0: return {2, 1, QK / 2};
-    case Q4_1: return {2, 2, QK / 2};
-    case Q5_0: return {2, 3, QK / 2};  // d, fifth bits of weights 0-15, of 16-31
-    case Q5_1: return {2, 4, QK / 2};  // d, m, fifth bits 0-15, 16-31
-    case Q8_0: return {2, 1, QK};
-    case Q4_K_R: return {4, 2, QK / 2};
-    default: return {4, 2, QK};  // Q5_K_R, Q6_K_R
+    case Q4_0: return {2, 1, QK / 2, 0, 2};
+    case Q4_1: return {2, 2, QK / 2, 0, 4};
+    case Q5_0: return {2, 3, QK / 2, 0, 6};  // d, fifth bits of weights 0-15, of 16-31
+    case Q5_1: return {2, 4, QK / 2, 0, 8};  // d, m, fifth bits 0-15, 16-31
+    case Q8_0: return {2, 1, QK, 0, 2};
+    case Q4_K: return {2, 2, 140, 0, 4};  // d, dmin; scales and nibbles
+    case Q5_K: return {2, 2, 172, 0, 4};  // d, dmin; scales, fifth bits, nibbles
+    default: return {2, 1, 208, 208, 0};  // Q6_K: d (last in the file); everything before it
   }
 }
 
-// Copy row ``i``'s block out of a group block ``g`` (GROUP blocks interleaved) to ``out``.
+// Copy row ``i``'s block out of a group block ``g`` (GROUP blocks interleaved) to ``out``, in
+// the file's layout.
 void unpack_block(const uint8_t* g, int64_t qtype, int64_t i, uint8_t* out) {
   const Fields f = block_fields(qtype);
   for (int64_t t = 0; t < f.n_fields; ++t)
-    std::memcpy(out + t * f.field_bytes, g + (t * GROUP + i) * f.field_bytes, f.field_bytes);
+    std::memcpy(out + f.field_at + t * f.field_bytes, g + (t * GROUP + i) * f.field_bytes,
+                f.field_bytes);
   const uint8_t* codes = g + GROUP * f.n_fields * f.field_bytes;
-  uint8_t* out_codes = out + f.n_fields * f.field_bytes;
+  uint8_t* out_codes = out + f.code_at;
   for (int64_t j = 0; j < f.code_bytes; ++j) out_codes[j] = codes[j * GROUP + i];
 }
 
@@ -415,9 +452,10 @@ void unpack_block(const uint8_t* g, int64_t qtype, int64_t i, uint8_t* out) {
 template <int64_t T>
 void groups_portable_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
                        int64_t N, int64_t g0, int64_t g1) {
-  const int64_t nb = K / QK, bb = block_bytes(T);
-  uint8_t block[QK + 8];
-  float wb[QK];
+  constexpr int64_t BW = T == Q4_K || T == Q5_K || T == Q6_K ? QK_K : QK;
+  const int64_t nb = K / BW, bb = block_bytes(T);
+  uint8_t block[MAX_BLOCK_BYTES];
+  float wb[BW];
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t i = 0; i < GROUP && g * GROUP + i < N; ++i) {
@@ -426,10 +464,12 @@ void groups_portable_t(const uint8_t* w, const float* x, int64_t M, int64_t K, f
         unpack_block(grp + b * GROUP * bb, T, i, block);
         dequantize_block<T>(block, wb);
         for (int64_t r = 0; r < M; ++r) {
-          const float* xr = x + r * K + b * QK;
-          float s = 0.0f;
-          for (int j = 0; j < QK; ++j) s = std::fma(wb[j], xr[j], s);
-          acc[r] += s;
+          for (int64_t sub = 0; sub < BW; sub += QK) {  // one sum a 32 weights, as before
+            const float* xr = x + r * K + b * BW + sub;
+            float s = 0.0f;
+            for (int j = 0; j < QK; ++j) s = std::fma(wb[sub + j], xr[j], s);
+            acc[r] += s;
+          }
         }
       }
       for (int64_t r = 0; r < M; ++r) y[r * N + g * GROUP + i] = acc[r];
@@ -495,6 +535,12 @@ struct Lanes {
     return {vorrq_u32(vshrq_n_u32(v.lo, 4), h.lo), vorrq_u32(vshrq_n_u32(v.hi, 4), h.hi)};
   }
   static I shift_left(I v, int n) { return {shift(v.lo, n), shift(v.hi, n)}; }
+  static I shift_right(I v, int n) { return {shift(v.lo, -n), shift(v.hi, -n)}; }
+  static I and_mask(I v, uint32_t mask) {
+    const uint32x4_t m = vdupq_n_u32(mask);
+    return {vandq_u32(v.lo, m), vandq_u32(v.hi, m)};
+  }
+  static I or_bits(I a, I b) { return {vorrq_u32(a.lo, b.lo), vorrq_u32(a.hi, b.hi)}; }
   static F low_nibbles(I v) {
     const uint32x4_t m = vdupq_n_u32(15);
     return {vcvtq_f32_u32(vandq_u32(v.lo, m)), vcvtq_f32_u32(vandq_u32(v.hi, m))};
@@ -541,6 +587,11 @@ struct Lanes {
   static I or_low(I v, I h) { return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(15)), h); }
   static I or_high(I v, I h) { return _mm512_or_si512(_mm512_srli_epi32(v, 4), h); }
   static I shift_left(I v, int n) { return _mm512_slli_epi32(v, n); }
+  static I shift_right(I v, int n) { return _mm512_srli_epi32(v, n); }
+  static I and_mask(I v, uint32_t mask) {
+    return _mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(mask)));
+  }
+  static I or_bits(I a, I b) { return _mm512_or_si512(a, b); }
   static F low_nibbles(I v) {
     return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
   }
@@ -576,6 +627,11 @@ struct Lanes {
   static I or_low(I v, I h) { return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(15)), h); }
   static I or_high(I v, I h) { return _mm256_or_si256(_mm256_srli_epi32(v, 4), h); }
   static I shift_left(I v, int n) { return _mm256_slli_epi32(v, n); }
+  static I shift_right(I v, int n) { return _mm256_srli_epi32(v, n); }
+  static I and_mask(I v, uint32_t mask) {
+    return _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(mask)));
+  }
+  static I or_bits(I a, I b) { return _mm256_or_si256(a, b); }
   static F low_nibbles(I v) {
     return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
   }
@@ -589,28 +645,21 @@ struct Lanes {
 #endif
 using Vec = Lanes::F;
 
-// The scales and constant of one group block, GROUP rows a vector: weight k of row i is
-// s[i] * code + c[i], s = s_lo for k < 16 and s_hi after (only Q6_K_R's differ); c = m
-// (Q4_1, Q4_K_R, Q5_K_R), -8 d (Q4_0), 0 (Q8_0, Q6_K_R). s * code is exact in fp32 (a scale
-// times a code of at most 8 bits), so fma(s, code, c) is gguf's dequantized weight.
+// The scales and constant of one group block of a 32-weight type, GROUP rows a vector: weight
+// k of row i is s[i] * code + c[i]; c = m (Q4_1, Q5_1), -8 d (Q4_0), -16 d (Q5_0), 0 (Q8_0).
+// s * code is exact in fp32 (a scale times a code of at most 8 bits), so fma(s, code, c) is
+// gguf's dequantized weight.
 template <int64_t T>
-inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
-  if constexpr (T == Q4_0 || T == Q4_1 || T == Q8_0 || T == Q5_0 || T == Q5_1) {
-    s_lo = s_hi = Lanes::halves(g);
-    if constexpr (T == Q4_1 || T == Q5_1)
-      c = Lanes::halves(g + 2 * GROUP);
-    else if constexpr (T == Q4_0)
-      c = Lanes::mul(s_lo, Lanes::set1(-8.0f));
-    else if constexpr (T == Q5_0)  // d * (q - 16) = d * q - 16 d, exact either way
-      c = Lanes::mul(s_lo, Lanes::set1(-16.0f));
-    else
-      c = Lanes::zero();
-  } else {
-    s_lo = Lanes::floats(g);
-    const Vec second = Lanes::floats(g + 4 * GROUP);
-    s_hi = T == Q6_K_R ? second : s_lo;
-    c = T == Q6_K_R ? Lanes::zero() : second;
-  }
+inline void group_scales(const uint8_t* g, Vec& s, Vec& c) {
+  s = Lanes::halves(g);
+  if constexpr (T == Q4_1 || T == Q5_1)
+    c = Lanes::halves(g + 2 * GROUP);
+  else if constexpr (T == Q4_0)
+    c = Lanes::mul(s, Lanes::set1(-8.0f));
+  else if constexpr (T == Q5_0)  // d * (q - 16) = d * q - 16 d, exact either way
+    c = Lanes::mul(s, Lanes::set1(-16.0f));
+  else
+    c = Lanes::zero();
 }
 
 // Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
@@ -618,11 +667,33 @@ inline void group_scales(const uint8_t* g, Vec& s_lo, Vec& s_hi, Vec& c) {
 // FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
 constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (0.6-2.2 kB)
 
+// Accumulators a row: enough FMAs in flight when the rows are few.
+template <int64_t ROWS>
+constexpr int accumulators() { return ROWS == 1 ? 8 : (ROWS == 2 ? 4 : (ROWS <= 4 ? 2 : 1)); }
+
+// Sum each row's accumulators and store the GROUP outputs of group g (fewer past N).
+template <int64_t ROWS, int P>
+inline void store_group(Vec (&acc)[ROWS][P], float* y, int64_t N, int64_t g) {
+  const int64_t n0 = g * GROUP, valid = std::min(GROUP, N - n0);
+  for (int64_t r = 0; r < ROWS; ++r) {
+    Vec sum = acc[r][0];
+    for (int a = 1; a < P; ++a) sum = Lanes::add(sum, acc[r][a]);
+    if (valid == GROUP) {
+      Lanes::store(y + r * N + n0, sum);
+    } else {
+      float lanes[GROUP];
+      Lanes::store(lanes, sum);
+      std::memcpy(y + r * N + n0, lanes, valid * sizeof(float));
+    }
+  }
+}
+
+// The 32-weight types.
 template <int64_t T, int64_t ROWS>
-void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
-                       int64_t g0, int64_t g1) {
-  constexpr int P = ROWS == 1 ? 8 : (ROWS == 2 ? 4 : (ROWS <= 4 ? 2 : 1));
-  constexpr bool nibbles = T == Q4_0 || T == Q4_1 || T == Q4_K_R;
+void groups_simd_32(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                    int64_t g0, int64_t g1) {
+  constexpr int P = accumulators<ROWS>();
+  constexpr bool nibbles = T == Q4_0 || T == Q4_1;
   constexpr bool fifth = T == Q5_0 || T == Q5_1;
   const Fields f = block_fields(T);
   const int64_t nb = K / QK, bb = block_bytes(T), header = GROUP * f.n_fields * f.field_bytes;
@@ -637,8 +708,8 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
       // ahead in this thread's stream (the hardware prefetcher alone left the 8-goal GEMMs
       // of a real step ~1.5x slower than with the weights in cache).
       prefetch_bytes<0>(blk + PREFETCH_BLOCKS * GROUP * bb, GROUP * bb);
-      Vec s_lo, s_hi, c;
-      group_scales<T>(blk, s_lo, s_hi, c);
+      Vec s, c;
+      group_scales<T>(blk, s, c);
       const uint8_t* codes = blk + header;
       const float* xb = x + b * QK;
       if constexpr (fifth) {  // nibbles as Q4_1, plus bit j (j + 16) of the fifth bits
@@ -653,8 +724,8 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
                                    : Lanes::fifth_bit(Lanes::shift_left(h_lo, 4), j + 4);
           const auto b_hi = j >= 4 ? Lanes::fifth_bit(h_hi, j)
                                    : Lanes::fifth_bit(Lanes::shift_left(h_hi, 4), j + 4);
-          const Vec w_lo = Lanes::fma(s_lo, Lanes::to_float(Lanes::or_low(v, b_lo)), c);
-          const Vec w_hi = Lanes::fma(s_hi, Lanes::to_float(Lanes::or_high(v, b_hi)), c);
+          const Vec w_lo = Lanes::fma(s, Lanes::to_float(Lanes::or_low(v, b_lo)), c);
+          const Vec w_hi = Lanes::fma(s, Lanes::to_float(Lanes::or_high(v, b_hi)), c);
           for (int64_t r = 0; r < ROWS; ++r) {
             Vec& a_lo = acc[r][(2 * j) % P];
             a_lo = Lanes::fma(Lanes::set1(xb[r * K + j]), w_lo, a_lo);
@@ -666,8 +737,8 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
 #pragma GCC unroll 16
         for (int j = 0; j < QK / 2; ++j) {
           const auto v = Lanes::bytes_u8(codes + j * GROUP);
-          const Vec w_lo = Lanes::fma(s_lo, Lanes::low_nibbles(v), c);
-          const Vec w_hi = Lanes::fma(s_hi, Lanes::high_nibbles(v), c);
+          const Vec w_lo = Lanes::fma(s, Lanes::low_nibbles(v), c);
+          const Vec w_hi = Lanes::fma(s, Lanes::high_nibbles(v), c);
           for (int64_t r = 0; r < ROWS; ++r) {
             Vec& a_lo = acc[r][(2 * j) % P];
             a_lo = Lanes::fma(Lanes::set1(xb[r * K + j]), w_lo, a_lo);
@@ -675,11 +746,10 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
             a_hi = Lanes::fma(Lanes::set1(xb[r * K + j + QK / 2]), w_hi, a_hi);
           }
         }
-      } else {  // byte k: weight k of each row, int8 (Q5_K_R's 0..31 read the same)
+      } else {  // Q8_0: byte k is weight k of each row, int8
 #pragma GCC unroll 32
         for (int k = 0; k < QK; ++k) {
-          const Vec wk = Lanes::fma(k < QK / 2 ? s_lo : s_hi,
-                                    Lanes::to_float(Lanes::bytes_i8(codes + k * GROUP)), c);
+          const Vec wk = Lanes::fma(s, Lanes::to_float(Lanes::bytes_i8(codes + k * GROUP)), c);
           for (int64_t r = 0; r < ROWS; ++r) {
             Vec& a = acc[r][k % P];
             a = Lanes::fma(Lanes::set1(xb[r * K + k]), wk, a);
@@ -687,19 +757,150 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
         }
       }
     }
-    const int64_t n0 = g * GROUP, valid = std::min(GROUP, N - n0);
-    for (int64_t r = 0; r < ROWS; ++r) {
-      Vec sum = acc[r][0];
-      for (int a = 1; a < P; ++a) sum = Lanes::add(sum, acc[r][a]);
-      if (valid == GROUP) {
-        Lanes::store(y + r * N + n0, sum);
-      } else {
-        float lanes[GROUP];
-        Lanes::store(lanes, sum);
-        std::memcpy(y + r * N + n0, lanes, valid * sizeof(float));
+    store_group<ROWS, P>(acc, y, N, g);
+  }
+}
+
+// Q4_K / Q5_K from the file's super-blocks: per pair of sub-blocks (64 weights), their two
+// scales and minima (6-bit fields of the 12 scale bytes, GROUP rows a vector), then 32 code
+// bytes: weight t of the first sub-block in the low nibble, of the second in the high one
+// (Q5_K: the fifth bit from bit j of byte t of qh).
+template <int64_t T>
+inline void kquant_pair(const uint8_t* sc, int j, Vec d, Vec dmin, Vec& s, Vec& c) {
+  using I = typename Lanes::I;
+  I scale, min;
+  if (j < 4) {
+    scale = Lanes::and_mask(Lanes::bytes_u8(sc + j * GROUP), 63);
+    min = Lanes::and_mask(Lanes::bytes_u8(sc + (j + 4) * GROUP), 63);
+  } else {
+    const I q_hi = Lanes::bytes_u8(sc + (j + 4) * GROUP);
+    const I top_s = Lanes::shift_left(Lanes::shift_right(Lanes::bytes_u8(sc + (j - 4) * GROUP), 6), 4);
+    const I top_m = Lanes::shift_left(Lanes::shift_right(Lanes::bytes_u8(sc + j * GROUP), 6), 4);
+    scale = Lanes::or_bits(Lanes::and_mask(q_hi, 15), top_s);
+    min = Lanes::or_bits(Lanes::shift_right(q_hi, 4), top_m);
+  }
+  s = Lanes::mul(d, Lanes::to_float(scale));  // exact: fp16 times 6 bits
+  c = Lanes::mul(Lanes::mul(dmin, Lanes::to_float(min)), Lanes::set1(-1.0f));
+}
+
+// The fifth bit of sub-block j (bit j of each byte of h) moved to bit 4.
+inline typename Lanes::I fifth_of(typename Lanes::I h, int j) {
+  return Lanes::and_mask(j >= 4 ? Lanes::shift_right(h, j - 4) : Lanes::shift_left(h, 4 - j), 16);
+}
+
+template <int64_t T, int64_t ROWS>
+void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                    int64_t g0, int64_t g1) {
+  constexpr int P = accumulators<ROWS>();
+  constexpr bool five = T == Q5_K;
+  const int64_t nb = K / QK_K, bb = block_bytes(T);
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][P];
+    for (int64_t r = 0; r < ROWS; ++r)
+      for (int a = 0; a < P; ++a) acc[r][a] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);  // the next super-block
+      const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+      const uint8_t* sc = blk + 4 * GROUP;
+      const uint8_t* qh = sc + 12 * GROUP;
+      const uint8_t* qs = sc + (five ? 44 : 12) * GROUP;
+      const float* xb = x + b * QK_K;
+      for (int l = 0; l < 4; ++l) {
+        Vec s0, c0, s1, c1;
+        kquant_pair<T>(sc, 2 * l, d, dmin, s0, c0);
+        kquant_pair<T>(sc, 2 * l + 1, d, dmin, s1, c1);
+        const uint8_t* q = qs + l * QK * GROUP;
+        const float* xl = xb + l * 2 * QK;
+#pragma GCC unroll 8
+        for (int t = 0; t < QK; ++t) {
+          const auto v = Lanes::bytes_u8(q + t * GROUP);
+          auto lo = Lanes::and_mask(v, 15);
+          auto hi = Lanes::shift_right(v, 4);
+          if constexpr (five) {
+            const auto h = Lanes::bytes_u8(qh + t * GROUP);
+            lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
+            hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
+          }
+          const Vec w_lo = Lanes::fma(s0, Lanes::to_float(lo), c0);
+          const Vec w_hi = Lanes::fma(s1, Lanes::to_float(hi), c1);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            Vec& a_lo = acc[r][(2 * t) % P];
+            a_lo = Lanes::fma(Lanes::set1(xl[r * K + t]), w_lo, a_lo);
+            Vec& a_hi = acc[r][(2 * t + 1) % P];
+            a_hi = Lanes::fma(Lanes::set1(xl[r * K + QK + t]), w_hi, a_hi);
+          }
+        }
       }
     }
+    store_group<ROWS, P>(acc, y, N, g);
   }
+}
+
+// Q6_K from the file's super-blocks: per half (128 weights) and per 16 code positions t, the
+// four scales of chunks c = 0..3 (weights 32 c + t); low nibbles from ql, two high bits from qh.
+template <int64_t ROWS>
+void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                    int64_t g0, int64_t g1) {
+  constexpr int P = accumulators<ROWS>();
+  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K);
+  const Vec minus32 = Lanes::set1(-32.0f);
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][P];
+    for (int64_t r = 0; r < ROWS; ++r)
+      for (int a = 0; a < P; ++a) acc[r][a] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);
+      const Vec d = Lanes::halves(blk);
+      const uint8_t* ql = blk + 2 * GROUP;
+      const uint8_t* qh = ql + 128 * GROUP;
+      const uint8_t* sc = ql + 192 * GROUP;
+      const float* xb = x + b * QK_K;
+      for (int half = 0; half < 2; ++half) {
+        for (int u = 0; u < 2; ++u) {
+          Vec s[4];
+          for (int c = 0; c < 4; ++c)  // exact: fp16 times an int8
+            s[c] = Lanes::mul(d, Lanes::to_float(
+                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+          const float* xh = xb + half * 128;
+#pragma GCC unroll 4
+          for (int t = 16 * u; t < 16 * u + 16; ++t) {
+            const auto a = Lanes::bytes_u8(ql + (64 * half + t) * GROUP);
+            const auto bq = Lanes::bytes_u8(ql + (64 * half + QK + t) * GROUP);
+            const auto h = Lanes::bytes_u8(qh + (QK * half + t) * GROUP);
+            const typename Lanes::I q[4] = {
+                Lanes::or_bits(Lanes::and_mask(a, 15), Lanes::and_mask(Lanes::shift_left(h, 4), 48)),
+                Lanes::or_bits(Lanes::and_mask(bq, 15), Lanes::and_mask(Lanes::shift_left(h, 2), 48)),
+                Lanes::or_bits(Lanes::shift_right(a, 4), Lanes::and_mask(h, 48)),
+                Lanes::or_bits(Lanes::shift_right(bq, 4),
+                               Lanes::and_mask(Lanes::shift_right(h, 2), 48))};
+            for (int c = 0; c < 4; ++c) {  // (d sc) (q - 32): both exact, as gguf's
+              const Vec wc = Lanes::mul(s[c], Lanes::add(Lanes::to_float(q[c]), minus32));
+              for (int64_t r = 0; r < ROWS; ++r) {
+                Vec& acc_c = acc[r][(4 * t + c) % P];
+                acc_c = Lanes::fma(Lanes::set1(xh[r * K + c * QK + t]), wc, acc_c);
+              }
+            }
+          }
+        }
+      }
+    }
+    store_group<ROWS, P>(acc, y, N, g);
+  }
+}
+
+template <int64_t T, int64_t ROWS>
+void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                       int64_t g0, int64_t g1) {
+  if constexpr (T == Q4_K || T == Q5_K)
+    groups_simd_k4<T, ROWS>(w, x, K, y, N, g0, g1);
+  else if constexpr (T == Q6_K)
+    groups_simd_k6<ROWS>(w, x, K, y, N, g0, g1);
+  else
+    groups_simd_32<T, ROWS>(w, x, K, y, N, g0, g1);
 }
 
 template <int64_t T>
@@ -744,10 +945,10 @@ void gemm_raw(int64_t qtype, const uint8_t* w, const float* xp, int64_t M, int64
 }
 
 // The kernels' layout of ``src`` (N rows of K weights of type ``qtype``, row after row as the
-// GGUF or engine/kquants.py holds them: N x K / 32 blocks) into ``dst``: ceil(N / GROUP) group
-// rows of K / 32 * GROUP * block bytes, which the caller zeroed (rows past N weigh 0).
+// GGUF holds them) into ``dst``: ceil(N / GROUP) group rows of GROUP * row_bytes(qtype, K),
+// which the caller zeroed (rows past N weigh 0).
 void pack_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, uint8_t* dst) {
-  const int64_t bb = block_bytes(qtype), nb = K / QK;
+  const int64_t bb = block_bytes(qtype), nb = K / block_weights(qtype);
   const Fields f = block_fields(qtype);
   const int64_t header = f.n_fields * f.field_bytes;
   for (int64_t n = 0; n < N; ++n) {
@@ -756,10 +957,10 @@ void pack_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, uint8_t* 
       const uint8_t* blk = src + n * nb * bb + b * bb;
       uint8_t* grp = dst + (g * nb + b) * GROUP * bb;
       for (int64_t t = 0; t < f.n_fields; ++t)
-        std::memcpy(grp + (t * GROUP + i) * f.field_bytes, blk + t * f.field_bytes,
+        std::memcpy(grp + (t * GROUP + i) * f.field_bytes, blk + f.field_at + t * f.field_bytes,
                     f.field_bytes);
       for (int64_t j = 0; j < f.code_bytes; ++j)
-        grp[GROUP * header + j * GROUP + i] = blk[header + j];
+        grp[GROUP * header + j * GROUP + i] = blk[f.code_at + j];
     }
   }
 }
@@ -767,11 +968,11 @@ void pack_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, uint8_t* 
 // ``src`` (N rows of K weights of type ``qtype``, as the file holds them) to fp32 out (N, K),
 // each weight as gguf's reference dequantization gives it.
 void dequantize_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, float* out) {
-  const int64_t bb = block_bytes(qtype), nb = K / QK;
+  const int64_t bb = block_bytes(qtype), bw = block_weights(qtype), nb = K / bw;
   with_qtype(qtype, [&](auto t) {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t b = 0; b < nb; ++b)
-        dequantize_block<decltype(t)::value>(src + (n * nb + b) * bb, out + n * K + b * QK);
+        dequantize_block<decltype(t)::value>(src + (n * nb + b) * bb, out + n * K + b * bw);
   });
 }
 
@@ -780,16 +981,16 @@ void dequantize_raw(const uint8_t* src, int64_t N, int64_t qtype, int64_t K, flo
 // split over the calling thread's pool.
 void unpack_rows_raw(const uint8_t* packed, int64_t qtype, int64_t K, const int64_t* index,
                      int64_t R, float* out) {
-  const int64_t nb = K / QK, bb = block_bytes(qtype);
+  const int64_t bb = block_bytes(qtype), bw = block_weights(qtype), nb = K / bw;
   with_qtype(qtype, [&](auto t) {
     parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
-      uint8_t block[QK + 8];
+      uint8_t block[MAX_BLOCK_BYTES];
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n = index[r];
         const uint8_t* grp = packed + (n / GROUP) * nb * GROUP * bb;
         for (int64_t b = 0; b < nb; ++b) {
           unpack_block(grp + b * GROUP * bb, t.value, n % GROUP, block);
-          dequantize_block<decltype(t)::value>(block, out + r * K + b * QK);
+          dequantize_block<decltype(t)::value>(block, out + r * K + b * bw);
         }
       }
     });

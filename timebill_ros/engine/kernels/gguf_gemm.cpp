@@ -33,6 +33,9 @@ void check_type_and_k(int64_t qtype, int64_t K) {
               " (a K-quant super-block) for type ", qtype, ", got ", K);
 }
 
+// The packed bytes of one group of GROUP rows of K weights of ``qtype``.
+int64_t group_bytes(int64_t qtype, int64_t K) { return GROUP * row_bytes(qtype, K); }
+
 // ``packed`` must be ``pack``'s layout of N rows of K weights of type ``qtype``.
 void check_packed(const at::Tensor& packed, int64_t qtype, int64_t K, int64_t N,
                   const char* what) {
@@ -41,23 +44,22 @@ void check_packed(const at::Tensor& packed, int64_t qtype, int64_t K, int64_t N,
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte &&
               packed.is_contiguous(), what, " must be a contiguous packed uint8 tensor");
   TORCH_CHECK(N > 0 && packed.size(0) == (N + GROUP - 1) / GROUP &&
-              packed.size(1) == K / QK * GROUP * block_bytes(qtype),
+              packed.size(1) == group_bytes(qtype, K),
               what, ": packed blocks of shape ", packed.sizes(), " do not hold ", N, " rows of ",
               K, " weights of type ", qtype);
 }
 
-// The kernels' layout of ``blocks`` (N, K / 32 * block bytes), rows as the GGUF (or
-// engine/kquants.py) holds them: (ceil(N / GROUP), K / 32 * GROUP * block bytes).
+// The kernels' layout of ``blocks`` (N, row bytes), rows as the GGUF holds them:
+// (ceil(N / GROUP), GROUP * row bytes).
 at::Tensor pack(at::Tensor blocks, int64_t qtype, int64_t K) {
   check_type_and_k(qtype, K);
-  const int64_t bb = block_bytes(qtype), nb = K / QK;
   check_cpu(blocks, "blocks");
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte &&
-              blocks.is_contiguous() && blocks.size(1) == nb * bb,
-              "blocks must be a contiguous (N, ", nb * bb, ") uint8 tensor for ", K,
+              blocks.is_contiguous() && blocks.size(1) == row_bytes(qtype, K),
+              "blocks must be a contiguous (N, ", row_bytes(qtype, K), ") uint8 tensor for ", K,
               " weights of type ", qtype, ", got ", blocks.sizes());
   const int64_t N = blocks.size(0), groups = (N + GROUP - 1) / GROUP;
-  auto out = at::zeros({groups, nb * GROUP * bb}, blocks.options());
+  auto out = at::zeros({groups, group_bytes(qtype, K)}, blocks.options());
   pack_raw(blocks.data_ptr<uint8_t>(), N, qtype, K, out.data_ptr<uint8_t>());
   return out;
 }
@@ -147,14 +149,11 @@ at::Tensor attention_step(at::Tensor q, std::vector<at::Tensor> keys,
 
 // Dequantize ``blocks`` (N, row_bytes) to fp32 (N, K) with the same arithmetic as the kernels.
 at::Tensor dequantize(at::Tensor blocks, int64_t qtype, int64_t K) {
-  const int64_t bb = block_bytes(qtype);
-  TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype, TYPES_HELP);
+  check_type_and_k(qtype, K);
   check_cpu(blocks, "blocks");
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte &&
-              blocks.is_contiguous() && blocks.size(1) == K / QK * bb && K % QK == 0,
-              "blocks must be a contiguous (N, K / 32 * block bytes) uint8 tensor");
-  TORCH_CHECK(!is_kquant(qtype) || K % QK_K == 0, "K must be a multiple of ", QK_K,
-              " (a K-quant super-block) for type ", qtype, ", got ", K);
+              blocks.is_contiguous() && blocks.size(1) == row_bytes(qtype, K),
+              "blocks must be a contiguous (N, row bytes) uint8 tensor");
   auto out = at::empty({blocks.size(0), K}, at::TensorOptions().dtype(at::kFloat));
   dequantize_raw(blocks.data_ptr<uint8_t>(), blocks.size(0), qtype, K, out.data_ptr<float>());
   return out;
@@ -262,7 +261,7 @@ at::Tensor decoder_step(
   TORCH_CHECK(qkv_parts.total == q_rows + 2 * kv_rows, "qkv holds ", qkv_parts.total,
               " rows, not q + k + v = ", q_rows + 2 * kv_rows);
   TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2, "down must be packed blocks");
-  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
+  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * block_weights(down_type);
   const Parts gate_up_parts = make_parts(gate_up, gate_up_types, gate_up_rows, hidden,
                                          "gate_up");
   TORCH_CHECK(gate_up_parts.total == 2 * inter, "gate_up holds ", gate_up_parts.total,
@@ -374,7 +373,7 @@ at::Tensor layer_step(at::Tensor x, at::Tensor in_norm, double in_eps,
   const int64_t dim = keys[0].size(3);
   const int64_t proj_rows = (n_heads + 2 * keys[0].size(1)) * dim;
   TORCH_CHECK(block_bytes(down_type) > 0 && down.dim() == 2, "down must be packed blocks");
-  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * QK;
+  const int64_t inter = down.size(1) / (GROUP * block_bytes(down_type)) * block_weights(down_type);
   return decoder_step(x, in_norm, in_eps, {qkv}, {qkv_type}, {proj_rows}, at::empty({0}),
                       at::empty({0}), at::empty({0}), cos, sin, keys, values, n_kv,
                       std::vector<int64_t>(n_kv.size(), 0), n_heads, scaling, out_proj,
@@ -394,7 +393,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using no_gil = py::call_guard<py::gil_scoped_release>;
   m.def("pack", &pack, "GGUF blocks (N, row bytes) -> the kernels' layout (rows in groups)",
         no_gil());
-  m.def("gemm", &gemm, "y = x W^T, W packed GGUF blocks (Q4_0/1, Q5_0/1, Q8_0, repacked K-quants)",
+  m.def("gemm", &gemm, "y = x W^T, W packed GGUF blocks (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K)",
         no_gil());
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights", no_gil());
   m.def("unpack_rows", &unpack_rows, "rows of packed GGUF blocks -> fp32 weights", no_gil());

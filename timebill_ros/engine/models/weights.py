@@ -1,7 +1,7 @@
 """A GGUF file's matrices kept as the file's own blocks, multiplied without an fp32 model copy.
 
 :class:`Matrix` holds one (N, K) weight: quantized types packed once for the C++ kernels
-(engine/kernels; K-quants repacked by engine/kquants.py), F32 / F16 / BF16 as a torch tensor of
+(engine/kernels, K-quants included, as the file holds them), F32 / F16 / BF16 as a torch tensor of
 the file's dtype. A product of a few rows (a decoding step: at most ``GEMM_ROWS`` rows) runs the
 kernels on the blocks; a longer one (a prefill chunk) dequantizes the matrix into a temporary
 fp32 tensor (``unpack_rows``, bit-exact to gguf's dequantization) and multiplies with torch's
@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
-from timebill_ros.engine import kernels, kquants
+from timebill_ros.engine import kernels
 
 # Products of at most this many rows run on the blocks; more rows dequantize the matrix once
 # for the call and run torch's fp32 GEMM (compute-bound there).
 GEMM_ROWS = 16
 DENSE_TYPES = {'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16}
-BLOCK_TYPES = tuple(kernels.QTYPES) + tuple(kernels.KQUANTS)
+BLOCK_TYPES = tuple(kernels.QTYPES)
 SUPPORTED_TYPES = tuple(DENSE_TYPES) + BLOCK_TYPES
 # engine.prefill_dtype auto picks bf16 GEMMs when they run at least this many times faster.
 BF16_MIN_SPEEDUP = 1.5
@@ -96,10 +96,7 @@ class Matrix:
 
     def _keep_blocks(self, data: np.ndarray, type_name: str) -> None:
         self.kernels = kernels.load()
-        if type_name in kernels.KQUANTS:
-            self.qtype, blocks = kquants.repack(data, kquants.GGML_IDS[type_name], self.k)
-        else:
-            self.qtype, blocks = kernels.QTYPES[type_name], np.ascontiguousarray(data)
+        self.qtype, blocks = kernels.QTYPES[type_name], np.ascontiguousarray(data)
         with warnings.catch_warnings():  # a read-only view of the file: pack only reads it
             warnings.filterwarnings('ignore', message='The given NumPy array is not writable')
             blocks = torch.from_numpy(np.ascontiguousarray(blocks))
