@@ -292,3 +292,39 @@ def test_a_tensor_off_the_cpu_is_refused_not_dereferenced(gemm):
         gemm.attention_step(torch.empty(1, 64, device='meta'), [torch.empty(1, 1, 4, 64)],
                             [torch.empty(1, 1, 4, 64)], [0], [1], 1, 0.125)
     assert gemm.gemm(x, packed, int(qtype), 64, False).shape == (1, 64)
+
+
+# The prefill's GEMM (gemm_tiled): any number of rows, on the blocks, a row's result its own.
+ALL_TYPES = TYPES + KQUANTS
+
+
+def _any_blocks(kquant_rows, qtype, n_rows, k, seed):
+    if qtype in KQUANTS:
+        return _kquant_blocks(kquant_rows, qtype, n_rows, k, seed)
+    return _blocks(qtype, n_rows, k, seed)
+
+
+@pytest.mark.parametrize('portable', [False, True], ids=['native', 'portable'])
+@pytest.mark.parametrize('qtype', ALL_TYPES, ids=lambda t: t.name)
+def test_the_prefill_gemm_multiplies_any_rows_on_the_blocks(gemm, kquant_rows, qtype, portable):
+    k = 768 if qtype in KQUANTS else 608  # 608: 19 blocks of 32, a last panel of 3
+    blocks, weights = _any_blocks(kquant_rows, qtype, 203, k, seed=int(qtype))  # 203: partial
+    packed = gemm.pack(blocks, int(qtype), k)
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(int(qtype)))
+    y = gemm.gemm_tiled(x, packed, int(qtype), 203, portable)
+    assert y.shape == (70, 203) and _rel_error(y, x, weights) < REL_TOL
+    for first, last in ((0, 1), (13, 14), (69, 70), (5, 25), (0, 64)):  # any chunk plan
+        part = gemm.gemm_tiled(x[first:last].contiguous(), packed, int(qtype), 203, portable)
+        assert torch.equal(part, y[first:last]), (first, last)
+
+
+def test_the_prefill_gemm_checks_its_inputs(gemm):
+    blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 16, 64, seed=1)
+    q4_1 = int(GGMLQuantizationType.Q4_1)
+    packed = gemm.pack(blocks, q4_1, 64)
+    with pytest.raises(RuntimeError, match='at least one row'):
+        gemm.gemm_tiled(torch.zeros(0, 64), packed, q4_1, 16, False)
+    with pytest.raises(RuntimeError, match='do not hold'):
+        gemm.gemm_tiled(torch.zeros(3, 96), packed, q4_1, 16, False)
+    with pytest.raises(RuntimeError, match='float32'):
+        gemm.gemm_tiled(torch.zeros(3, 64, dtype=torch.float64), packed, q4_1, 16, False)

@@ -162,6 +162,33 @@ void check_case(const Case& c) {
                     static_cast<long long>(m));
       report(e < REL_TOL, what, e, REL_TOL);
     }
+  // The prefill GEMM (any rows), both paths: within REL_TOL, and each row's result the same
+  // bits in a chunk of 70 rows (x's rows repeated) as alone.
+  for (int portable = 0; portable < 2; ++portable) {
+    std::vector<float> y(c.M * c.N);
+    gemm_tiled_raw(c.qtype, packed.data(), c.x.data(), c.M, c.K, y.data(), c.N, portable != 0);
+    const double e = rel_error(y.data(), ref.data(), c.M * c.N);
+    std::snprintf(what, sizeof(what), "type %lld: tiled gemm %s, %lld rows",
+                  static_cast<long long>(c.qtype), portable ? "portable" : simd_path(),
+                  static_cast<long long>(c.M));
+    report(e < REL_TOL, what, e, REL_TOL);
+    const int64_t big = 70;
+    std::vector<float> xs(big * c.K), ys(big * c.N), one(c.N);
+    for (int64_t r = 0; r < big; ++r)
+      std::memcpy(xs.data() + r * c.K, c.x.data() + (r % c.M) * c.K, c.K * sizeof(float));
+    gemm_tiled_raw(c.qtype, packed.data(), xs.data(), big, c.K, ys.data(), c.N, portable != 0);
+    bool same_rows = true;
+    for (int64_t r = 0; r < c.M; ++r) {
+      gemm_tiled_raw(c.qtype, packed.data(), c.x.data() + r * c.K, 1, c.K, one.data(), c.N,
+                     portable != 0);
+      for (int64_t q = r; q < big; q += c.M)
+        same_rows = same_rows && std::memcmp(ys.data() + q * c.N, one.data(),
+                                             c.N * sizeof(float)) == 0;
+    }
+    std::snprintf(what, sizeof(what), "type %lld: tiled gemm %s, a row alone = in 70 rows",
+                  static_cast<long long>(c.qtype), portable ? "portable" : simd_path());
+    report(same_rows, what, same_rows ? 0.0 : 1.0, 0.0);
+  }
   // One block read wrong: the codes of row 3's largest block (random K-quant scales may be
   // 0), nibbles flipped.
   int64_t largest = 0;

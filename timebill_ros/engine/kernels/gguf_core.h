@@ -183,7 +183,8 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // a fresh std::vector a call meant a malloc and a zero-fill of up to ~200 kB a layer, and
 // fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
 enum Scratch {
-  NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, N_SCRATCH
+  NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, PANEL, TAIL,
+  N_SCRATCH
 };
 
 float* scratch(Scratch slot, int64_t n) {
@@ -926,6 +927,225 @@ void groups_simd(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int
   });
 }
 #endif
+
+#if TB_HAVE_SIMD_GEMM
+// --- The prefill's GEMM: any number of activation rows, on the blocks ---------------------
+// y (M, N) = x (M, K) W^T for a prefill chunk, reading W's blocks directly: for each panel of
+// up to PANEL_K weights (one K-quant super-block, or 8 blocks of 32) and each group of GROUP
+// output rows, the group's weights are dequantized once into a small fp32 panel (PANEL_K x
+// GROUP, in L1) and multiplied with MC rows of x, MR rows at a time (GROUP outputs a vector,
+// one broadcast FMA a weight and row). No dequantized matrix is written to memory.
+// Each output is summed in a fixed order, whatever M, the row's place in the chunk, MC or the
+// threads: k in order within a panel (from 0), then the panels' sums in order. A row's result
+// depends on that row alone: any chunk plan gives the same logits.
+constexpr int64_t PANEL_K = 256;  // weights of a panel
+constexpr int64_t MC = 64;        // x rows a pass over the panels (their panel slices in L2)
+constexpr int64_t MR = 6;         // x rows a micro-kernel (MR accumulators and one weight)
+
+// Every weight of one group block of a 32-weight type as a vector of its GROUP rows:
+// out[k * GROUP + i] = weight k of row i, as gguf dequantizes it.
+template <int64_t T>
+inline void block_vectors_32(const uint8_t* blk, float* out) {
+  Vec s, c;
+  group_scales<T>(blk, s, c);
+  const Fields f = block_fields(T);
+  const uint8_t* codes = blk + GROUP * f.n_fields * f.field_bytes;
+  if constexpr (T == Q5_0 || T == Q5_1) {
+    const int64_t bits = (T == Q5_1 ? 2 : 1) * 2 * GROUP;
+    const auto h_lo = Lanes::halves_u16(blk + bits);
+    const auto h_hi = Lanes::halves_u16(blk + bits + 2 * GROUP);
+    for (int j = 0; j < QK / 2; ++j) {
+      const auto v = Lanes::bytes_u8(codes + j * GROUP);
+      const auto b_lo = j >= 4 ? Lanes::fifth_bit(h_lo, j)
+                               : Lanes::fifth_bit(Lanes::shift_left(h_lo, 4), j + 4);
+      const auto b_hi = j >= 4 ? Lanes::fifth_bit(h_hi, j)
+                               : Lanes::fifth_bit(Lanes::shift_left(h_hi, 4), j + 4);
+      Lanes::store(out + j * GROUP, Lanes::fma(s, Lanes::to_float(Lanes::or_low(v, b_lo)), c));
+      Lanes::store(out + (j + QK / 2) * GROUP,
+                   Lanes::fma(s, Lanes::to_float(Lanes::or_high(v, b_hi)), c));
+    }
+  } else if constexpr (T == Q4_0 || T == Q4_1) {
+    for (int j = 0; j < QK / 2; ++j) {
+      const auto v = Lanes::bytes_u8(codes + j * GROUP);
+      Lanes::store(out + j * GROUP, Lanes::fma(s, Lanes::low_nibbles(v), c));
+      Lanes::store(out + (j + QK / 2) * GROUP, Lanes::fma(s, Lanes::high_nibbles(v), c));
+    }
+  } else {
+    for (int k = 0; k < QK; ++k)
+      Lanes::store(out + k * GROUP,
+                   Lanes::fma(s, Lanes::to_float(Lanes::bytes_i8(codes + k * GROUP)), c));
+  }
+}
+
+// The same for a Q4_K / Q5_K super-block (256 weights).
+template <int64_t T>
+inline void block_vectors_k4(const uint8_t* blk, float* out) {
+  const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+  const uint8_t* sc = blk + 4 * GROUP;
+  const uint8_t* qh = sc + 12 * GROUP;
+  const uint8_t* qs = sc + (T == Q5_K ? 44 : 12) * GROUP;
+  for (int l = 0; l < 4; ++l) {
+    Vec s0, c0, s1, c1;
+    kquant_pair<T>(sc, 2 * l, d, dmin, s0, c0);
+    kquant_pair<T>(sc, 2 * l + 1, d, dmin, s1, c1);
+    const uint8_t* q = qs + l * QK * GROUP;
+    for (int t = 0; t < QK; ++t) {
+      const auto v = Lanes::bytes_u8(q + t * GROUP);
+      auto lo = Lanes::and_mask(v, 15);
+      auto hi = Lanes::shift_right(v, 4);
+      if constexpr (T == Q5_K) {
+        const auto h = Lanes::bytes_u8(qh + t * GROUP);
+        lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
+        hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
+      }
+      Lanes::store(out + (2 * l * QK + t) * GROUP, Lanes::fma(s0, Lanes::to_float(lo), c0));
+      Lanes::store(out + ((2 * l + 1) * QK + t) * GROUP, Lanes::fma(s1, Lanes::to_float(hi), c1));
+    }
+  }
+}
+
+// The same for a Q6_K super-block.
+inline void block_vectors_k6(const uint8_t* blk, float* out) {
+  const Vec d = Lanes::halves(blk), minus32 = Lanes::set1(-32.0f);
+  const uint8_t* ql = blk + 2 * GROUP;
+  const uint8_t* qh = ql + 128 * GROUP;
+  const uint8_t* sc = ql + 192 * GROUP;
+  for (int half = 0; half < 2; ++half)
+    for (int u = 0; u < 2; ++u) {
+      Vec s[4];
+      for (int c = 0; c < 4; ++c)
+        s[c] = Lanes::mul(d, Lanes::to_float(Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+      for (int t = 16 * u; t < 16 * u + 16; ++t) {
+        const auto a = Lanes::bytes_u8(ql + (64 * half + t) * GROUP);
+        const auto bq = Lanes::bytes_u8(ql + (64 * half + QK + t) * GROUP);
+        const auto h = Lanes::bytes_u8(qh + (QK * half + t) * GROUP);
+        const typename Lanes::I q[4] = {
+            Lanes::or_bits(Lanes::and_mask(a, 15), Lanes::and_mask(Lanes::shift_left(h, 4), 48)),
+            Lanes::or_bits(Lanes::and_mask(bq, 15), Lanes::and_mask(Lanes::shift_left(h, 2), 48)),
+            Lanes::or_bits(Lanes::shift_right(a, 4), Lanes::and_mask(h, 48)),
+            Lanes::or_bits(Lanes::shift_right(bq, 4),
+                           Lanes::and_mask(Lanes::shift_right(h, 2), 48))};
+        for (int c = 0; c < 4; ++c)
+          Lanes::store(out + (128 * half + c * QK + t) * GROUP,
+                       Lanes::mul(s[c], Lanes::add(Lanes::to_float(q[c]), minus32)));
+      }
+    }
+}
+
+// Panel ``p`` of group ``g`` (weights [p PANEL_K, p PANEL_K + pk)) as GROUP-row vectors.
+template <int64_t T>
+inline int64_t group_panel(const uint8_t* w, int64_t K, int64_t g, int64_t p, float* out) {
+  const int64_t bb = block_bytes(T), bw = block_weights(T), nb = K / bw;
+  const int64_t first = p * PANEL_K / bw, last = std::min(nb, (p + 1) * PANEL_K / bw);
+  const uint8_t* grp = w + g * nb * GROUP * bb;
+  for (int64_t b = first; b < last; ++b) {
+    float* o = out + (b - first) * bw * GROUP;
+    if constexpr (T == Q4_K || T == Q5_K)
+      block_vectors_k4<T>(grp + b * GROUP * bb, o);
+    else if constexpr (T == Q6_K)
+      block_vectors_k6(grp + b * GROUP * bb, o);
+    else
+      block_vectors_32<T>(grp + b * GROUP * bb, o);
+  }
+  return (last - first) * bw;
+}
+
+// ROWS rows of x (row stride K) times a panel of pk weights: y rows (stride ldy) += (or =,
+// for the first panel) their GROUP sums, each summed over k in order from 0.
+template <int ROWS>
+inline void panel_rows(const float* panel, int64_t pk, const float* x, int64_t K, float* y,
+                       int64_t ldy, bool first) {
+  Vec acc[ROWS];
+  for (int r = 0; r < ROWS; ++r) acc[r] = Lanes::zero();
+  for (int64_t k = 0; k < pk; ++k) {
+    const Vec wk = Lanes::floats(reinterpret_cast<const uint8_t*>(panel + k * GROUP));
+    for (int r = 0; r < ROWS; ++r) acc[r] = Lanes::fma(Lanes::set1(x[r * K + k]), wk, acc[r]);
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    float* out = y + r * ldy;
+    Lanes::store(out, first ? acc[r]
+                            : Lanes::add(Lanes::floats(reinterpret_cast<const uint8_t*>(out)),
+                                         acc[r]));
+  }
+}
+
+inline void panel_rows_n(int rows, const float* panel, int64_t pk, const float* x, int64_t K,
+                         float* y, int64_t ldy, bool first) {
+  switch (rows) {
+    case 1: return panel_rows<1>(panel, pk, x, K, y, ldy, first);
+    case 2: return panel_rows<2>(panel, pk, x, K, y, ldy, first);
+    case 3: return panel_rows<3>(panel, pk, x, K, y, ldy, first);
+    case 4: return panel_rows<4>(panel, pk, x, K, y, ldy, first);
+    case 5: return panel_rows<5>(panel, pk, x, K, y, ldy, first);
+    default: return panel_rows<MR>(panel, pk, x, K, y, ldy, first);
+  }
+}
+
+// Groups [g0, g1) of y (M, N) = x (M, K) W^T, any M (see PANEL_K above).
+template <int64_t T>
+void groups_tiled_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
+                    int64_t N, int64_t g0, int64_t g1) {
+  float* panel = scratch(PANEL, PANEL_K * GROUP);
+  float* tail = scratch(TAIL, MC * GROUP);  // the outputs of a last group past N
+  const int64_t n_panels = (K + PANEL_K - 1) / PANEL_K;
+  for (int64_t m0 = 0; m0 < M; m0 += MC) {
+    const int64_t rows = std::min(MC, M - m0);
+    for (int64_t p = 0; p < n_panels; ++p) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t pk = group_panel<T>(w, K, g, p, panel);
+        const bool partial = (g + 1) * GROUP > N;
+        float* out = partial ? tail : y + m0 * N + g * GROUP;
+        const int64_t ldy = partial ? GROUP : N;
+        for (int64_t r = 0; r < rows; r += MR)
+          panel_rows_n(static_cast<int>(std::min(MR, rows - r)), panel, pk,
+                       x + (m0 + r) * K + p * PANEL_K, K, out + r * ldy, ldy, p == 0);
+      }
+    }
+    if ((g1 * GROUP) > N) {  // the last group's valid outputs
+      const int64_t n0 = (g1 - 1) * GROUP;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(y + (m0 + r) * N + n0, tail + r * GROUP, (N - n0) * sizeof(float));
+    }
+  }
+}
+#endif
+
+void unpack_rows_raw(const uint8_t* packed, int64_t qtype, int64_t K, const int64_t* index,
+                     int64_t R, float* out);
+
+// Portable path of the prefill GEMM: each row of W dequantized (as gguf does), then its dot
+// with every row of x, k in order.
+void rows_tiled_portable(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                         float* y, int64_t N, int64_t n0, int64_t n1) {
+  std::vector<float> row(K);
+  for (int64_t n = n0; n < n1; ++n) {
+    unpack_rows_raw(w, qtype, K, &n, 1, row.data());
+    for (int64_t r = 0; r < M; ++r) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k) s = std::fma(row[k], x[r * K + k], s);
+      y[r * N + n] = s;
+    }
+  }
+}
+
+// y (M, N) = x (M, K) W^T for any M >= 1 (a prefill chunk), W packed (``pack``); groups of
+// output rows split over the calling thread's pool.
+void gemm_tiled_raw(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
+                    float* y, int64_t N, bool portable) {
+  const int64_t n_groups = (N + GROUP - 1) / GROUP;
+#if TB_HAVE_SIMD_GEMM
+  if (!portable) {
+    with_qtype(qtype, [&](auto t) {
+      parallel_for(n_groups, 1, [&](int64_t g0, int64_t g1) {
+        groups_tiled_t<decltype(t)::value>(w, x, M, K, y, N, g0, g1);
+      });
+    });
+    return;
+  }
+#endif
+  (void)n_groups;
+  rows_tiled_portable(qtype, w, x, M, K, y, N, 0, N);
+}
 
 // y (M, N) = x (M, K) W^T over raw pointers, W packed (``pack``); groups of GROUP output
 // rows split over the calling thread's pool.

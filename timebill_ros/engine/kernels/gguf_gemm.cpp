@@ -80,6 +80,21 @@ at::Tensor gemm(at::Tensor x, at::Tensor packed, int64_t qtype, int64_t N,
   return y;
 }
 
+// y (M, N) = x (M, K) W^T for any M >= 1 (a prefill chunk), reading the blocks of ``packed``
+// directly (no dequantized matrix); a row's result does not depend on M.
+at::Tensor gemm_tiled(at::Tensor x, at::Tensor packed, int64_t qtype, int64_t N, bool portable) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous (M, K) float32 tensor");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M >= 1, "x must have at least one row");
+  check_packed(packed, qtype, K, N, "blocks");
+  auto y = at::empty({M, N}, x.options());
+  gemm_tiled_raw(qtype, packed.data_ptr<uint8_t>(), x.data_ptr<float>(), M, K,
+                 y.data_ptr<float>(), N, portable);
+  return y;
+}
+
 // The KV buffers of M rows, checked: each (1, H_kv, C_r, D) float32, contiguous.
 struct Caches {
   std::vector<float*> keys, values;
@@ -395,6 +410,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         no_gil());
   m.def("gemm", &gemm, "y = x W^T, W packed GGUF blocks (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K)",
         no_gil());
+  m.def("gemm_tiled", &gemm_tiled,
+        "y = x W^T for any rows (a prefill chunk), W packed GGUF blocks read directly", no_gil());
   m.def("dequantize", &dequantize, "GGUF blocks -> fp32 weights", no_gil());
   m.def("unpack_rows", &unpack_rows, "rows of packed GGUF blocks -> fp32 weights", no_gil());
   m.def("layer_step", &layer_step,

@@ -34,6 +34,9 @@ from timebill_ros.engine import kernels
 # Products of at most this many rows run on the blocks; more rows dequantize the matrix once
 # for the call and run torch's fp32 GEMM (compute-bound there).
 GEMM_ROWS = 16
+# An fp32 prefill on blocks runs the kernels' GEMM on the blocks (True) or torch's GEMM on a
+# dequantized fp32 copy of each matrix (False: what it did before; benchmarks compare the two).
+TILED_PREFILL = True
 DENSE_TYPES = {'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16}
 BLOCK_TYPES = tuple(kernels.QTYPES)
 SUPPORTED_TYPES = tuple(DENSE_TYPES) + BLOCK_TYPES
@@ -106,9 +109,10 @@ class Matrix:
     def __call__(self, x: torch.Tensor, gemm_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Return the input (..., K) fp32 times W^T, plus the bias: (..., N) fp32.
 
-        gemm_dtype: the dtype of the torch GEMM that more than ``GEMM_ROWS`` rows take
-        (float32: exact; bfloat16: :func:`_split_linear`); fewer rows always run the kernels
-        in fp32.
+        gemm_dtype: the dtype of the GEMM that more than ``GEMM_ROWS`` rows take: float32
+        runs the kernels' prefill GEMM on the blocks (``gemm_tiled``: no dequantized matrix; a
+        row's result independent of the chunk), bfloat16 torch's GEMM on a bf16 copy
+        (:func:`_split_linear`); fewer rows always run the decoding kernels in fp32.
         """
         rows = x.reshape(-1, self.k)
         if self.packed is not None and rows.shape[0] <= GEMM_ROWS:
@@ -117,6 +121,11 @@ class Matrix:
                                        self.n_rows, False)
                      for i in range(0, rows.shape[0], kernels.MAX_ROWS)]
             y = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if self.bias is not None:
+                y = y + self.bias
+        elif self.packed is not None and gemm_dtype == torch.float32 and TILED_PREFILL:
+            y = self.kernels.gemm_tiled(rows.contiguous(), self.packed, self.qtype,
+                                        self.n_rows, False)
             if self.bias is not None:
                 y = y + self.bias
         elif gemm_dtype == torch.float32:
