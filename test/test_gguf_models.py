@@ -375,7 +375,10 @@ def test_a_prefill_by_layer_is_the_prefill_chunk_by_chunk(written, arch, prefill
 
 
 def test_held_weights_are_dequantized_once_a_block(written, monkeypatch):
-    """Inside weights_held a matrix is dequantized at its first call only; outside, each call."""
+    """A bf16 prefill in weights_held dequantizes a matrix once; fp32 never does.
+
+    Outside weights_held, each bf16 call dequantizes; the fp32 GEMM reads the blocks.
+    """
     path, _ = written('llama', MIXED)
     decoder = load_decoder(GgufFile(path))
     matrix = decoder.layers[0].down.groups[0][0]
@@ -385,10 +388,33 @@ def test_held_weights_are_dequantized_once_a_block(written, monkeypatch):
                         lambda self: (calls.append(self), dequantized(self))[1])
     x = torch.randn(20, matrix.k)
     with weights.weights_held():
-        first, again = matrix(x), matrix(x)
+        first, again = matrix(x, torch.bfloat16), matrix(x, torch.bfloat16)
     assert len(calls) == 1 and torch.equal(first, again)
+    matrix(x, torch.bfloat16)
+    assert len(calls) == 2
     matrix(x)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize('short', ['ffn_down', 'attn_output', 'attn_q'])
+def test_an_fp32_prefill_on_the_blocks_is_the_dequantized_product_whatever_the_chunk(
+        written, short):
+    """Rows beyond GEMM_ROWS run gemm_tiled: gguf's weights' product, a row's bits its own.
+
+    To fp32 rounding of the float64 product; each row the same bits in any chunk.
+    """
+    path, _ = written('llama', MIXED)
+    decoder = load_decoder(GgufFile(path))
+    layer = {'ffn_down': decoder.layers[0].down, 'attn_output': decoder.layers[0].out,
+             'attn_q': decoder.layers[0].qkv}[short]
+    matrix = layer.groups[0][0]
+    x = torch.randn(50, matrix.k, generator=torch.Generator().manual_seed(3))
+    y = matrix(x)
+    ref = torch.nn.functional.linear(x.double(), matrix.dequantized().double())
+    if matrix.bias is not None:
+        ref = ref + matrix.bias.double()
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    assert torch.equal(matrix(x[:20]), y[:20]) and torch.equal(matrix(x[30:]), y[30:])
 
 
 def test_a_gguf_prefill_in_chunks_runs_by_layer_and_stops_within_one(bpe_file):
