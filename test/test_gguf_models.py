@@ -316,6 +316,32 @@ def test_masked_chunks_attend_in_blocks_of_queries(written, arch, block, monkeyp
     assert rel_error(ours, _reference(model, ids)[len(PROMPT) - 1:]) < REL_TOL
 
 
+def test_auto_prefill_dtype_is_float32_without_bf16_dot_products(monkeypatch, tmp_path):
+    """No bf16 flag: float32 and no probe, every start; with one, the probe decides."""
+    cpuinfo = tmp_path / 'cpuinfo'
+    cpuinfo.write_text('processor : 0\nflags : fpu sse avx2 fma f16c\n\nprocessor : 1\n'
+                       'flags : fpu sse avx2 fma f16c avx512f\n')
+    assert weights.cpu_bf16_flags(str(cpuinfo)) == ()
+    arm = tmp_path / 'cpuinfo_arm'
+    arm.write_text('processor : 0\nFeatures : fp asimd bf16 i8mm\n')
+    assert weights.cpu_bf16_flags(str(arm)) == ('bf16',)
+    probed = []
+
+    def probe(speedup):
+        return lambda: probed.append(speedup) or speedup
+    for flags, speedup, dtype in (((), 9.0, 'float32'), (('amx_bf16',), 3.9, 'bfloat16'),
+                                  (('avx512_bf16',), 1.2, 'float32')):
+        monkeypatch.setattr(weights, 'cpu_bf16_flags', lambda flags=flags: flags)
+        monkeypatch.setattr(weights, 'bf16_gemm_speedup', probe(speedup))
+        weights.auto_prefill_dtype.cache_clear()
+        try:
+            assert [weights.prefill_dtype('auto') for _ in range(5)] == [dtype] * 5
+            assert ('no bf16 dot products' in weights.auto_prefill_dtype()[1]) == (not flags)
+        finally:
+            weights.auto_prefill_dtype.cache_clear()
+    assert probed == [3.9, 1.2]  # no probe without a flag; one a process with one
+
+
 def test_the_prefill_dtype_resolves_and_keys_the_calibration(
         bpe_file, tiny_model, smollm2_tokenizer):
     from timebill_ros.timing.profiler import key_fields

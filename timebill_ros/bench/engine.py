@@ -376,10 +376,9 @@ def _auto_choice(threads, device='cpu') -> str:
 
 
 def _prefill_choice(engine) -> str:
-    """Return what ``prefill_dtype: auto`` chose for ``engine``, with the probe's figure."""
-    from timebill_ros.engine.models.weights import bf16_gemm_speedup
-    return (f'{engine.engine_config.prefill_dtype} (a bf16 GEMM ran '
-            f'{bf16_gemm_speedup():.1f}x as fast as fp32)')
+    """Return what ``prefill_dtype: auto`` chose for ``engine``, and why."""
+    from timebill_ros.engine.models.weights import auto_prefill_dtype
+    return f'{engine.engine_config.prefill_dtype} ({auto_prefill_dtype()[1]})'
 
 
 def _llama(args, kvs, xs):

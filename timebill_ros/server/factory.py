@@ -226,8 +226,9 @@ def resolved_engine(config, engine, log=print):
         if engine.gguf_skipped:
             log(f'engine.decode_weights auto did not try gguf: {engine.gguf_skipped}')
     if config.engine.prefill_dtype != engine.engine_config.prefill_dtype:
+        from timebill_ros.engine.models.weights import auto_prefill_dtype
         log(f'engine.prefill_dtype {config.engine.prefill_dtype}: '
-            f'{engine.engine_config.prefill_dtype}')
+            f'{engine.engine_config.prefill_dtype} ({auto_prefill_dtype()[1]})')
     return dataclasses.replace(config, engine=engine.engine_config)
 
 

@@ -808,29 +808,35 @@ void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64
       const uint8_t* qh = sc + 12 * GROUP;
       const uint8_t* qs = sc + (five ? 44 : 12) * GROUP;
       const float* xb = x + b * QK_K;
+#pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) {
         Vec s0, c0, s1, c1;
         kquant_pair<T>(sc, 2 * l, d, dmin, s0, c0);
         kquant_pair<T>(sc, 2 * l + 1, d, dmin, s1, c1);
         const uint8_t* q = qs + l * QK * GROUP;
         const float* xl = xb + l * 2 * QK;
-#pragma GCC unroll 8
-        for (int t = 0; t < QK; ++t) {
-          const auto v = Lanes::bytes_u8(q + t * GROUP);
-          auto lo = Lanes::and_mask(v, 15);
-          auto hi = Lanes::shift_right(v, 4);
-          if constexpr (five) {
-            const auto h = Lanes::bytes_u8(qh + t * GROUP);
-            lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
-            hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
-          }
-          const Vec w_lo = Lanes::fma(s0, Lanes::to_float(lo), c0);
-          const Vec w_hi = Lanes::fma(s1, Lanes::to_float(hi), c1);
-          for (int64_t r = 0; r < ROWS; ++r) {
-            Vec& a_lo = acc[r][(2 * t) % P];
-            a_lo = Lanes::fma(Lanes::set1(xl[r * K + t]), w_lo, a_lo);
-            Vec& a_hi = acc[r][(2 * t + 1) % P];
-            a_hi = Lanes::fma(Lanes::set1(xl[r * K + QK + t]), w_hi, a_hi);
+        // Four code bytes an iteration, unrolled: every accumulator index a constant (an
+        // index the compiler cannot resolve puts the accumulators on the stack).
+        for (int t0 = 0; t0 < QK; t0 += 4) {
+#pragma GCC unroll 4
+          for (int u = 0; u < 4; ++u) {
+            const int t = t0 + u;
+            const auto v = Lanes::bytes_u8(q + t * GROUP);
+            auto lo = Lanes::and_mask(v, 15);
+            auto hi = Lanes::shift_right(v, 4);
+            if constexpr (five) {
+              const auto h = Lanes::bytes_u8(qh + t * GROUP);
+              lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
+              hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
+            }
+            const Vec w_lo = Lanes::fma(s0, Lanes::to_float(lo), c0);
+            const Vec w_hi = Lanes::fma(s1, Lanes::to_float(hi), c1);
+            for (int64_t r = 0; r < ROWS; ++r) {
+              Vec& a_lo = acc[r][(2 * u) % P];
+              a_lo = Lanes::fma(Lanes::set1(xl[r * K + t]), w_lo, a_lo);
+              Vec& a_hi = acc[r][(2 * u + 1) % P];
+              a_hi = Lanes::fma(Lanes::set1(xl[r * K + QK + t]), w_hi, a_hi);
+            }
           }
         }
       }
@@ -867,8 +873,10 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
             s[c] = Lanes::mul(d, Lanes::to_float(
                 Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
           const float* xh = xb + half * 128;
-#pragma GCC unroll 4
-          for (int t = 16 * u; t < 16 * u + 16; ++t) {
+          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 2) {
+#pragma GCC unroll 2
+           for (int v = 0; v < 2; ++v) {  // constant accumulator indices, as in groups_simd_k4
+            const int t = t0 + v;
             const auto a = Lanes::bytes_u8(ql + (64 * half + t) * GROUP);
             const auto bq = Lanes::bytes_u8(ql + (64 * half + QK + t) * GROUP);
             const auto h = Lanes::bytes_u8(qh + (QK * half + t) * GROUP);
@@ -881,10 +889,11 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
             for (int c = 0; c < 4; ++c) {  // (d sc) (q - 32): both exact, as gguf's
               const Vec wc = Lanes::mul(s[c], Lanes::add(Lanes::to_float(q[c]), minus32));
               for (int64_t r = 0; r < ROWS; ++r) {
-                Vec& acc_c = acc[r][(4 * t + c) % P];
+                Vec& acc_c = acc[r][(4 * v + c) % P];
                 acc_c = Lanes::fma(Lanes::set1(xh[r * K + c * QK + t]), wc, acc_c);
               }
             }
+           }
           }
         }
       }

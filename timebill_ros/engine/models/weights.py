@@ -177,12 +177,33 @@ def _split_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(high, weight).float() + F.linear(low, weight).float()
 
 
+# CPU flags of bf16 dot products (x86's /proc/cpuinfo ``flags``, ARM's ``Features``): where none
+# is present a bf16 GEMM is emulated and never beats fp32, so ``auto`` takes fp32 without a
+# probe.
+BF16_FLAGS = ('avx512_bf16', 'amx_bf16', 'avx_ne_convert', 'bf16')
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> tuple:
+    """Return the bf16 dot-product flags this CPU reports (empty where /proc is missing)."""
+    try:
+        with open(cpuinfo, encoding='utf-8', errors='replace') as stream:
+            text = stream.read()
+    except OSError:
+        return ()
+    flags = set()
+    for line in text.splitlines():
+        if line.split(':')[0].strip() in ('flags', 'Features'):
+            flags.update(line.partition(':')[2].split())
+    return tuple(flag for flag in BF16_FLAGS if flag in flags)
+
+
 @functools.lru_cache(maxsize=None)
 def bf16_gemm_speedup() -> float:
     """Return how many times faster a bf16 GEMM runs than an fp32 one here (timed once).
 
-    A (256, 1024) x (1024, 1024) product, best of 3 after a warm-up each: ~20 ms on a CPU
-    with bf16 dot products (where it is ~4x), a little more where bf16 is emulated (< 1x).
+    A (256, 1024) x (1024, 1024) product, the best of 5 after a warm-up each: ~20 ms on a
+    CPU with bf16 dot products (where it is ~4x), a little more where bf16 is emulated (< 1x).
     """
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(256, 1024, generator=generator)
@@ -192,7 +213,7 @@ def bf16_gemm_speedup() -> float:
         xd, wd = x.to(dtype), w.to(dtype)
         F.linear(xd, wd)
         times = []
-        for _ in range(3):
+        for _ in range(5):
             start = time.perf_counter()
             F.linear(xd, wd)
             times.append(time.perf_counter() - start)
@@ -200,10 +221,27 @@ def bf16_gemm_speedup() -> float:
     return seconds[torch.float32] / max(seconds[torch.bfloat16], 1e-9)
 
 
+@functools.lru_cache(maxsize=None)
+def auto_prefill_dtype() -> tuple:
+    """Return (``float32`` or ``bfloat16``, why) for ``engine.prefill_dtype: auto``, once.
+
+    Without a bf16 dot-product flag: float32, no probe (the same choice every start). With
+    one: bfloat16 when :func:`bf16_gemm_speedup` >= BF16_MIN_SPEEDUP (~4x where the flag is
+    real: far from the threshold, so the choice repeats).
+    """
+    flags = cpu_bf16_flags()
+    if not flags:
+        return 'float32', 'no bf16 dot products on this CPU (no ' + ', '.join(BF16_FLAGS) + ')'
+    speedup = bf16_gemm_speedup()
+    dtype = 'bfloat16' if speedup >= BF16_MIN_SPEEDUP else 'float32'
+    return dtype, (f'{", ".join(flags)} on this CPU; a bf16 GEMM ran {speedup:.1f}x as fast '
+                   f'as fp32 (bfloat16 from {BF16_MIN_SPEEDUP}x)')
+
+
 def prefill_dtype(name: str) -> str:
-    """Resolve engine.prefill_dtype ``name`` to ``float32`` or ``bfloat16`` (``auto``: probe)."""
+    """Resolve engine.prefill_dtype ``name`` to ``float32`` or ``bfloat16`` (see auto_...)."""
     if name == 'auto':
-        return 'bfloat16' if bf16_gemm_speedup() >= BF16_MIN_SPEEDUP else 'float32'
+        return auto_prefill_dtype()[0]
     if name not in ('float32', 'bfloat16'):
         raise ValueError(f'prefill dtype must be auto, float32 or bfloat16, got {name!r}')
     return name
