@@ -66,12 +66,14 @@ class EngineConfig:
         With a ``.gguf`` model_path a dtype (``float32``, ``float16``, ``bfloat16``) serves it
         on the dense decoder (weights dequantized once into that dtype, what a GPU runs) on
         any device; on a GPU it must be ``auto`` or ``dtype``.
-    prefill_dtype: a GGUF model's prefill GEMMs (more than 16 tokens): ``float32`` (exact
-        against gguf's dequantization), ``bfloat16`` (weights rounded to bf16, activations
-        as two bf16 parts, fp32 sums: ~2x the GEMM speed where the CPU has bf16 dot products;
-        greedy answers as fp32's on held-out prompts, docs/own_model.md) or ``auto``
-        (bfloat16 where a probe at load finds bf16 GEMMs >= 1.5x as fast as fp32, else
-        float32). Decoding steps are fp32 either way. A transformers model prefills in
+    prefill_dtype: a GGUF model's prefill GEMMs (more than 16 tokens): ``float32`` (the
+        kernels' GEMM on the file's blocks: exact against gguf's dequantization, a token's
+        logits the same whatever the chunk plan), ``bfloat16`` (torch's GEMM on a bf16 copy of
+        each matrix, activations as two bf16 parts, fp32 sums: ~2x the speed where the CPU
+        has bf16 dot products; greedy answers as fp32's on held-out prompts,
+        docs/own_model.md) or ``auto`` (float32 on a CPU without bf16 dot products, with no
+        probe; on one with them, bfloat16 when a probe at load finds bf16 GEMMs >= 1.5x as
+        fast as fp32). Decoding steps are fp32 either way. A transformers model prefills in
         ``dtype``: leave it ``auto``.
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
