@@ -1,4 +1,14 @@
-"""Shared pytest fixtures: a tiny random-weight Llama with the real SmolLM2 tokenizer."""
+"""Shared pytest fixtures: a tiny random-weight Llama with the real SmolLM2 tokenizer.
+
+The session's ROS 2 traffic stays in a DDS domain of its own (ROS_DOMAIN_ID 1-100 from the
+process id, unless set): two test sessions on one machine (two clones, a long run beside
+`make test`) otherwise see each other's action servers of the same name. A client's result
+request then reached both, and the other session's server, which had not seen the goal,
+answered first: STATUS_UNKNOWN (test_goal_sender.py failed so, 2026-11-29, only while two
+sessions ran). The nodes a test starts inherit the variable.
+"""
+
+import os
 
 import numpy as np
 import pytest
@@ -10,6 +20,9 @@ from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Con
 from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.model_source import resolve_model_dir
+
+# Read by rclpy.init, which no import runs: every test's context is in this domain.
+os.environ.setdefault('ROS_DOMAIN_ID', str(1 + os.getpid() % 100))
 
 TINY_SEED = 1234
 
