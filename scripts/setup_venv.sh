@@ -32,6 +32,35 @@ else
   venv_args=()
 fi
 
+# Pip ROS: the wheels' CMake export files name the wheel builder's include paths; point them at
+# this venv's numpy and Python headers (colcon's configure fails on the originals).
+fix_cmake_paths() {
+  "$PY" - "$VENV/share" <<'PYEOF'
+import pathlib
+import sys
+import sysconfig
+
+import numpy
+
+fixes = {
+    '/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include':
+        numpy.get_include(),
+    '/opt/python/cp311-cp311/include/python3.11': sysconfig.get_paths()['include'],
+}
+changed = 0
+for path in pathlib.Path(sys.argv[1]).rglob('*.cmake'):
+    text = path.read_text()
+    new = text
+    for old, repl in fixes.items():
+        new = new.replace(old, repl)
+    if new != text:
+        path.write_text(new)
+        changed += 1
+if changed:
+    print(f'setup_venv: fixed include paths in {changed} CMake files')
+PYEOF
+}
+
 # Create the venv if missing (python >= 3.10; the pip ROS wheels are cp311 only).
 if [[ ! -x "$VENV/bin/python" ]]; then
   if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
@@ -81,6 +110,9 @@ else
       colcon_needs+=(-r "$ROOT/requirements-ros.txt")
     fi
     "$PY" -m pip install "${colcon_needs[@]}"
+    if [[ "$ros_mode" == pip ]]; then
+      fix_cmake_paths
+    fi
     TIMEBILL_BUILD_KERNELS=0 "$ROOT/scripts/build.sh" > "$VENV/colcon_early.log" 2>&1 &
     colcon_pid=$!
     "$PY" -m pip install -r "$ROOT/requirements.txt"
@@ -108,30 +140,7 @@ fi
 # Pip ROS: rewrite the wheel builder's include paths in <venv>/share/**/*.cmake (cheap, so it
 # runs every time: a manual pip reinstall of a ROS wheel brings the old paths back).
 if [[ "$ros_mode" == pip ]]; then
-  "$PY" - "$VENV/share" <<'PYEOF'
-import pathlib
-import sys
-import sysconfig
-
-import numpy
-
-fixes = {
-    '/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include':
-        numpy.get_include(),
-    '/opt/python/cp311-cp311/include/python3.11': sysconfig.get_paths()['include'],
-}
-changed = 0
-for path in pathlib.Path(sys.argv[1]).rglob('*.cmake'):
-    text = path.read_text()
-    new = text
-    for old, repl in fixes.items():
-        new = new.replace(old, repl)
-    if new != text:
-        path.write_text(new)
-        changed += 1
-if changed:
-    print(f'setup_venv: fixed include paths in {changed} CMake files')
-PYEOF
+  fix_cmake_paths
 fi
 
 echo "$want" > "$STAMP"
