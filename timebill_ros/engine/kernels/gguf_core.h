@@ -789,6 +789,33 @@ inline typename Lanes::I fifth_of(typename Lanes::I h, int j) {
   return Lanes::and_mask(j >= 4 ? Lanes::shift_right(h, j - 4) : Lanes::shift_left(h, 4 - j), 16);
 }
 
+// Q4_K / Q5_K: the codes at byte t of pair l's 32 (``q``: the pair's nibbles, ``qh``: Q5_K's
+// fifth bits): sub-block 2 l's in ``lo``, 2 l + 1's in ``hi``, GROUP rows a vector.
+template <int64_t T>
+inline void k4_codes(const uint8_t* q, const uint8_t* qh, int l, int t, typename Lanes::I& lo,
+                     typename Lanes::I& hi) {
+  const auto v = Lanes::bytes_u8(q + t * GROUP);
+  lo = Lanes::and_mask(v, 15);
+  hi = Lanes::shift_right(v, 4);
+  if constexpr (T == Q5_K) {
+    const auto h = Lanes::bytes_u8(qh + t * GROUP);
+    lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
+    hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
+  }
+}
+
+// Q6_K: the 6-bit codes 0..63 of weights 128 half + 32 c + t, c = 0..3, GROUP rows a vector.
+inline void q6_codes(const uint8_t* ql, const uint8_t* qh, int half, int t,
+                     typename Lanes::I (&q)[4]) {
+  const auto a = Lanes::bytes_u8(ql + (64 * half + t) * GROUP);
+  const auto bq = Lanes::bytes_u8(ql + (64 * half + QK + t) * GROUP);
+  const auto h = Lanes::bytes_u8(qh + (QK * half + t) * GROUP);
+  q[0] = Lanes::or_bits(Lanes::and_mask(a, 15), Lanes::and_mask(Lanes::shift_left(h, 4), 48));
+  q[1] = Lanes::or_bits(Lanes::and_mask(bq, 15), Lanes::and_mask(Lanes::shift_left(h, 2), 48));
+  q[2] = Lanes::or_bits(Lanes::shift_right(a, 4), Lanes::and_mask(h, 48));
+  q[3] = Lanes::or_bits(Lanes::shift_right(bq, 4), Lanes::and_mask(Lanes::shift_right(h, 2), 48));
+}
+
 template <int64_t T, int64_t ROWS>
 void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                     int64_t g0, int64_t g1) {
@@ -821,14 +848,8 @@ void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64
 #pragma GCC unroll 4
           for (int u = 0; u < 4; ++u) {
             const int t = t0 + u;
-            const auto v = Lanes::bytes_u8(q + t * GROUP);
-            auto lo = Lanes::and_mask(v, 15);
-            auto hi = Lanes::shift_right(v, 4);
-            if constexpr (five) {
-              const auto h = Lanes::bytes_u8(qh + t * GROUP);
-              lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
-              hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
-            }
+            typename Lanes::I lo, hi;
+            k4_codes<T>(q, qh, l, t, lo, hi);
             const Vec w_lo = Lanes::fma(s0, Lanes::to_float(lo), c0);
             const Vec w_hi = Lanes::fma(s1, Lanes::to_float(hi), c1);
             for (int64_t r = 0; r < ROWS; ++r) {
@@ -877,15 +898,8 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
 #pragma GCC unroll 2
            for (int v = 0; v < 2; ++v) {  // constant accumulator indices, as in groups_simd_k4
             const int t = t0 + v;
-            const auto a = Lanes::bytes_u8(ql + (64 * half + t) * GROUP);
-            const auto bq = Lanes::bytes_u8(ql + (64 * half + QK + t) * GROUP);
-            const auto h = Lanes::bytes_u8(qh + (QK * half + t) * GROUP);
-            const typename Lanes::I q[4] = {
-                Lanes::or_bits(Lanes::and_mask(a, 15), Lanes::and_mask(Lanes::shift_left(h, 4), 48)),
-                Lanes::or_bits(Lanes::and_mask(bq, 15), Lanes::and_mask(Lanes::shift_left(h, 2), 48)),
-                Lanes::or_bits(Lanes::shift_right(a, 4), Lanes::and_mask(h, 48)),
-                Lanes::or_bits(Lanes::shift_right(bq, 4),
-                               Lanes::and_mask(Lanes::shift_right(h, 2), 48))};
+            typename Lanes::I q[4];
+            q6_codes(ql, qh, half, t, q);
             for (int c = 0; c < 4; ++c) {  // (d sc) (q - 32): both exact, as gguf's
               const Vec wc = Lanes::mul(s[c], Lanes::add(Lanes::to_float(q[c]), minus32));
               for (int64_t r = 0; r < ROWS; ++r) {
@@ -999,14 +1013,8 @@ inline void block_vectors_k4(const uint8_t* blk, float* out) {
     kquant_pair<T>(sc, 2 * l + 1, d, dmin, s1, c1);
     const uint8_t* q = qs + l * QK * GROUP;
     for (int t = 0; t < QK; ++t) {
-      const auto v = Lanes::bytes_u8(q + t * GROUP);
-      auto lo = Lanes::and_mask(v, 15);
-      auto hi = Lanes::shift_right(v, 4);
-      if constexpr (T == Q5_K) {
-        const auto h = Lanes::bytes_u8(qh + t * GROUP);
-        lo = Lanes::or_bits(lo, fifth_of(h, 2 * l));
-        hi = Lanes::or_bits(hi, fifth_of(h, 2 * l + 1));
-      }
+      typename Lanes::I lo, hi;
+      k4_codes<T>(q, qh, l, t, lo, hi);
       Lanes::store(out + (2 * l * QK + t) * GROUP, Lanes::fma(s0, Lanes::to_float(lo), c0));
       Lanes::store(out + ((2 * l + 1) * QK + t) * GROUP, Lanes::fma(s1, Lanes::to_float(hi), c1));
     }
@@ -1025,15 +1033,8 @@ inline void block_vectors_k6(const uint8_t* blk, float* out) {
       for (int c = 0; c < 4; ++c)
         s[c] = Lanes::mul(d, Lanes::to_float(Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
       for (int t = 16 * u; t < 16 * u + 16; ++t) {
-        const auto a = Lanes::bytes_u8(ql + (64 * half + t) * GROUP);
-        const auto bq = Lanes::bytes_u8(ql + (64 * half + QK + t) * GROUP);
-        const auto h = Lanes::bytes_u8(qh + (QK * half + t) * GROUP);
-        const typename Lanes::I q[4] = {
-            Lanes::or_bits(Lanes::and_mask(a, 15), Lanes::and_mask(Lanes::shift_left(h, 4), 48)),
-            Lanes::or_bits(Lanes::and_mask(bq, 15), Lanes::and_mask(Lanes::shift_left(h, 2), 48)),
-            Lanes::or_bits(Lanes::shift_right(a, 4), Lanes::and_mask(h, 48)),
-            Lanes::or_bits(Lanes::shift_right(bq, 4),
-                           Lanes::and_mask(Lanes::shift_right(h, 2), 48))};
+        typename Lanes::I q[4];
+        q6_codes(ql, qh, half, t, q);
         for (int c = 0; c < 4; ++c)
           Lanes::store(out + (128 * half + c * QK + t) * GROUP,
                        Lanes::mul(s[c], Lanes::add(Lanes::to_float(q[c]), minus32)));
