@@ -110,8 +110,8 @@ def copy_tokenizer(writer, source_path) -> int:
 def write_random_f16(path, dims: Dims, seed: int, tokenizer_source) -> int:
     """Write a random-weight ``qwen2`` GGUF (F16 matrices) at ``path``; return its parameters.
 
-    Tensors are drawn in :func:`tensor_plan`'s order from one seeded generator, twice: once
-    for the header's sizes (shapes only), once streamed to the file.
+    The header takes :func:`tensor_plan`'s shapes; then each tensor is drawn, in that order
+    from one seeded generator, and streamed to the file.
     """
     import gguf
     writer = gguf.GGUFWriter(str(path), 'qwen2')

@@ -766,7 +766,6 @@ void groups_simd_32(const uint8_t* w, const float* x, int64_t K, float* y, int64
 // scales and minima (6-bit fields of the 12 scale bytes, GROUP rows a vector), then 32 code
 // bytes: weight t of the first sub-block in the low nibble, of the second in the high one
 // (Q5_K: the fifth bit from bit j of byte t of qh).
-template <int64_t T>
 inline void kquant_pair(const uint8_t* sc, int j, Vec d, Vec dmin, Vec& s, Vec& c) {
   using I = typename Lanes::I;
   I scale, min;
@@ -838,8 +837,8 @@ void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64
 #pragma GCC unroll 4
       for (int l = 0; l < 4; ++l) {
         Vec s0, c0, s1, c1;
-        kquant_pair<T>(sc, 2 * l, d, dmin, s0, c0);
-        kquant_pair<T>(sc, 2 * l + 1, d, dmin, s1, c1);
+        kquant_pair(sc, 2 * l, d, dmin, s0, c0);
+        kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
         const uint8_t* q = qs + l * QK * GROUP;
         const float* xl = xb + l * 2 * QK;
         // Four code bytes an iteration, unrolled: every accumulator index a constant (an
@@ -1009,8 +1008,8 @@ inline void block_vectors_k4(const uint8_t* blk, float* out) {
   const uint8_t* qs = sc + (T == Q5_K ? 44 : 12) * GROUP;
   for (int l = 0; l < 4; ++l) {
     Vec s0, c0, s1, c1;
-    kquant_pair<T>(sc, 2 * l, d, dmin, s0, c0);
-    kquant_pair<T>(sc, 2 * l + 1, d, dmin, s1, c1);
+    kquant_pair(sc, 2 * l, d, dmin, s0, c0);
+    kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
     const uint8_t* q = qs + l * QK * GROUP;
     for (int t = 0; t < QK; ++t) {
       typename Lanes::I lo, hi;
