@@ -316,6 +316,13 @@ def test_the_prefill_gemm_multiplies_any_rows_on_the_blocks(gemm, kquant_rows, q
     for first, last in ((0, 1), (13, 14), (69, 70), (5, 25), (0, 64)):  # any chunk plan
         part = gemm.gemm_tiled(x[first:last].contiguous(), packed, int(qtype), 203, portable)
         assert torch.equal(part, y[first:last]), (first, last)
+    threads = torch.get_num_threads()
+    try:  # one thread takes every group (in pairs), three split them unevenly: the same bits
+        for n_threads in (1, 3):
+            torch.set_num_threads(n_threads)
+            assert torch.equal(gemm.gemm_tiled(x, packed, int(qtype), 203, portable), y)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_prefill_gemm_checks_its_inputs(gemm):

@@ -1059,34 +1059,47 @@ inline int64_t group_panel(const uint8_t* w, int64_t K, int64_t g, int64_t p, fl
   return (last - first) * bw;
 }
 
-// ROWS rows of x (row stride K) times a panel of pk weights: y rows (stride ldy) += (or =,
-// for the first panel) their GROUP sums, each summed over k in order from 0.
-template <int ROWS>
+// ROWS rows of x (row stride K) times NG groups' panels of pk weights (group j's panel at
+// panel + j PANEL_K GROUP): y rows (stride ldy; group j's outputs at + j GROUP) += (or =, for
+// the first panel) their sums, each summed over k in order from 0. Two groups make ROWS x 2
+// accumulators (6 x 2 = 12 of AVX2's 16 registers): two weight loads and ROWS broadcasts feed
+// 2 ROWS FMAs, enough to keep both FMA ports busy; one group (ROWS loads and broadcasts for
+// ROWS FMAs) waits on the load ports. The grouping changes no output's summation order.
+template <int ROWS, int NG>
 inline void panel_rows(const float* panel, int64_t pk, const float* x, int64_t K, float* y,
                        int64_t ldy, bool first) {
-  Vec acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = Lanes::zero();
+  Vec acc[ROWS][NG];
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < NG; ++j) acc[r][j] = Lanes::zero();
   for (int64_t k = 0; k < pk; ++k) {
-    const Vec wk = Lanes::floats(reinterpret_cast<const uint8_t*>(panel + k * GROUP));
-    for (int r = 0; r < ROWS; ++r) acc[r] = Lanes::fma(Lanes::set1(x[r * K + k]), wk, acc[r]);
+    Vec wk[NG];
+    for (int j = 0; j < NG; ++j)
+      wk[j] = Lanes::floats(reinterpret_cast<const uint8_t*>(panel + j * PANEL_K * GROUP +
+                                                             k * GROUP));
+    for (int r = 0; r < ROWS; ++r) {
+      const Vec xr = Lanes::set1(x[r * K + k]);
+      for (int j = 0; j < NG; ++j) acc[r][j] = Lanes::fma(xr, wk[j], acc[r][j]);
+    }
   }
-  for (int r = 0; r < ROWS; ++r) {
-    float* out = y + r * ldy;
-    Lanes::store(out, first ? acc[r]
-                            : Lanes::add(Lanes::floats(reinterpret_cast<const uint8_t*>(out)),
-                                         acc[r]));
-  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < NG; ++j) {
+      float* out = y + r * ldy + j * GROUP;
+      Lanes::store(out, first ? acc[r][j]
+                              : Lanes::add(Lanes::floats(reinterpret_cast<const uint8_t*>(out)),
+                                           acc[r][j]));
+    }
 }
 
+template <int NG>
 inline void panel_rows_n(int rows, const float* panel, int64_t pk, const float* x, int64_t K,
                          float* y, int64_t ldy, bool first) {
   switch (rows) {
-    case 1: return panel_rows<1>(panel, pk, x, K, y, ldy, first);
-    case 2: return panel_rows<2>(panel, pk, x, K, y, ldy, first);
-    case 3: return panel_rows<3>(panel, pk, x, K, y, ldy, first);
-    case 4: return panel_rows<4>(panel, pk, x, K, y, ldy, first);
-    case 5: return panel_rows<5>(panel, pk, x, K, y, ldy, first);
-    default: return panel_rows<MR>(panel, pk, x, K, y, ldy, first);
+    case 1: return panel_rows<1, NG>(panel, pk, x, K, y, ldy, first);
+    case 2: return panel_rows<2, NG>(panel, pk, x, K, y, ldy, first);
+    case 3: return panel_rows<3, NG>(panel, pk, x, K, y, ldy, first);
+    case 4: return panel_rows<4, NG>(panel, pk, x, K, y, ldy, first);
+    case 5: return panel_rows<5, NG>(panel, pk, x, K, y, ldy, first);
+    default: return panel_rows<MR, NG>(panel, pk, x, K, y, ldy, first);
   }
 }
 
@@ -1094,20 +1107,31 @@ inline void panel_rows_n(int rows, const float* panel, int64_t pk, const float* 
 template <int64_t T>
 void groups_tiled_t(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
                     int64_t N, int64_t g0, int64_t g1) {
-  float* panel = scratch(PANEL, PANEL_K * GROUP);
+  float* panel = scratch(PANEL, 2 * PANEL_K * GROUP);
   float* tail = scratch(TAIL, MC * GROUP);  // the outputs of a last group past N
   const int64_t n_panels = (K + PANEL_K - 1) / PANEL_K;
   for (int64_t m0 = 0; m0 < M; m0 += MC) {
     const int64_t rows = std::min(MC, M - m0);
     for (int64_t p = 0; p < n_panels; ++p) {
-      for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t g = g0; g < g1;) {
         const int64_t pk = group_panel<T>(w, K, g, p, panel);
+        const float* xp = x + m0 * K + p * PANEL_K;
+        if (g + 1 < g1 && (g + 2) * GROUP <= N) {  // two whole groups
+          group_panel<T>(w, K, g + 1, p, panel + PANEL_K * GROUP);
+          float* out = y + m0 * N + g * GROUP;
+          for (int64_t r = 0; r < rows; r += MR)
+            panel_rows_n<2>(static_cast<int>(std::min(MR, rows - r)), panel, pk, xp + r * K,
+                            K, out + r * N, N, p == 0);
+          g += 2;
+          continue;
+        }
         const bool partial = (g + 1) * GROUP > N;
         float* out = partial ? tail : y + m0 * N + g * GROUP;
         const int64_t ldy = partial ? GROUP : N;
         for (int64_t r = 0; r < rows; r += MR)
-          panel_rows_n(static_cast<int>(std::min(MR, rows - r)), panel, pk,
-                       x + (m0 + r) * K + p * PANEL_K, K, out + r * ldy, ldy, p == 0);
+          panel_rows_n<1>(static_cast<int>(std::min(MR, rows - r)), panel, pk, xp + r * K, K,
+                          out + r * ldy, ldy, p == 0);
+        g += 1;
       }
     }
     if ((g1 * GROUP) > N) {  // the last group's valid outputs
