@@ -1,5 +1,7 @@
 """The engine benchmark's arithmetic and report (the timings themselves are not tested)."""
 
+import pytest
+
 from timebill_ros.bench import engine as enginebench
 
 
@@ -88,3 +90,31 @@ def test_agreement_runs_without_rouge_score(make_tiny_engine, monkeypatch):
             'floor_ms': {name: 5.0 for name in engines}, 'agreement_tokens': 4,
             'llama_cpp': 'skipped'}
     assert '| lean fp32 | 1/1 | 4 | - (no rouge-score) |' in enginebench.report(rows, meta)
+
+
+def test_the_prefill_parts_add_up_and_unwrap_afterwards(make_tiny_engine):
+    """Matrices and attention are timed inside the prefill's total; nothing stays wrapped."""
+    from timebill_ros.bench.prefill_parts import prefill_parts_s
+    from timebill_ros.config import EngineConfig, EvictionConfig
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.engine.models import base, weights
+    before = (weights.Matrix.__call__, base.GgufDecoder._attend)
+    engine = LlmEngine.load(EngineConfig(prefill_dtype='float32'), EvictionConfig())
+    parts = prefill_parts_s(engine, 96)
+    assert parts['matrices'] > 0 and parts['attention'] > 0
+    assert parts['matrices'] + parts['attention'] <= parts['total']
+    assert parts['rest'] == pytest.approx(parts['total'] - parts['matrices']
+                                          - parts['attention'])
+    assert (weights.Matrix.__call__, base.GgufDecoder._attend) == before
+    with pytest.raises(ValueError, match='GGUF file'):
+        prefill_parts_s(make_tiny_engine(), 8)
+    assert (weights.Matrix.__call__, base.GgufDecoder._attend) == before
+
+
+def test_the_report_shows_the_prefill_parts():
+    row = enginebench.Row('timebill gguf', {100: [0.01]}, {128: [0.5]})
+    row.prefill_parts = {128: {'total': 0.5, 'matrices': 0.4, 'attention': 0.05, 'rest': 0.05}}
+    meta = {'model': 'm', 'threads': 2, 'command': 'c', 'rounds': 1, 'bandwidth_gbs': 30.0,
+            'floor_ms': {'timebill gguf': 6.0}, 'agreement_tokens': 32, 'llama_cpp': 'skipped'}
+    text = enginebench.report({'timebill gguf': row}, meta)
+    assert '| 128 | 0.50 | 0.40 s (80 %) | 0.05 s (10 %) | 0.05 s (10 %) |' in text

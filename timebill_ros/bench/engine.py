@@ -64,6 +64,7 @@ class Row:
     prefill_s: dict = dataclasses.field(default_factory=dict)  # n_x -> [s per round]
     agreement: list = dataclasses.field(default_factory=list)  # per prompt (same, rouge_l)
     batch_s: dict = dataclasses.field(default_factory=dict)    # B -> [s/token per round]
+    prefill_parts: dict = dataclasses.field(default_factory=dict)  # n_x -> {part: s}, one run
 
 
 def _file_engines(model_path, threads, memory):
@@ -247,6 +248,14 @@ def step_weight_bytes(engine) -> int:
     return sum(linear.step_bytes for linear in linears)
 
 
+def _measure_prefill_parts(engine, row, n_x_values, progress):
+    from timebill_ros.bench.prefill_parts import prefill_parts_s
+    for n_x in n_x_values:
+        row.prefill_parts[n_x] = parts = prefill_parts_s(engine, n_x)
+        progress(f'prefill parts N_x={n_x:5d}: ' + ', '.join(
+            f'{name} {seconds:.2f} s' for name, seconds in parts.items()))
+
+
 def _median_ms(values):
     return f'{statistics.median(values) * 1e3:.1f}' if values else '-'
 
@@ -301,6 +310,7 @@ def report(rows, meta) -> str:
         scores = [a['rouge_l'] for a in row.agreement if a['rouge_l'] is not None]
         mean_rouge = f'{statistics.mean(scores):.3f}' if scores else '- (no rouge-score)'
         lines.append(f'| {name} | {identical}/{len(row.agreement)} | {same} | {mean_rouge} |')
+    lines += _parts_lines(rows)
     lines += ['', 'llama.cpp row: ' + meta['llama_cpp']]
     if meta.get('auto'):
         lines += ['', '`engine.decode_weights: auto` on this machine: ' + meta['auto']]
@@ -312,6 +322,26 @@ def report(rows, meta) -> str:
                   f"MiB (process before the load: {memory['before_load_mb']:.0f} MiB; the file: "
                   f"{memory['file_mb']:.0f} MiB), before the reference and llama.cpp load."]
     return '\n'.join(lines) + '\n'
+
+
+def _parts_lines(rows) -> list:
+    """Return the report's lines on where the prefill's time went (rows with parts)."""
+    lines = []
+    for name, row in rows.items():
+        if not row.prefill_parts:
+            continue
+        lines += ['', f'Prefill of {name} by part, one more run of each length (bench/'
+                  'prefill_parts.py): the weight matrices (the GEMM on the blocks, their '
+                  'dequantization fused into it), the attention, the rest (norms, RoPE, cache, '
+                  'activations, Python):', '',
+                  '| N tokens | total (s) | matrices | attention | rest |',
+                  '|---|---|---|---|---|']
+        for n, parts in sorted(row.prefill_parts.items()):
+            total = parts['total']
+            lines.append(f'| {n} | {total:.2f} | ' + ' | '.join(
+                f'{parts[part]:.2f} s ({100 * parts[part] / total:.0f} %)'
+                for part in ('matrices', 'attention', 'rest')) + ' |')
+    return lines
 
 
 def plot(rows, path) -> None:
@@ -345,8 +375,8 @@ def _rows_from_json(data) -> dict:
     rows = {}
     for raw in data['rows']:
         row = Row(raw['name'], agreement=raw['agreement'])
-        for field in ('decode_s', 'prefill_s', 'batch_s'):
-            setattr(row, field, {int(k): v for k, v in raw[field].items()})
+        for field in ('decode_s', 'prefill_s', 'batch_s', 'prefill_parts'):
+            setattr(row, field, {int(k): v for k, v in raw.get(field, {}).items()})
         rows[row.name] = row
     return rows
 
@@ -419,8 +449,10 @@ def _command(args) -> str:
         parts.append(f'--device {args.device}')
     if args.quick:
         parts.append('--quick')
-    if args.agreement_prompts != AGREEMENT_PROMPTS and not args.quick:
+    if args.agreement_prompts:
         parts.append(f'--agreement-prompts {args.agreement_prompts}')
+    if args.prefill_tokens:
+        parts.append('--prefill-tokens ' + ' '.join(str(n) for n in args.prefill_tokens))
     if args.agreement_tokens != AGREEMENT_TOKENS:
         parts.append(f'--agreement-tokens {args.agreement_tokens}')
     return ' '.join(parts)
@@ -449,7 +481,7 @@ def run_enginebench(args, progress=print) -> int:
         progress(f'decode_weights auto chooses {auto}')
     rows = {name: Row(name) for name in engines}
     kvs = DECODE_KV[:2] if args.quick else DECODE_KV
-    xs = PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS
+    xs = tuple(args.prefill_tokens) or (PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS)
     llama, llama_note = _llama(args, kvs, xs) if args.device == 'cpu' else (
         None, f'not run: the engine is on {args.device}.')
     if llama is not None:
@@ -458,8 +490,10 @@ def run_enginebench(args, progress=print) -> int:
         _measure_decode(engines, rows, kvs, args.rounds, args.steps, progress, llama)
         _measure_batches(engines, rows, BATCH_SIZES, args.rounds, args.steps, progress)
         _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
-    _measure_agreement(engines, rows, 2 if args.quick else args.agreement_prompts,
-                       args.agreement_tokens, progress, llama)
+        if args.model:
+            _measure_prefill_parts(engines['timebill gguf'], rows['timebill gguf'], xs, progress)
+    n_prompts = args.agreement_prompts or (2 if args.quick else AGREEMENT_PROMPTS)
+    _measure_agreement(engines, rows, n_prompts, args.agreement_tokens, progress, llama)
     bandwidth = copy_bandwidth_gbs(device=args.device)
     floor_ms = _floors(engines, llama, bandwidth, args.model)
     first = list(engines.values())[-1]
@@ -480,8 +514,12 @@ def add_arguments(parser):
     parser.add_argument('--steps', type=int, default=16, help='decoding steps a round')
     parser.add_argument('--quick', action='store_true',
                         help='KV 100/1000, prefill 128/512, 2 prompts')
-    parser.add_argument('--agreement-prompts', type=int, default=AGREEMENT_PROMPTS,
-                        help='held-out prompts of the greedy agreement (not with --quick)')
+    parser.add_argument('--prefill-tokens', type=int, nargs='+', default=[], metavar='N',
+                        help='prefill lengths timed (default 128 512 2048 4096; --quick: '
+                        '128 512)')
+    parser.add_argument('--agreement-prompts', type=int, default=0,
+                        help=f'held-out prompts of the greedy agreement (0: {AGREEMENT_PROMPTS}, '
+                        '2 with --quick)')
     parser.add_argument('--model', default='', metavar='FILE.gguf',
                         help='a GGUF file: the engine on it, llama.cpp on it, and transformers '
                         "fp32 on its weights as the agreement's reference")

@@ -60,6 +60,18 @@ class LlamaCppEngine:
         self.llm.eval(ids)
         return time.perf_counter() - start
 
+    def followup_prefill_s(self, context_ids: list, followup_ids: list) -> float:
+        """Return seconds to evaluate ``followup_ids`` after ``context_ids`` (not timed).
+
+        llama.cpp's own cached context: the follow-up's tokens are the only ones evaluated.
+        """
+        self.llm.reset()
+        if context_ids:
+            self.llm.eval(list(context_ids))
+        start = time.perf_counter()
+        self.llm.eval(list(followup_ids))
+        return time.perf_counter() - start
+
     def start_decode(self, n_kv: int) -> None:
         """Fill the context with ``n_kv`` random tokens (not timed)."""
         self.llm.reset()
