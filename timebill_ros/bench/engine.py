@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from timebill_ros.bench.prefill_parts import prefill_parts_s
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine.forward import synchronize
 from timebill_ros.engine.stopping import StopCriteria
@@ -249,7 +250,6 @@ def step_weight_bytes(engine) -> int:
 
 
 def _measure_prefill_parts(engine, row, n_x_values, progress):
-    from timebill_ros.bench.prefill_parts import prefill_parts_s
     for n_x in n_x_values:
         row.prefill_parts[n_x] = parts = prefill_parts_s(engine, n_x)
         progress(f'prefill parts N_x={n_x:5d}: ' + ', '.join(
