@@ -3,7 +3,8 @@
     python benchmarks/test_under_load_table.py DIR
 
 DIR/runs.json lists each run (number, main's commit, date, its log tail's file); pytest's
-counts and time, make's exit status and the wall time are read from the tail itself.
+counts and time, make's exit status and the wall time are read from the tail itself. A log of
+pytest alone (no ``rc= wall=`` line, e.g. the GoalSender runs) has no wall column figure.
 """
 
 import argparse
@@ -18,11 +19,11 @@ def run_row(entry, tail_text):
     counts = re.findall(r'(\d+) (passed|failed|skipped)', summary[0])
     found = {kind: int(n) for n, kind in counts}
     hours, minutes, seconds = summary[1].split(':')
-    end = re.findall(r'^rc=(\d+) wall=(\d+) s', tail_text, re.M)[-1]
+    end = re.findall(r'^rc=(\d+) wall=(\d+) s', tail_text, re.M)
+    wall = f'{end[-1][1]} s (rc {end[-1][0]})' if end else '-'
     return (f"| {entry['run']} | {entry['main_at']} | {entry['date']} | "
             f"{found.get('passed', 0)} passed, {found.get('skipped', 0)} skipped | "
-            f"{found.get('failed', 0)} | {int(hours) * 60 + int(minutes)}:{seconds} | {end[1]} s "
-            f"(rc {end[0]}) |")
+            f"{found.get('failed', 0)} | {int(hours) * 60 + int(minutes)}:{seconds} | {wall} |")
 
 
 def main(argv=None) -> int:

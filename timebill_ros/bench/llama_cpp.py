@@ -49,12 +49,22 @@ class LlamaCppEngine:
         self.vocab = self.llm.n_vocab()
         self.rng = np.random.default_rng(0)
 
+    def _fresh(self) -> None:
+        """Empty the context: the token count and the KV cache itself.
+
+        ``Llama.reset`` only rewinds the count, and the next ``eval`` removes the positions
+        after it; a sliding-window cache (Gemma 3) cannot remove them after a long prompt
+        and the next ``eval`` fails (llama_decode returned 1).
+        """
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear()
+
     def _random_ids(self, n_tokens: int) -> list:
         return [int(t) for t in self.rng.integers(100, self.vocab - 100, n_tokens)]
 
     def prefill_s(self, n_x: int) -> float:
         """Return seconds to evaluate ``n_x`` random prompt tokens from an empty context."""
-        self.llm.reset()
+        self._fresh()
         ids = self._random_ids(n_x)
         start = time.perf_counter()
         self.llm.eval(ids)
@@ -65,7 +75,7 @@ class LlamaCppEngine:
 
         llama.cpp's own cached context: the follow-up's tokens are the only ones evaluated.
         """
-        self.llm.reset()
+        self._fresh()
         if context_ids:
             self.llm.eval(list(context_ids))
         start = time.perf_counter()
@@ -74,7 +84,7 @@ class LlamaCppEngine:
 
     def start_decode(self, n_kv: int) -> None:
         """Fill the context with ``n_kv`` random tokens (not timed)."""
-        self.llm.reset()
+        self._fresh()
         self.llm.eval(self._random_ids(n_kv))
 
     def decode_s(self, steps: int) -> float:
@@ -87,7 +97,7 @@ class LlamaCppEngine:
 
     def greedy(self, input_ids: list, n_tokens: int) -> list:
         """Return ``n_tokens`` greedy token ids after ``input_ids`` (stops at none)."""
-        self.llm.reset()
+        self._fresh()
         self.llm.eval(list(input_ids))
         out = []
         for _ in range(n_tokens):
