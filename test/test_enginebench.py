@@ -118,3 +118,12 @@ def test_the_report_shows_the_prefill_parts():
             'floor_ms': {'timebill gguf': 6.0}, 'agreement_tokens': 32, 'llama_cpp': 'skipped'}
     text = enginebench.report({'timebill gguf': row}, meta)
     assert '| 128 | 0.50 | 0.40 s (80 %) | 0.05 s (10 %) | 0.05 s (10 %) |' in text
+
+
+def test_the_agreement_context_holds_its_longest_prompt_and_answer(make_tiny_engine):
+    """llama.cpp's context must hold an RLP log question (~3.5k tokens) and its answer."""
+    from timebill_ros.bench.timebill import rlp_test_prompts
+    engine = make_tiny_engine()
+    lengths = [len(engine.encode(prompt)) for _, prompt in rlp_test_prompts(8)]
+    assert enginebench.agreement_tokens_needed(engine, 8, 64) == max(lengths) + 64
+    assert max(lengths) > 2048  # the case that overflowed a 2064-token context

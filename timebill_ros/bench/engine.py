@@ -411,12 +411,23 @@ def _prefill_choice(engine) -> str:
     return f'{engine.engine_config.prefill_dtype} ({auto_prefill_dtype()[1]})'
 
 
-def _llama(args, kvs, xs):
-    """Return (the llama.cpp engine or None, the report's note on its row)."""
+def agreement_tokens_needed(engine, n_prompts: int, n_tokens: int) -> int:
+    """Return the context (tokens) the greedy agreement needs: its longest prompt + answer."""
+    from timebill_ros.bench.timebill import rlp_test_prompts
+    return max(len(engine.encode(prompt)) for _, prompt in rlp_test_prompts(n_prompts)) \
+        + n_tokens
+
+
+def _llama(args, kvs, xs, agreement_context):
+    """Return (the llama.cpp engine or None, the report's note on its row).
+
+    Its context holds the longest of the timed prompts and of the agreement's
+    (``agreement_context`` tokens: an RLP log question runs ~3.5k).
+    """
     from timebill_ros.bench import llama_cpp as enginebench_llama_cpp
     if not enginebench_llama_cpp.available():
         return None, 'skipped: llama-cpp-python is not installed (`make bench-deps`).'
-    context = max(max(xs), max(kvs) + args.rounds * (args.steps + 1)) + 16
+    context = max(max(xs), max(kvs) + args.rounds * (args.steps + 1), agreement_context) + 16
     llama = enginebench_llama_cpp.LlamaCppEngine(args.threads or torch.get_num_threads(),
                                                  context, args.model or None)
     which = pathlib.Path(args.model).name if args.model else 'the embedded Q4_1 GGUF'
@@ -482,7 +493,10 @@ def run_enginebench(args, progress=print) -> int:
     rows = {name: Row(name) for name in engines}
     kvs = DECODE_KV[:2] if args.quick else DECODE_KV
     xs = tuple(args.prefill_tokens) or (PREFILL_TOKENS[:2] if args.quick else PREFILL_TOKENS)
-    llama, llama_note = _llama(args, kvs, xs) if args.device == 'cpu' else (
+    n_prompts = args.agreement_prompts or (2 if args.quick else AGREEMENT_PROMPTS)
+    agreement_context = agreement_tokens_needed(next(iter(engines.values())), n_prompts,
+                                                args.agreement_tokens)
+    llama, llama_note = _llama(args, kvs, xs, agreement_context) if args.device == 'cpu' else (
         None, f'not run: the engine is on {args.device}.')
     if llama is not None:
         rows[llama.name] = Row(llama.name)
@@ -492,7 +506,6 @@ def run_enginebench(args, progress=print) -> int:
         _measure_prefill(engines, rows, xs, args.rounds, progress, llama)
         if args.model:
             _measure_prefill_parts(engines['timebill gguf'], rows['timebill gguf'], xs, progress)
-    n_prompts = args.agreement_prompts or (2 if args.quick else AGREEMENT_PROMPTS)
     _measure_agreement(engines, rows, n_prompts, args.agreement_tokens, progress, llama)
     bandwidth = copy_bandwidth_gbs(device=args.device)
     floor_ms = _floors(engines, llama, bandwidth, args.model)
