@@ -12,12 +12,11 @@ types' is bound by the arithmetic of dequantizing, not by memory. Writes decode_
 """
 
 import argparse
-import datetime
-import json
 import pathlib
-import platform
 import statistics
 import time
+
+from timebill_ros.bench.rows import saved_or_measured
 
 
 def matrices(path):
@@ -91,20 +90,15 @@ def main(argv=None):
                         help="only rewrite decode_types.md from --out's decode_types.json")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
-    if args.report:
-        data = json.loads((out / 'decode_types.json').read_text())
-    else:
+
+    def measured():
         from timebill_ros.bench.engine import copy_bandwidth_gbs
         rows = [row for path in args.files for row in measure(
             pathlib.Path(path).expanduser(), args.threads)]
-        data = dict(command='python benchmarks/decode_types.py ' + ' '.join(
-                        pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}',
-                    host=platform.node(), machine=platform.machine(), threads=args.threads,
-                    date=datetime.datetime.now(datetime.timezone.utc).strftime(
-                        '%Y-%m-%d %H:%M UTC'),
-                    bandwidth_gbs=copy_bandwidth_gbs(), rows=rows)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / 'decode_types.json').write_text(json.dumps(data, indent=1))
+        return dict(threads=args.threads, bandwidth_gbs=copy_bandwidth_gbs(), rows=rows)
+    command = ('python benchmarks/decode_types.py ' + ' '.join(
+        pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}')
+    data = saved_or_measured(out / 'decode_types.json', args.report, measured, command)
     text = (f'# The decoding GEMM by weight type ({data["threads"]} threads)\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
             f'`{data["command"]}`; raw: decode_types.json; this table: `python '

@@ -16,12 +16,12 @@ and followup_ttft.md (medians and ratios) into --out.
 """
 
 import argparse
-import datetime
-import json
 import pathlib
-import platform
 import statistics
+import sys
 import threading
+
+from timebill_ros.bench.rows import saved_or_measured
 
 STATUS_WORDS = ('nominal', 'degraded', 'charging', 'waiting', 'blocked', 'idle', 'loaded')
 
@@ -110,25 +110,21 @@ def main(argv=None):
                         help="only rewrite followup_ttft.md from --out's followup_ttft.json")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
-    if args.report:
-        data = json.loads((out / 'followup_ttft.json').read_text())
-    else:
+    if not args.report and not args.model:
+        parser.error('a GGUF file is needed')
+    path = pathlib.Path(args.model or '.').expanduser()
+
+    def measured():
         import torch
 
         from timebill_ros.bench.llama_cpp import LlamaCppEngine
-        if not args.model:
-            parser.error('a GGUF file is needed')
         torch.set_num_threads(args.threads)
-        path = pathlib.Path(args.model).expanduser()
         llama = LlamaCppEngine(args.threads, args.context_tokens + 1024, path)
-        runs = [run_once(path, args, llama, print) for _ in range(args.repeats)]
-        data = dict(command='python benchmarks/followup_ttft.py ' + ' '.join(
-                        argv if argv is not None else __import__('sys').argv[1:]),
-                    host=platform.node(), machine=platform.machine(),
-                    date=datetime.datetime.now(datetime.timezone.utc).strftime(
-                        '%Y-%m-%d %H:%M UTC'), file=path.name, runs=runs)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / 'followup_ttft.json').write_text(json.dumps(data, indent=1))
+        return dict(file=path.name,
+                    runs=[run_once(path, args, llama, print) for _ in range(args.repeats)])
+    command = 'python benchmarks/followup_ttft.py ' + ' '.join(
+        argv if argv is not None else sys.argv[1:])
+    data = saved_or_measured(out / 'followup_ttft.json', args.report, measured, command)
     text = (f'# Follow-up time to first token: {data["file"]}\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
             f'`{data["command"]}`. Raw rows: followup_ttft.json; this table: '

@@ -52,3 +52,24 @@ def write_table(md_path, lines, rows):
     with open(os.path.splitext(md_path)[0] + '.json', 'w', encoding='utf-8') as stream:
         json.dump(rows, stream, indent=1)
     print('\n'.join(lines))
+
+
+def saved_or_measured(json_path, report, measure, command):
+    """Return a run's data: the saved JSON (``report``) or ``measure()``'s, saved there.
+
+    measure: () -> dict of the run's rows; the saved data adds ``command``, the host, its
+    machine and the UTC date. Folders are made as needed.
+    """
+    import datetime
+    import json
+    import pathlib
+    import platform
+    json_path = pathlib.Path(json_path)
+    if report:
+        return json.loads(json_path.read_text())
+    data = dict(command=command, host=platform.node(), machine=platform.machine(),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+                **measure())
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=1))
+    return data
