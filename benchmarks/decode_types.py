@@ -1,6 +1,7 @@
 """One decoding step's GEMM by weight type: bytes a second against weights a second.
 
     python benchmarks/decode_types.py FILE.gguf [FILE.gguf ...] [--threads 2] [--out DIR]
+        [--baseline REV]
 
 For every weight type a file holds, its largest matrix (the token embedding only where the
 type has no other), multiplied by one activation row with the kernels' decoding GEMM
@@ -9,6 +10,10 @@ second and weights a second. Beside them the machine's copy bandwidth (read + wr
 whose GB/s sits far below the copy bandwidth while its weights a second match the other
 types' is bound by the arithmetic of dequantizing, not by memory. Writes decode_types.json
 (every call's seconds) and decode_types.md into --out.
+
+``--baseline REV``: the kernels of git revision REV built beside this checkout's, each call of
+one alternating with a call of the other on the same matrix and activations: the two columns
+and their ratio come from one run.
 """
 
 import argparse
@@ -16,6 +21,7 @@ import pathlib
 import statistics
 import time
 
+from timebill_ros.bench.kernel_builds import baseline_kernels
 from timebill_ros.bench.rows import saved_or_measured
 
 
@@ -44,8 +50,15 @@ def matrices(path):
     return out
 
 
-def measure(path, threads, calls=30):
-    """Return [row] of one file: each type's matrix, every call's seconds."""
+BURST = 5  # calls of one build timed back to back
+
+
+def measure(path, threads, baseline=None, calls=30):
+    """Return [row] of one file: each type's matrix, every call's seconds.
+
+    baseline: another build of the kernels, called alternately with this one on the same
+    activation row (its seconds in ``baseline_seconds``).
+    """
     import torch
 
     from timebill_ros.engine import kernels
@@ -54,29 +67,50 @@ def measure(path, threads, calls=30):
     rows = []
     for tensor, type_name, qtype, packed, k, n, nbytes in matrices(path):
         x = torch.randn(1, k)
-        gemm.gemm(x, packed, qtype, n, False)  # warm-up
-        seconds = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            gemm.gemm(x, packed, qtype, n, False)
-            seconds.append(time.perf_counter() - start)
-        rows.append(dict(file=pathlib.Path(path).name, tensor=tensor, type=type_name, k=k, n=n,
-                         bytes=nbytes, seconds=seconds))
+        builds = [('seconds', gemm)] + ([('baseline_seconds', baseline)] if baseline else [])
+        outputs = [build.gemm(x, packed, qtype, n, False) for _, build in builds]  # warm-up
+        row = dict(file=pathlib.Path(path).name, tensor=tensor, type=type_name, k=k, n=n,
+                   bytes=nbytes, **{key: [] for key, _ in builds})
+        if baseline:  # the same layout assumed: the two builds' answers side by side
+            row['max_abs_difference'] = float((outputs[0] - outputs[1]).abs().max())
+            row['max_abs_output'] = float(outputs[1].abs().max())
+        for _ in range(calls // BURST):
+            for key, build in builds:
+                # Each build's pool spins 2 ms after a call (SPIN_US), then sleeps: untimed
+                # calls of this build until the other's has gone to sleep, then a burst of
+                # timed calls back to back, as a decoding step makes them (a sleep instead
+                # halved both builds' speed on the VM: its idle cores wake slowly).
+                switched = time.perf_counter()
+                while time.perf_counter() - switched < 0.004:
+                    build.gemm(x, packed, qtype, n, False)
+                for _ in range(BURST):
+                    start = time.perf_counter()
+                    build.gemm(x, packed, qtype, n, False)
+                    row[key].append(time.perf_counter() - start)
+        rows.append(row)
         print(f'{pathlib.Path(path).name} {tensor} {type_name} {n}x{k}: '
-              f'{statistics.median(seconds) * 1e3:.3f} ms', flush=True)
+              f'{statistics.median(row["seconds"]) * 1e3:.3f} ms', flush=True)
     return rows
 
 
-def table(rows, bandwidth_gbs) -> str:
-    """Return the Markdown table of the medians."""
+def table(rows, bandwidth_gbs, baseline=None) -> str:
+    """Return the Markdown table of the medians (with the baseline's, when measured)."""
+    extra = (f' | ms at {baseline} | ours / {baseline} | largest difference / largest output'
+             if baseline else '')
     lines = [f'Copy bandwidth (read + write): {bandwidth_gbs:.1f} GB/s.', '',
              '| file | tensor | type | N x K | bytes a weight | ms (median) | GB/s read | '
-             'G weights/s |', '|---|---|---|---|---|---|---|---|']
+             f'G weights/s{extra} |', '|---|---|---|---|---|---|---|---|'
+             + ('---|---|---|' if baseline else '')]
     for r in rows:
         seconds, weights = statistics.median(r['seconds']), r['n'] * r['k']
-        lines.append(f'| {r["file"]} | {r["tensor"]} | {r["type"]} | {r["n"]} x {r["k"]} | '
-                     f'{r["bytes"] / weights:.4f} | {seconds * 1e3:.3f} | '
-                     f'{r["bytes"] / seconds / 1e9:.1f} | {weights / seconds / 1e9:.1f} |')
+        line = (f'| {r["file"]} | {r["tensor"]} | {r["type"]} | {r["n"]} x {r["k"]} | '
+                f'{r["bytes"] / weights:.4f} | {seconds * 1e3:.3f} | '
+                f'{r["bytes"] / seconds / 1e9:.1f} | {weights / seconds / 1e9:.1f} |')
+        if baseline:
+            old = statistics.median(r['baseline_seconds'])
+            line += (f' {old * 1e3:.3f} | {seconds / old:.2f} | '
+                     f'{r["max_abs_difference"] / r["max_abs_output"]:.1e} |')
+        lines.append(line)
     return '\n'.join(lines)
 
 
@@ -88,22 +122,27 @@ def main(argv=None):
     parser.add_argument('--out', default='benchmarks/results/decode_types')
     parser.add_argument('--report', action='store_true',
                         help="only rewrite decode_types.md from --out's decode_types.json")
+    parser.add_argument('--baseline', metavar='REV',
+                        help="time git revision REV's kernels beside this checkout's")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
 
     def measured():
         from timebill_ros.bench.engine import copy_bandwidth_gbs
+        baseline = baseline_kernels(args.baseline) if args.baseline else None
         rows = [row for path in args.files for row in measure(
-            pathlib.Path(path).expanduser(), args.threads)]
-        return dict(threads=args.threads, bandwidth_gbs=copy_bandwidth_gbs(), rows=rows)
+            pathlib.Path(path).expanduser(), args.threads, baseline)]
+        return dict(threads=args.threads, bandwidth_gbs=copy_bandwidth_gbs(), rows=rows,
+                    baseline=args.baseline)
     command = ('python benchmarks/decode_types.py ' + ' '.join(
-        pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}')
+        pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}'
+        + (f' --baseline {args.baseline}' if args.baseline else ''))
     data = saved_or_measured(out / 'decode_types.json', args.report, measured, command)
     text = (f'# The decoding GEMM by weight type ({data["threads"]} threads)\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
             f'`{data["command"]}`; raw: decode_types.json; this table: `python '
             f'benchmarks/decode_types.py --report --out {out}`.\n\n'
-            + table(data['rows'], data['bandwidth_gbs']) + '\n')
+            + table(data['rows'], data['bandwidth_gbs'], data.get('baseline')) + '\n')
     (out / 'decode_types.md').write_text(text)
     print(text)
     return 0

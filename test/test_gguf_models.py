@@ -474,3 +474,19 @@ def test_a_gguf_prefill_in_chunks_runs_by_layer_and_stops_within_one(bpe_file):
     n_x, layers = len(ids), engine.n_layers
     assert stop.calls[:4] == [0, size // layers, 2 * size // layers, n_x // layers]
     assert stop.calls == sorted(stop.calls) and stop.calls[-1] < n_x
+
+
+def test_the_benchmarks_switch_every_kernels_holder(written):
+    """bench/kernel_builds.use_kernels (decode_ab's A/B) reaches the decoder and each matrix."""
+    from timebill_ros.bench.kernel_builds import use_kernels
+    path, _ = written('llama', T.Q4_0)
+    decoder = load_decoder(GgufFile(path))
+    built = decoder.kernels
+    matrices = [m for layer in decoder.layers
+                for lin in (layer.qkv, layer.out, layer.gate_up, layer.down)
+                for m, _ in lin.groups]
+    other = object()
+    assert use_kernels(decoder, other) >= 1 + len(matrices)
+    assert decoder.kernels is other and all(m.kernels is other for m in matrices)
+    use_kernels(decoder, built)
+    assert decoder.kernels is built and all(m.kernels is built for m in matrices)

@@ -65,7 +65,8 @@ def _compiler() -> str:
 def build_key(extra_cflags=()) -> str:
     """Return the hex key of this source, flags, torch, compiler and CPU (16 characters)."""
     import torch
-    parts = [SOURCE.read_bytes(), CORE.read_bytes(), ' '.join(_cflags(extra_cflags)).encode(),
+    flags = ' '.join(compile_flags(extra_cflags))
+    parts = [SOURCE.read_bytes(), CORE.read_bytes(), flags.encode(),
              torch.__version__.encode(),
              _compiler().encode(), platform.machine().encode(), _cpu_id().encode()]
     return hashlib.sha256(b'\0'.join(parts)).hexdigest()[:16]
@@ -76,7 +77,7 @@ def _arch_flag() -> str:
     return '-mcpu=native' if arm else '-march=native'
 
 
-def _cflags(extra_cflags=()) -> list:
+def compile_flags(extra_cflags=()) -> list:
     """Return the compiler flags (``omp simd`` pragmas only: the threads are the source's)."""
     return ['-O3', _arch_flag(), '-fopenmp-simd', '-pthread'] + list(extra_cflags)
 
@@ -114,7 +115,7 @@ def load(cache_dir=None, verbose=False, extra_cflags=()):
         try:
             module = cpp_extension.load(
                 name=f'timebill_gguf_gemm_{key}', sources=[str(_source_copy(build_dir))],
-                extra_cflags=_cflags(extra_cflags), extra_ldflags=['-pthread'],
+                extra_cflags=compile_flags(extra_cflags), extra_ldflags=['-pthread'],
                 build_directory=str(build_dir),
                 verbose=verbose)
         except Exception as exc:  # compiler missing or failing: say what, the caller decides

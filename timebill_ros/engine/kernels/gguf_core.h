@@ -915,11 +915,151 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
   }
 }
 
+// Decoding (ROWS <= 2) with the scales outside the sums. A K-quant weight is s q + c per
+// sub-block (Q4_K / Q5_K: 32 weights, c = -dmin m; Q6_K: 16 weights, c = -32 s), so a
+// sub-block's share of x . w is s (x . q) + c sum(x): the codes are multiplied as they are (one
+// conversion and one FMA a weight and row, where dequantizing costs a third operation, and this
+// step is bound by arithmetic, not memory: benchmarks/decode_types.py) and each sub-block's sum
+// is scaled once. Still fp32 throughout, rounded in another order than dequantize-then-multiply
+// (the tests' tolerance). The sums of x over each SPAN weights, once a call:
+// sums[r * (K / SPAN) + j] (ROWS, K / SPAN).
+template <int64_t ROWS, int SPAN>
+inline std::vector<float> span_sums(const float* x, int64_t K) {
+  const int64_t n = K / SPAN;
+  std::vector<float> sums(ROWS * n);
+  for (int64_t r = 0; r < ROWS; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.0f;
+      for (int t = 0; t < SPAN; ++t) s += x[r * K + j * SPAN + t];
+      sums[r * n + j] = s;
+    }
+  return sums;
+}
+
+template <int64_t T, int64_t ROWS>
+void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                         int64_t g0, int64_t g1) {
+  static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k4");
+  constexpr int Q = ROWS == 1 ? 4 : 2;  // chains a sub-block and row: 2 Q ROWS FMAs in flight
+  const int64_t nb = K / QK_K, bb = block_bytes(T), ns = K / QK;
+  const std::vector<float> sums = span_sums<ROWS, QK>(x, K);
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][2];
+    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);  // the next super-block
+      const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+      const uint8_t* sc = blk + 4 * GROUP;
+      const uint8_t* qh = sc + 12 * GROUP;
+      const uint8_t* qs = sc + (T == Q5_K ? 44 : 12) * GROUP;
+      const float* xb = x + b * QK_K;
+      for (int l = 0; l < 4; ++l) {
+        Vec lo[ROWS][Q], hi[ROWS][Q];  // x . q of sub-blocks 2 l and 2 l + 1
+        for (int64_t r = 0; r < ROWS; ++r)
+          for (int a = 0; a < Q; ++a) lo[r][a] = hi[r][a] = Lanes::zero();
+        const uint8_t* q = qs + l * QK * GROUP;
+        const float* xl = xb + l * 2 * QK;
+        for (int t0 = 0; t0 < QK; t0 += Q) {
+#pragma GCC unroll 4
+          for (int u = 0; u < Q; ++u) {  // constant chain indices, as in groups_simd_k4
+            const int t = t0 + u;
+            typename Lanes::I c_lo, c_hi;
+            k4_codes<T>(q, qh, l, t, c_lo, c_hi);
+            const Vec f_lo = Lanes::to_float(c_lo), f_hi = Lanes::to_float(c_hi);
+            for (int64_t r = 0; r < ROWS; ++r) {
+              lo[r][u] = Lanes::fma(Lanes::set1(xl[r * K + t]), f_lo, lo[r][u]);
+              hi[r][u] = Lanes::fma(Lanes::set1(xl[r * K + QK + t]), f_hi, hi[r][u]);
+            }
+          }
+        }
+        Vec s0, c0, s1, c1;
+        kquant_pair(sc, 2 * l, d, dmin, s0, c0);
+        kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
+        for (int64_t r = 0; r < ROWS; ++r) {
+          Vec dot_lo = lo[r][0], dot_hi = hi[r][0];
+          for (int a = 1; a < Q; ++a) {
+            dot_lo = Lanes::add(dot_lo, lo[r][a]);
+            dot_hi = Lanes::add(dot_hi, hi[r][a]);
+          }
+          const float* sum = sums.data() + r * ns + b * (QK_K / QK) + 2 * l;
+          acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
+          acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
+        }
+      }
+    }
+    store_group<ROWS, 2>(acc, y, N, g);
+  }
+}
+
+template <int64_t ROWS>
+void groups_simd_k6_sums(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                         int64_t g0, int64_t g1) {
+  static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k6");
+  constexpr int V = ROWS == 1 ? 2 : 1;  // chains a sub-block and row: 4 V ROWS in flight
+  constexpr int SPAN = 16;              // weights a scale
+  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K), ns = K / SPAN;
+  const std::vector<float> sums = span_sums<ROWS, SPAN>(x, K);
+  const Vec minus32 = Lanes::set1(-32.0f);
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][2];
+    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);
+      const Vec d = Lanes::halves(blk);
+      const uint8_t* ql = blk + 2 * GROUP;
+      const uint8_t* qh = ql + 128 * GROUP;
+      const uint8_t* sc = ql + 192 * GROUP;
+      for (int half = 0; half < 2; ++half) {
+        const float* xh = x + b * QK_K + half * 128;
+        for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
+          Vec part[ROWS][4][V];  // x . q of chunk c's 16 weights
+          for (int64_t r = 0; r < ROWS; ++r)
+            for (int c = 0; c < 4; ++c)
+              for (int v = 0; v < V; ++v) part[r][c][v] = Lanes::zero();
+          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += V) {
+#pragma GCC unroll 2
+            for (int v = 0; v < V; ++v) {
+              const int t = t0 + v;
+              typename Lanes::I q[4];
+              q6_codes(ql, qh, half, t, q);
+              for (int c = 0; c < 4; ++c) {
+                const Vec f = Lanes::to_float(q[c]);
+                for (int64_t r = 0; r < ROWS; ++r)
+                  part[r][c][v] = Lanes::fma(Lanes::set1(xh[r * K + c * QK + t]), f, part[r][c][v]);
+              }
+            }
+          }
+          for (int c = 0; c < 4; ++c) {  // (d sc) (x . q - 32 sum(x)); d sc exact
+            const Vec s = Lanes::mul(d, Lanes::to_float(
+                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+            const int64_t j = b * (QK_K / SPAN) + half * 8 + 2 * c + u;
+            for (int64_t r = 0; r < ROWS; ++r) {
+              Vec dot = part[r][c][0];
+              for (int v = 1; v < V; ++v) dot = Lanes::add(dot, part[r][c][v]);
+              dot = Lanes::fma(Lanes::set1(sums[r * ns + j]), minus32, dot);
+              acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
+            }
+          }
+        }
+      }
+    }
+    store_group<ROWS, 2>(acc, y, N, g);
+  }
+}
+
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                        int64_t g0, int64_t g1) {
-  if constexpr (T == Q4_K || T == Q5_K)
+  if constexpr ((T == Q4_K || T == Q5_K) && ROWS <= 2)
+    groups_simd_k4_sums<T, ROWS>(w, x, K, y, N, g0, g1);
+  else if constexpr (T == Q4_K || T == Q5_K)
     groups_simd_k4<T, ROWS>(w, x, K, y, N, g0, g1);
+  else if constexpr (T == Q6_K && ROWS <= 2)
+    groups_simd_k6_sums<ROWS>(w, x, K, y, N, g0, g1);
   else if constexpr (T == Q6_K)
     groups_simd_k6<ROWS>(w, x, K, y, N, g0, g1);
   else

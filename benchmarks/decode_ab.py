@@ -1,0 +1,113 @@
+"""The engine's decoding of a GGUF file on this checkout's kernels against another revision's.
+
+    python benchmarks/decode_ab.py FILE.gguf --baseline REV [--kv 100 1000] [--rounds 6]
+        [--steps 32] [--threads 2] [--out DIR] [--report]
+
+One engine loads the file once. Each round, for each N_kv, prefills N_kv random tokens and
+decodes ``--steps`` tokens greedily, once on this checkout's kernels and once on REV's (every
+engine object's ``kernels`` switched: bench/kernel_builds.py), the order alternating round by
+round: the two columns and their ratio come from one run, on the whole step as a goal runs it
+(the weights streamed from memory, where benchmarks/decode_types.py times one matrix that
+the L3 cache may hold). Also counts the steps where both builds chose the same token. Writes
+decode_ab.json (every round) and decode_ab.md into --out.
+"""
+
+import argparse
+import pathlib
+import statistics
+
+from timebill_ros.bench.kernel_builds import baseline_kernels, use_kernels
+from timebill_ros.bench.rows import saved_or_measured
+
+
+def measure(path, baseline_rev, kvs, rounds, steps, threads):
+    """Return [row]: one a (round, N_kv, build), ms/token and the greedy tokens."""
+    import torch
+
+    from timebill_ros.config import EngineConfig, EvictionConfig
+    from timebill_ros.engine import LlmEngine, kernels
+    from timebill_ros.engine.stopping import StopCriteria
+    torch.manual_seed(0)
+    engine = LlmEngine.load(EngineConfig(model_path=str(path), threads=threads),
+                            EvictionConfig())
+    builds = {'ours': kernels.load(), baseline_rev: baseline_kernels(baseline_rev)}
+    rows = []
+    for round_idx in range(rounds + 1):  # round 0: warm-up, not kept
+        for n_kv in kvs:
+            ids = engine.random_ids(n_kv)
+            names = list(builds) if round_idx % 2 else list(builds)[::-1]
+            for name in names:
+                if not use_kernels(engine.forward, builds[name]):
+                    raise ValueError(f'{path}: no kernels to switch (not a GGUF forward?)')
+                state = engine.prefill(list(ids), StopCriteria())
+                out = engine.decode(state, steps + 1, StopCriteria(),
+                                    on_tokens=lambda n, text: None, feedback_every=4)
+                per_token = out.decode_s / (len(out.token_ids) - 1)
+                print(f'round {round_idx} N_kv={n_kv} {name}: {per_token * 1e3:.1f} ms/token',
+                      flush=True)
+                if round_idx:
+                    rows.append(dict(round=round_idx, n_kv=n_kv, build=name,
+                                     s_per_token=per_token, tokens=list(out.token_ids)))
+    use_kernels(engine.forward, builds['ours'])
+    return rows
+
+
+def table(data) -> str:
+    """Return the Markdown table: medians of ms/token per N_kv and build, their ratio."""
+    rev, rows = data['baseline'], data['rows']
+    lines = [f'| N_kv | ours ms/token (median of {data["rounds"]}) | {rev} ms/token | '
+             f'ours / {rev} | rounds ours faster | same greedy token, steps |',
+             '|---|---|---|---|---|---|']
+    for n_kv in data['kvs']:
+        by = {name: {r['round']: r for r in rows if r['n_kv'] == n_kv and r['build'] == name}
+              for name in ('ours', rev)}
+        ours = statistics.median(r['s_per_token'] for r in by['ours'].values())
+        old = statistics.median(r['s_per_token'] for r in by[rev].values())
+        faster = sum(by['ours'][k]['s_per_token'] < by[rev][k]['s_per_token'] for k in by['ours'])
+        same = sum(a == b for k in by['ours']
+                   for a, b in zip(by['ours'][k]['tokens'], by[rev][k]['tokens']))
+        total = sum(len(r['tokens']) for r in by['ours'].values())
+        lines.append(f'| {n_kv} | {ours * 1e3:.1f} | {old * 1e3:.1f} | {ours / old:.3f} | '
+                     f'{faster} of {len(by["ours"])} | {same} of {total} |')
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    """Measure (or, with ``--report``, re-table) and write the results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('file', nargs='?')
+    parser.add_argument('--baseline', metavar='REV', help='the git revision compared')
+    parser.add_argument('--kv', type=int, nargs='+', default=[100, 1000])
+    parser.add_argument('--rounds', type=int, default=6)
+    parser.add_argument('--steps', type=int, default=32)
+    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--out', default='benchmarks/results/decode_ab')
+    parser.add_argument('--report', action='store_true',
+                        help="only rewrite decode_ab.md from --out's decode_ab.json")
+    args = parser.parse_args(argv)
+    if not args.report and not (args.file and args.baseline):
+        parser.error('FILE and --baseline are needed to measure')
+    out = pathlib.Path(args.out)
+
+    def measured():
+        path = pathlib.Path(args.file).expanduser()
+        return dict(file=path.name, baseline=args.baseline, kvs=args.kv, rounds=args.rounds,
+                    steps=args.steps, threads=args.threads,
+                    rows=measure(path, args.baseline, args.kv, args.rounds, args.steps,
+                                 args.threads))
+    command = (f'python benchmarks/decode_ab.py {pathlib.Path(args.file or "").name} '
+               f'--baseline {args.baseline} --kv {" ".join(map(str, args.kv))} '
+               f'--rounds {args.rounds} --steps {args.steps} --threads {args.threads}')
+    data = saved_or_measured(out / 'decode_ab.json', args.report, measured, command)
+    text = (f'# Decoding {data["file"]}: this revision\'s kernels against {data["baseline"]}\'s '
+            f'({data["threads"]} threads, {data["steps"]} tokens a round)\n\n'
+            f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
+            f'`{data["command"]}`; raw: decode_ab.json; this table: `python '
+            f'benchmarks/decode_ab.py --report --out {out}`.\n\n' + table(data) + '\n')
+    (out / 'decode_ab.md').write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
