@@ -1051,6 +1051,102 @@ void groups_simd_k6_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
   }
 }
 
+#if TB_HAVE_AVX2 && !TB_HAVE_AVX512
+// Q6_K decoding on AVX2 (ROWS <= 2), the codes in byte lanes: one 32-byte load of ql's low
+// nibbles, of its high ones and of qh holds positions t0..t0+3 of the 8 rows, so the 6-bit
+// codes of 4 positions x 4 chunks are put together and moved to q - 32 (signed) with ~1.3
+// integer operations a vector of 8 codes (q6_codes' 32-bit lanes take ~4.5), then sign-
+// extended a position at a time. x . (q - 32) is summed as it is: no sum(x) term.
+// Codes of chunks c = 0..3 at positions t0..t0+3 (byte 8 v + i: position t0 + v, row i).
+inline void q6_codes_bytes(const uint8_t* ql, const uint8_t* qh, int half, int t0,
+                           __m256i (&q)[4]) {
+  const auto load = [](const uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  };
+  const __m256i a = load(ql + (64 * half + t0) * GROUP);
+  const __m256i b = load(ql + (64 * half + QK + t0) * GROUP);
+  const __m256i h = load(qh + (QK * half + t0) * GROUP);
+  const __m256i m4 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
+  const __m256i c32 = _mm256_set1_epi8(32);
+  // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
+  const auto code = [&](__m256i low, __m256i high) {
+    return _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(low, m4),
+                                           _mm256_and_si256(high, m48)), c32);
+  };
+  q[0] = code(a, _mm256_slli_epi16(h, 4));  // qh bits 0-1
+  q[1] = code(b, _mm256_slli_epi16(h, 2));  // bits 2-3
+  q[2] = code(_mm256_srli_epi16(a, 4), h);  // bits 4-5
+  q[3] = code(_mm256_srli_epi16(b, 4), _mm256_srli_epi16(h, 2));  // bits 6-7
+}
+
+// The 8 codes of position t0 + V of a q6_codes_bytes vector, as floats.
+template <int V>
+inline __m256 position_codes(__m256i q) {
+  const __m128i half = V < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(V % 2 ? _mm_srli_si128(half, 8) : half));
+}
+
+// part[r][c][V % P] += x[r][c * QK + t0 + V] (q_c - 32) at position t0 + V.
+template <int64_t ROWS, int P, int V>
+inline void add_position(const __m256i (&q)[4], const float* xt, int64_t K,
+                         __m256 (&part)[ROWS][4][P]) {
+  for (int c = 0; c < 4; ++c) {
+    const __m256 f = position_codes<V>(q[c]);
+    for (int64_t r = 0; r < ROWS; ++r)
+      part[r][c][V % P] = _mm256_fmadd_ps(_mm256_set1_ps(xt[r * K + c * QK + V]), f,
+                                          part[r][c][V % P]);
+  }
+}
+
+template <int64_t ROWS>
+void groups_avx2_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                    int64_t g0, int64_t g1) {
+  static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k6");
+  constexpr int P = ROWS == 1 ? 2 : 1;  // chains a chunk and row: 4 P ROWS in flight
+  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K);
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][2];
+    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);
+      const Vec d = Lanes::halves(blk);
+      const uint8_t* ql = blk + 2 * GROUP;
+      const uint8_t* qh = ql + 128 * GROUP;
+      const uint8_t* sc = ql + 192 * GROUP;
+      for (int half = 0; half < 2; ++half) {
+        const float* xh = x + b * QK_K + half * 128;
+        for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
+          __m256 part[ROWS][4][P];
+          for (int64_t r = 0; r < ROWS; ++r)
+            for (int c = 0; c < 4; ++c)
+              for (int v = 0; v < P; ++v) part[r][c][v] = Lanes::zero();
+          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4) {
+            __m256i q[4];
+            q6_codes_bytes(ql, qh, half, t0, q);
+            add_position<ROWS, P, 0>(q, xh + t0, K, part);
+            add_position<ROWS, P, 1>(q, xh + t0, K, part);
+            add_position<ROWS, P, 2>(q, xh + t0, K, part);
+            add_position<ROWS, P, 3>(q, xh + t0, K, part);
+          }
+          for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
+            const Vec s = Lanes::mul(d, Lanes::to_float(
+                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+            for (int64_t r = 0; r < ROWS; ++r) {
+              Vec dot = part[r][c][0];
+              for (int v = 1; v < P; ++v) dot = Lanes::add(dot, part[r][c][v]);
+              acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
+            }
+          }
+        }
+      }
+    }
+    store_group<ROWS, 2>(acc, y, N, g);
+  }
+}
+#endif
+
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                        int64_t g0, int64_t g1) {
@@ -1058,8 +1154,13 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
     groups_simd_k4_sums<T, ROWS>(w, x, K, y, N, g0, g1);
   else if constexpr (T == Q4_K || T == Q5_K)
     groups_simd_k4<T, ROWS>(w, x, K, y, N, g0, g1);
+#if TB_HAVE_AVX2 && !TB_HAVE_AVX512
+  else if constexpr (T == Q6_K && ROWS <= 2)
+    groups_avx2_k6<ROWS>(w, x, K, y, N, g0, g1);
+#else
   else if constexpr (T == Q6_K && ROWS <= 2)
     groups_simd_k6_sums<ROWS>(w, x, K, y, N, g0, g1);
+#endif
   else if constexpr (T == Q6_K)
     groups_simd_k6<ROWS>(w, x, K, y, N, g0, g1);
   else
