@@ -1,7 +1,7 @@
 """One decoding step's GEMM by weight type: bytes a second against weights a second.
 
     python benchmarks/decode_types.py FILE.gguf [FILE.gguf ...] [--threads 2] [--out DIR]
-        [--baseline REV]
+        [--baseline REV] [--stream]
 
 For every weight type a file holds, its largest matrix (the token embedding only where the
 type has no other), multiplied by one activation row with the kernels' decoding GEMM
@@ -13,7 +13,10 @@ types' is bound by the arithmetic of dequantizing, not by memory. Writes decode_
 
 ``--baseline REV``: the kernels of git revision REV built beside this checkout's, each call of
 one alternating with a call of the other on the same matrix and activations: the two columns
-and their ratio come from one run.
+and their ratio come from one run. ``--stream``: a call multiplies every matrix of the file of
+that type and shape (all layers' ffn_gate, ...), more bytes than the L3 cache holds, as a
+decoding step reads them; without it one matrix is called again and again, and one of up to
+~30 MB may be served by a 32 MiB L3 cache, not by memory.
 """
 
 import argparse
@@ -25,39 +28,47 @@ from timebill_ros.bench.kernel_builds import baseline_kernels
 from timebill_ros.bench.rows import saved_or_measured
 
 
-def matrices(path):
-    """Return [(tensor name, type name, qtype, packed blocks, K, N, file bytes)], one a type."""
+def matrices(path, stream=False):
+    """Return [(tensor name, type name, qtype, [packed blocks], K, N, file bytes)], one a type.
+
+    Each type's largest matrix (the token embedding only where the type has no other); with
+    ``stream``, every matrix of the file of that type and shape (a pass reads them all: more
+    than the L3 cache holds, as a decoding step streams the weights from memory).
+    """
     import numpy as np
     import torch
     from gguf import GGUFReader
 
     from timebill_ros.engine import kernels
     gemm = kernels.load()
+    tensors = [t for t in GGUFReader(str(path)).tensors
+               if t.tensor_type.name in kernels.QTYPES and len(t.shape) == 2]
     by_type = {}
-    for t in GGUFReader(str(path)).tensors:
+    for t in tensors:
         name = t.tensor_type.name
-        if name not in kernels.QTYPES or len(t.shape) != 2:
-            continue
         key = (t.name != 'token_embd.weight', int(t.n_elements))
         if name not in by_type or key > by_type[name][0]:
             by_type[name] = (key, t)
     out = []
     for name, (_, t) in sorted(by_type.items()):
         qtype, k, n = kernels.QTYPES[name], int(t.shape[0]), int(t.shape[1])
-        blocks = np.ascontiguousarray(t.data)
-        out.append((t.name, name, qtype, gemm.pack(torch.from_numpy(blocks), qtype, k), k, n,
-                    blocks.nbytes))
+        same = [u for u in tensors if stream and u.tensor_type.name == name
+                and tuple(u.shape) == tuple(t.shape)] or [t]
+        packs = [gemm.pack(torch.from_numpy(np.ascontiguousarray(u.data)), qtype, k)
+                 for u in same]
+        out.append((t.name, name, qtype, packs, k, n, int(t.data.nbytes)))
     return out
 
 
 BURST = 5  # calls of one build timed back to back
 
 
-def measure(path, threads, baseline=None, calls=30):
+def measure(path, threads, baseline=None, calls=30, stream=False):
     """Return [row] of one file: each type's matrix, every call's seconds.
 
     baseline: another build of the kernels, called alternately with this one on the same
-    activation row (its seconds in ``baseline_seconds``).
+    activation row (its seconds in ``baseline_seconds``). stream: a call is one pass over
+    the type's matrices of that shape (``matrices``), its seconds divided by their number.
     """
     import torch
 
@@ -65,12 +76,17 @@ def measure(path, threads, baseline=None, calls=30):
     gemm = kernels.load()
     torch.set_num_threads(threads)
     rows = []
-    for tensor, type_name, qtype, packed, k, n, nbytes in matrices(path):
+    for tensor, type_name, qtype, packs, k, n, nbytes in matrices(path, stream):
         x = torch.randn(1, k)
+
+        def call(build):
+            for packed in packs:
+                out = build.gemm(x, packed, qtype, n, False)
+            return out
         builds = [('seconds', gemm)] + ([('baseline_seconds', baseline)] if baseline else [])
-        outputs = [build.gemm(x, packed, qtype, n, False) for _, build in builds]  # warm-up
+        outputs = [call(build) for _, build in builds]  # warm-up
         row = dict(file=pathlib.Path(path).name, tensor=tensor, type=type_name, k=k, n=n,
-                   bytes=nbytes, **{key: [] for key, _ in builds})
+                   bytes=nbytes, matrices=len(packs), **{key: [] for key, _ in builds})
         if baseline:  # the same layout assumed: the two builds' answers side by side
             row['max_abs_difference'] = float((outputs[0] - outputs[1]).abs().max())
             row['max_abs_output'] = float(outputs[1].abs().max())
@@ -82,11 +98,11 @@ def measure(path, threads, baseline=None, calls=30):
                 # halved both builds' speed on the VM: its idle cores wake slowly).
                 switched = time.perf_counter()
                 while time.perf_counter() - switched < 0.004:
-                    build.gemm(x, packed, qtype, n, False)
+                    call(build)
                 for _ in range(BURST):
                     start = time.perf_counter()
-                    build.gemm(x, packed, qtype, n, False)
-                    row[key].append(time.perf_counter() - start)
+                    call(build)
+                    row[key].append((time.perf_counter() - start) / len(packs))
         rows.append(row)
         print(f'{pathlib.Path(path).name} {tensor} {type_name} {n}x{k}: '
               f'{statistics.median(row["seconds"]) * 1e3:.3f} ms', flush=True)
@@ -98,13 +114,13 @@ def table(rows, bandwidth_gbs, baseline=None) -> str:
     extra = (f' | ms at {baseline} | ours / {baseline} | largest difference / largest output'
              if baseline else '')
     lines = [f'Copy bandwidth (read + write): {bandwidth_gbs:.1f} GB/s.', '',
-             '| file | tensor | type | N x K | bytes a weight | ms (median) | GB/s read | '
-             f'G weights/s{extra} |', '|---|---|---|---|---|---|---|---|'
-             + ('---|---|---|' if baseline else '')]
+             '| file | tensor | type | N x K | matrices a call | bytes a weight | ms a matrix '
+             f'(median) | GB/s read | G weights/s{extra} |',
+             '|---|---|---|---|---|---|---|---|---|' + ('---|---|---|' if baseline else '')]
     for r in rows:
         seconds, weights = statistics.median(r['seconds']), r['n'] * r['k']
         line = (f'| {r["file"]} | {r["tensor"]} | {r["type"]} | {r["n"]} x {r["k"]} | '
-                f'{r["bytes"] / weights:.4f} | {seconds * 1e3:.3f} | '
+                f'{r.get("matrices", 1)} | {r["bytes"] / weights:.4f} | {seconds * 1e3:.3f} | '
                 f'{r["bytes"] / seconds / 1e9:.1f} | {weights / seconds / 1e9:.1f} |')
         if baseline:
             old = statistics.median(r['baseline_seconds'])
@@ -119,6 +135,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('files', nargs='*')
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--stream', action='store_true',
+                        help="a call: every matrix of the type and shape (beyond the L3 cache)")
     parser.add_argument('--out', default='benchmarks/results/decode_types')
     parser.add_argument('--report', action='store_true',
                         help="only rewrite decode_types.md from --out's decode_types.json")
@@ -131,12 +149,13 @@ def main(argv=None):
         from timebill_ros.bench.engine import copy_bandwidth_gbs
         baseline = baseline_kernels(args.baseline) if args.baseline else None
         rows = [row for path in args.files for row in measure(
-            pathlib.Path(path).expanduser(), args.threads, baseline)]
+            pathlib.Path(path).expanduser(), args.threads, baseline, stream=args.stream)]
         return dict(threads=args.threads, bandwidth_gbs=copy_bandwidth_gbs(), rows=rows,
                     baseline=args.baseline)
     command = ('python benchmarks/decode_types.py ' + ' '.join(
         pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}'
-        + (f' --baseline {args.baseline}' if args.baseline else ''))
+        + (f' --baseline {args.baseline}' if args.baseline else '')
+        + (' --stream' if args.stream else ''))
     data = saved_or_measured(out / 'decode_types.json', args.report, measured, command)
     text = (f'# The decoding GEMM by weight type ({data["threads"]} threads)\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
