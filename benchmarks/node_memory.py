@@ -1,7 +1,7 @@
 """Peak resident memory of the node serving a GGUF file, goals sent over ROS.
 
     python benchmarks/node_memory.py --model FILE.gguf [--goals 12] [--max-new-tokens 32]
-        [--out DIR]
+        [--out DIR] [--report]
 
 Starts ``timebill serve`` on ``engine.model_path: FILE`` as its own process (its start-up
 calibration included), sends goals one after another from a planner-like client over ROS
@@ -12,9 +12,7 @@ against the bound 1 GiB + 2 x the file, every goal's status and sizes.
 """
 
 import argparse
-import json
 import pathlib
-import platform
 import sys
 import time
 
@@ -37,25 +35,18 @@ def goals(n_goals):
     return (rlp_test_prompts(max(0, n_goals - len(logs))) + logs)[:n_goals]
 
 
-def main(argv=None):
-    """Serve, send, read the peak; write the report."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--model', required=True, help='the .gguf file')
-    parser.add_argument('--goals', type=int, default=12)
-    parser.add_argument('--max-new-tokens', type=int, default=32)
-    parser.add_argument('--out', default='benchmarks/results/node_memory')
-    args = parser.parse_args(argv)
+def measure(model, n_goals, max_new_tokens):
+    """Serve ``model``, send the goals, return {file_mb, peak_at_ready_mb, peak_mb, goals}."""
     from timebill_ros import params
     from timebill_ros.bench.server_process import start_server, stop_server
     from timebill_ros.config import EngineConfig, ServerConfig
     from timebill_ros.ros.client import client_session, make_goal
     from timebill_ros.ros.conversions import duration_to_s
     from timebill_ros.server.status import POLICY_KILL
-    model = pathlib.Path(args.model).expanduser().resolve()
     pathlib.Path('log').mkdir(exist_ok=True)
     params_file = pathlib.Path('log') / 'node_memory_params.yaml'
     params_file.write_text(params.to_yaml(ServerConfig(engine=EngineConfig(
-        model_path=str(model), max_new_tokens=args.max_new_tokens))))
+        model_path=str(model), max_new_tokens=max_new_tokens))))
     proc = start_server(str(params_file), pathlib.Path('log') / 'node_memory_server.log')
     rows, start = [], time.monotonic()
     try:
@@ -64,9 +55,9 @@ def main(argv=None):
                 if proc.poll() is not None or time.monotonic() - start > 1800:
                     raise RuntimeError('server did not come up; see log/node_memory_server.log')
             ready_mb = peak_rss_mb(proc.pid)
-            for name, prompt in goals(args.goals):
+            for name, prompt in goals(n_goals):
                 result, _ = client.run(make_goal(prompt, budget_s=600.0, policy=POLICY_KILL,
-                                                 max_new_tokens=args.max_new_tokens),
+                                                 max_new_tokens=max_new_tokens),
                                        timeout_s=900.0)
                 rows.append(dict(name=name, status=result.status,
                                  prompt_tokens=result.prompt_tokens,
@@ -79,22 +70,37 @@ def main(argv=None):
     finally:
         print(f'server exited with code {stop_server(proc)}')
     file_mb = model.stat().st_size / 2 ** 20
-    bound_mb = 1024 + 2 * file_mb
-    data = dict(command='python benchmarks/node_memory.py ' + ' '.join(
-                    argv if argv is not None else sys.argv[1:]),
-                host=platform.node(), machine=platform.machine(),
-                date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), file=model.name,
-                file_mb=file_mb, peak_at_ready_mb=ready_mb, peak_mb=peak_mb,
-                bound_mb=bound_mb, goals=rows)
+    return dict(file=model.name, file_mb=file_mb, peak_at_ready_mb=ready_mb, peak_mb=peak_mb,
+                bound_mb=1024 + 2 * file_mb, goals=rows)
+
+
+def main(argv=None):
+    """Serve, send, read the peak (or, with ``--report``, re-table a saved run)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--model', required=True, help='the .gguf file')
+    parser.add_argument('--goals', type=int, default=12)
+    parser.add_argument('--max-new-tokens', type=int, default=32)
+    parser.add_argument('--out', default='benchmarks/results/node_memory')
+    parser.add_argument('--report', action='store_true',
+                        help="only rewrite the .md from --out's <file stem>.json")
+    args = parser.parse_args(argv)
+    from timebill_ros.bench.rows import saved_or_measured
+    model = pathlib.Path(args.model).expanduser().resolve()
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f'{model.stem}.json').write_text(json.dumps(data, indent=1))
-    text = (f'# Node peak memory: {model.name}\n\nHost {data["host"]} ({data["machine"]}), '
-            f'{data["date"]}; command: `{data["command"]}`; raw: {model.stem}.json.\n\n'
-            f'| file (MiB) | peak when ready (MiB) | peak after {len(rows)} goals (MiB) | '
+    command = 'python benchmarks/node_memory.py ' + ' '.join(
+        argv if argv is not None else sys.argv[1:])
+    data = saved_or_measured(out / f'{model.stem}.json', args.report,
+                             lambda: measure(model, args.goals, args.max_new_tokens), command)
+    peak_mb, bound_mb = data['peak_mb'], data['bound_mb']
+    text = (f'# Node peak memory: {data["file"]}\n\nHost {data["host"]} ({data["machine"]}), '
+            f'{data["date"]}; command: `{data["command"]}`; raw: {model.stem}.json; this '
+            f'table: `python benchmarks/node_memory.py --model {data["file"]} --report --out '
+            f'{out}`.\n\n'
+            f'| file (MiB) | peak when ready (MiB) | peak after {len(data["goals"])} goals '
+            f'(MiB) | '
             f'bound 1 GiB + 2 x file (MiB) | within |\n|---|---|---|---|---|\n'
-            f'| {file_mb:.0f} | {ready_mb:.0f} | {peak_mb:.0f} | {bound_mb:.0f} | '
-            f'{"yes" if peak_mb <= bound_mb else "no"} |\n')
+            f'| {data["file_mb"]:.0f} | {data["peak_at_ready_mb"]:.0f} | {peak_mb:.0f} | '
+            f'{bound_mb:.0f} | {"yes" if peak_mb <= bound_mb else "no"} |\n')
     (out / f'{model.stem}.md').write_text(text)
     print(text)
     return 0
