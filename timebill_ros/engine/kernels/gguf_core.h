@@ -542,6 +542,10 @@ struct Lanes {
     return {vandq_u32(v.lo, m), vandq_u32(v.hi, m)};
   }
   static I or_bits(I a, I b) { return {vorrq_u32(a.lo, b.lo), vorrq_u32(a.hi, b.hi)}; }
+  static I minus(I v, uint32_t k) {  // v - k, two's complement (to_float reads it signed)
+    const uint32x4_t m = vdupq_n_u32(k);
+    return {vsubq_u32(v.lo, m), vsubq_u32(v.hi, m)};
+  }
   static F low_nibbles(I v) {
     const uint32x4_t m = vdupq_n_u32(15);
     return {vcvtq_f32_u32(vandq_u32(v.lo, m)), vcvtq_f32_u32(vandq_u32(v.hi, m))};
@@ -593,6 +597,9 @@ struct Lanes {
     return _mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(mask)));
   }
   static I or_bits(I a, I b) { return _mm512_or_si512(a, b); }
+  static I minus(I v, uint32_t k) {
+    return _mm512_sub_epi32(v, _mm512_set1_epi32(static_cast<int>(k)));
+  }
   static F low_nibbles(I v) {
     return _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
   }
@@ -633,6 +640,9 @@ struct Lanes {
     return _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(mask)));
   }
   static I or_bits(I a, I b) { return _mm256_or_si256(a, b); }
+  static I minus(I v, uint32_t k) {
+    return _mm256_sub_epi32(v, _mm256_set1_epi32(static_cast<int>(k)));
+  }
   static F low_nibbles(I v) {
     return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
   }
@@ -915,14 +925,13 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
   }
 }
 
-// Decoding (ROWS <= 2) with the scales outside the sums. A K-quant weight is s q + c per
-// sub-block (Q4_K / Q5_K: 32 weights, c = -dmin m; Q6_K: 16 weights, c = -32 s), so a
-// sub-block's share of x . w is s (x . q) + c sum(x): the codes are multiplied as they are (one
-// conversion and one FMA a weight and row, where dequantizing costs a third operation, and this
-// step is bound by arithmetic, not memory: benchmarks/decode_types.py) and each sub-block's sum
-// is scaled once. Still fp32 throughout, rounded in another order than dequantize-then-multiply
-// (the tests' tolerance). The sums of x over each SPAN weights, once a call:
-// sums[r * (K / SPAN) + j] (ROWS, K / SPAN).
+// Decoding (ROWS <= 2) with the scales outside the sums. A Q4_K / Q5_K weight is s q + c per
+// 32-weight sub-block (c = -dmin m), so a sub-block's share of x . w is s (x . q) + c sum(x):
+// the codes are multiplied as they are (one conversion and one FMA a weight and row, where
+// dequantizing costs a third operation; benchmarks/decode_types.py) and each sub-block's sum
+// is scaled once (Q6_K: groups_simd_k6_scaled). Still fp32 throughout, rounded in another
+// order than dequantize-then-multiply (the tests' tolerance). The sums of x over each SPAN
+// weights, once a call: sums[r * (K / SPAN) + j] (ROWS, K / SPAN).
 template <int64_t ROWS, int SPAN>
 inline std::vector<float> span_sums(const float* x, int64_t K) {
   const int64_t n = K / SPAN;
@@ -993,70 +1002,11 @@ void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
   }
 }
 
-template <int64_t ROWS>
-void groups_simd_k6_sums(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
-                         int64_t g0, int64_t g1) {
-  static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k6");
-  constexpr int V = ROWS == 1 ? 2 : 1;  // chains a sub-block and row: 4 V ROWS in flight
-  constexpr int SPAN = 16;              // weights a scale
-  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K), ns = K / SPAN;
-  const std::vector<float> sums = span_sums<ROWS, SPAN>(x, K);
-  const Vec minus32 = Lanes::set1(-32.0f);
-  for (int64_t g = g0; g < g1; ++g) {
-    Vec acc[ROWS][2];
-    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
-    const uint8_t* grp = w + g * nb * GROUP * bb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);
-      const Vec d = Lanes::halves(blk);
-      const uint8_t* ql = blk + 2 * GROUP;
-      const uint8_t* qh = ql + 128 * GROUP;
-      const uint8_t* sc = ql + 192 * GROUP;
-      for (int half = 0; half < 2; ++half) {
-        const float* xh = x + b * QK_K + half * 128;
-        for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
-          Vec part[ROWS][4][V];  // x . q of chunk c's 16 weights
-          for (int64_t r = 0; r < ROWS; ++r)
-            for (int c = 0; c < 4; ++c)
-              for (int v = 0; v < V; ++v) part[r][c][v] = Lanes::zero();
-          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += V) {
-#pragma GCC unroll 2
-            for (int v = 0; v < V; ++v) {
-              const int t = t0 + v;
-              typename Lanes::I q[4];
-              q6_codes(ql, qh, half, t, q);
-              for (int c = 0; c < 4; ++c) {
-                const Vec f = Lanes::to_float(q[c]);
-                for (int64_t r = 0; r < ROWS; ++r)
-                  part[r][c][v] = Lanes::fma(Lanes::set1(xh[r * K + c * QK + t]), f, part[r][c][v]);
-              }
-            }
-          }
-          for (int c = 0; c < 4; ++c) {  // (d sc) (x . q - 32 sum(x)); d sc exact
-            const Vec s = Lanes::mul(d, Lanes::to_float(
-                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
-            const int64_t j = b * (QK_K / SPAN) + half * 8 + 2 * c + u;
-            for (int64_t r = 0; r < ROWS; ++r) {
-              Vec dot = part[r][c][0];
-              for (int v = 1; v < V; ++v) dot = Lanes::add(dot, part[r][c][v]);
-              dot = Lanes::fma(Lanes::set1(sums[r * ns + j]), minus32, dot);
-              acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
-            }
-          }
-        }
-      }
-    }
-    store_group<ROWS, 2>(acc, y, N, g);
-  }
-}
-
 #if TB_HAVE_AVX2 && !TB_HAVE_AVX512
-// Q6_K decoding on AVX2 (ROWS <= 2), the codes in byte lanes: one 32-byte load of ql's low
-// nibbles, of its high ones and of qh holds positions t0..t0+3 of the 8 rows, so the 6-bit
-// codes of 4 positions x 4 chunks are put together and moved to q - 32 (signed) with ~1.3
-// integer operations a vector of 8 codes (q6_codes' 32-bit lanes take ~4.5), then sign-
-// extended a position at a time. x . (q - 32) is summed as it is: no sum(x) term.
+// Q6_K's codes on AVX2 in byte lanes: one 32-byte load of ql's low nibbles, of its high ones
+// and of qh holds positions t0..t0+3 of the 8 rows, so the 6-bit codes of 4 positions x 4
+// chunks are put together and moved to q - 32 (signed) with ~1.3 integer operations a vector
+// of 8 codes (q6_codes' 32-bit lanes take ~4.5), then sign-extended a position at a time.
 // Codes of chunks c = 0..3 at positions t0..t0+3 (byte 8 v + i: position t0 + v, row i).
 inline void q6_codes_bytes(const uint8_t* ql, const uint8_t* qh, int half, int t0,
                            __m256i (&q)[4]) {
@@ -1086,21 +1036,48 @@ inline __m256 position_codes(__m256i q) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(V % 2 ? _mm_srli_si128(half, 8) : half));
 }
 
-// part[r][c][V % P] += x[r][c * QK + t0 + V] (q_c - 32) at position t0 + V.
-template <int64_t ROWS, int P, int V>
-inline void add_position(const __m256i (&q)[4], const float* xt, int64_t K,
-                         __m256 (&part)[ROWS][4][P]) {
+#endif
+
+// part[r][c][V % P] += x[r][c * QK + t0 + V] (q_c - 32) at position t0 + V; f(c): the
+// floats of chunk c's codes there.
+template <int64_t ROWS, int P, int V, typename F>
+inline void add_position(F&& f, const float* xt, int64_t K, Vec (&part)[ROWS][4][P]) {
   for (int c = 0; c < 4; ++c) {
-    const __m256 f = position_codes<V>(q[c]);
+    const Vec codes = f(c);
     for (int64_t r = 0; r < ROWS; ++r)
-      part[r][c][V % P] = _mm256_fmadd_ps(_mm256_set1_ps(xt[r * K + c * QK + V]), f,
-                                          part[r][c][V % P]);
+      part[r][c][V % P] = Lanes::fma(Lanes::set1(xt[r * K + c * QK + V]), codes,
+                                     part[r][c][V % P]);
   }
 }
 
+// x . (q - 32) of positions t0..t0+3, 16 u <= t0 < 16 u + 16 (see groups_simd_k6_scaled).
+template <int64_t ROWS, int P>
+inline void k6_positions(const uint8_t* ql, const uint8_t* qh, int half, int t0,
+                         const float* xt, int64_t K, Vec (&part)[ROWS][4][P]) {
+#if TB_HAVE_AVX2 && !TB_HAVE_AVX512
+  __m256i q[4];
+  q6_codes_bytes(ql, qh, half, t0, q);
+  add_position<ROWS, P, 0>([&](int c) { return position_codes<0>(q[c]); }, xt, K, part);
+  add_position<ROWS, P, 1>([&](int c) { return position_codes<1>(q[c]); }, xt, K, part);
+  add_position<ROWS, P, 2>([&](int c) { return position_codes<2>(q[c]); }, xt, K, part);
+  add_position<ROWS, P, 3>([&](int c) { return position_codes<3>(q[c]); }, xt, K, part);
+#else
+  typename Lanes::I q[4][4];
+  for (int v = 0; v < 4; ++v) q6_codes(ql, qh, half, t0 + v, q[v]);
+  const auto codes = [&](int v, int c) { return Lanes::to_float(Lanes::minus(q[v][c], 32)); };
+  add_position<ROWS, P, 0>([&](int c) { return codes(0, c); }, xt, K, part);
+  add_position<ROWS, P, 1>([&](int c) { return codes(1, c); }, xt, K, part);
+  add_position<ROWS, P, 2>([&](int c) { return codes(2, c); }, xt, K, part);
+  add_position<ROWS, P, 3>([&](int c) { return codes(3, c); }, xt, K, part);
+#endif
+}
+
+// Decoding (ROWS <= 2) of Q6_K with each 16-weight scale outside its sum: (d sc) x . (q - 32),
+// the codes moved to q - 32 as integers (exact) and multiplied as they are; on AVX2 built in
+// byte lanes (q6_codes_bytes).
 template <int64_t ROWS>
-void groups_avx2_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
-                    int64_t g0, int64_t g1) {
+void groups_simd_k6_scaled(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                           int64_t g0, int64_t g1) {
   static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k6");
   constexpr int P = ROWS == 1 ? 2 : 1;  // chains a chunk and row: 4 P ROWS in flight
   const int64_t nb = K / QK_K, bb = block_bytes(Q6_K);
@@ -1118,18 +1095,12 @@ void groups_avx2_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
       for (int half = 0; half < 2; ++half) {
         const float* xh = x + b * QK_K + half * 128;
         for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
-          __m256 part[ROWS][4][P];
+          Vec part[ROWS][4][P];
           for (int64_t r = 0; r < ROWS; ++r)
             for (int c = 0; c < 4; ++c)
               for (int v = 0; v < P; ++v) part[r][c][v] = Lanes::zero();
-          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4) {
-            __m256i q[4];
-            q6_codes_bytes(ql, qh, half, t0, q);
-            add_position<ROWS, P, 0>(q, xh + t0, K, part);
-            add_position<ROWS, P, 1>(q, xh + t0, K, part);
-            add_position<ROWS, P, 2>(q, xh + t0, K, part);
-            add_position<ROWS, P, 3>(q, xh + t0, K, part);
-          }
+          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4)
+            k6_positions<ROWS, P>(ql, qh, half, t0, xh + t0, K, part);
           for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
             const Vec s = Lanes::mul(d, Lanes::to_float(
                 Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
@@ -1145,7 +1116,6 @@ void groups_avx2_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
     store_group<ROWS, 2>(acc, y, N, g);
   }
 }
-#endif
 
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
@@ -1154,13 +1124,8 @@ void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, in
     groups_simd_k4_sums<T, ROWS>(w, x, K, y, N, g0, g1);
   else if constexpr (T == Q4_K || T == Q5_K)
     groups_simd_k4<T, ROWS>(w, x, K, y, N, g0, g1);
-#if TB_HAVE_AVX2 && !TB_HAVE_AVX512
   else if constexpr (T == Q6_K && ROWS <= 2)
-    groups_avx2_k6<ROWS>(w, x, K, y, N, g0, g1);
-#else
-  else if constexpr (T == Q6_K && ROWS <= 2)
-    groups_simd_k6_sums<ROWS>(w, x, K, y, N, g0, g1);
-#endif
+    groups_simd_k6_scaled<ROWS>(w, x, K, y, N, g0, g1);
   else if constexpr (T == Q6_K)
     groups_simd_k6<ROWS>(w, x, K, y, N, g0, g1);
   else
