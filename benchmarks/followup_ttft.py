@@ -1,7 +1,7 @@
 """Time to first token of a ~100-token follow-up on a cached ~2k-token context, vs llama.cpp.
 
     python benchmarks/followup_ttft.py FILE.gguf [--context-tokens 2000] [--followups 8]
-        [--repeats 2] [--out DIR]
+        [--repeats 2] [--node] [--out DIR]
 
 A robot's follow-up goal: the fleet log of ``timebill prefixbench`` (~2k tokens) as the system
 prompt, then questions of their own (a fresh status report and a question, ~100 tokens none of
@@ -11,8 +11,11 @@ the ``elapsed_s`` of its first decoding-phase feedback (receipt to the end of it
 admission, prediction, the store's lookup and the prefill of the uncached tokens). Beside each,
 llama.cpp on the same file and threads: the context's token ids evaluated (not timed), then
 the follow-up's own ids timed - the same tokens our store missed. ``--repeats`` builds the
-service anew each time (its own start-up calibration). Writes followup_ttft.json (every goal)
-and followup_ttft.md (medians and ratios) into --out.
+service anew each time (its own start-up calibration). ``--node``: through the node instead,
+``timebill serve`` on FILE as its own process and the goals sent over ROS; the time to first
+token is the ``elapsed`` of the goal's first decoding-phase feedback message (receipt to the
+end of its prefill, the node's clock), and ``--repeats`` starts the server anew each time.
+Writes followup_ttft.json (every goal) and followup_ttft.md (medians and ratios) into --out.
 """
 
 import argparse
@@ -81,6 +84,61 @@ def run_once(path, args, llama, say):
     return rows
 
 
+def run_node(path, args, llama, say):
+    """Return the rows of one server process: each follow-up over ROS, ours and llama.cpp's."""
+    from timebill_ros import params
+    from timebill_ros.bench.prefix import robot_log
+    from timebill_ros.bench.server_process import start_server, stop_server
+    from timebill_ros.config import EngineConfig, EvictionConfig, ServerConfig
+    from timebill_ros.engine import LlmEngine
+    from timebill_ros.ros.client import client_session, make_goal
+    from timebill_ros.ros.conversions import duration_to_s
+    from timebill_ros.server import status
+    encoder = LlmEngine.load(EngineConfig(model_path=str(path), threads=1), EvictionConfig())
+    context = robot_log(args.context_tokens, encoder.tokenizer)
+    folder = pathlib.Path('log')
+    folder.mkdir(exist_ok=True)
+    params_file = folder / 'followup_ttft_params.yaml'
+    params_file.write_text(params.to_yaml(ServerConfig(engine=EngineConfig(
+        model_path=str(path), max_new_tokens=args.max_new_tokens))))
+    proc = start_server(str(params_file), folder / 'followup_ttft_server.log')
+    rows = []
+
+    def ask(client, question):
+        first = []
+
+        def on_feedback(feedback):
+            if feedback.phase == status.PHASE_DECODE and not first:
+                first.append(duration_to_s(feedback.elapsed))
+        result, _ = client.run(make_goal(question, budget_s=120.0, system_prompt=context,
+                                         max_new_tokens=args.max_new_tokens),
+                               on_feedback=on_feedback, timeout_s=600.0)
+        return result, (first[0] if first else None)
+    try:
+        with client_session('/timebill/instruct', 'followup_ttft_client') as client:
+            while not client.wait_for_server(5.0):
+                if proc.poll() is not None:
+                    raise RuntimeError('server exited; see log/followup_ttft_server.log')
+            first, _ = ask(client, 'Which dock did AMR-2 visit last?')
+            say(f'first goal: status {first.status}, {first.prompt_tokens} tokens')
+            for i in range(args.followups):
+                question = followup_question(i)
+                result, ttft_s = ask(client, question)
+                ids = encoder.encode(question, context)
+                cached = int(result.cached_tokens)
+                llama_s = llama.followup_prefill_s(ids[:cached], ids[cached:])
+                rows.append(dict(followup=i, status=int(result.status),
+                                 prompt_tokens=int(result.prompt_tokens),
+                                 cached_tokens=cached, new_tokens=len(ids) - cached,
+                                 ttft_s=ttft_s, prefill_s=duration_to_s(result.prefill_time),
+                                 llama_cpp_s=llama_s))
+                say(f'follow-up {i} (node): {len(ids) - cached} new tokens after {cached} '
+                    f'cached: time to first token {ttft_s:.3f} s, llama.cpp {llama_s:.3f} s')
+    finally:
+        say(f'server exited with code {stop_server(proc)}')
+    return rows
+
+
 def table(runs) -> str:
     """Return the Markdown table of every run's medians and the ratio."""
     lines = ['| run | follow-ups | new tokens (median) | cached tokens (median) | time to first '
@@ -105,6 +163,8 @@ def main(argv=None):
     parser.add_argument('--repeats', type=int, default=2)
     parser.add_argument('--max-new-tokens', type=int, default=8)
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--node', action='store_true',
+                        help='through the node over ROS (timebill serve as its own process)')
     parser.add_argument('--out', default='benchmarks/results/followup_ttft')
     parser.add_argument('--report', action='store_true',
                         help="only rewrite followup_ttft.md from --out's followup_ttft.json")
@@ -120,12 +180,14 @@ def main(argv=None):
         from timebill_ros.bench.llama_cpp import LlamaCppEngine
         torch.set_num_threads(args.threads)
         llama = LlamaCppEngine(args.threads, args.context_tokens + 1024, path)
-        return dict(file=path.name,
-                    runs=[run_once(path, args, llama, print) for _ in range(args.repeats)])
+        run = run_node if args.node else run_once
+        return dict(file=path.name, through='node' if args.node else 'service',
+                    runs=[run(path, args, llama, print) for _ in range(args.repeats)])
     command = 'python benchmarks/followup_ttft.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:])
     data = saved_or_measured(out / 'followup_ttft.json', args.report, measured, command)
-    text = (f'# Follow-up time to first token: {data["file"]}\n\n'
+    text = (f'# Follow-up time to first token: {data["file"]}, through the '
+            f'{data.get("through", "service")}\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
             f'`{data["command"]}`. Raw rows: followup_ttft.json; this table: '
             f'`python benchmarks/followup_ttft.py --report --out {out}`.\n\n'
