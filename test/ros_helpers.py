@@ -7,6 +7,7 @@ import time
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
 import rclpy
+from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 
 from timebill_ros.action import Instruct
@@ -22,6 +23,21 @@ R = Instruct.Result
 CONSISTENT = {R.COMPLETED: GoalStatus.STATUS_SUCCEEDED, R.CANCELED: GoalStatus.STATUS_CANCELED,
               R.KILLED: GoalStatus.STATUS_ABORTED, R.SKIPPED: GoalStatus.STATUS_ABORTED,
               R.REJECTED: GoalStatus.STATUS_ABORTED, R.FAILED: GoalStatus.STATUS_ABORTED}
+
+
+class SpinningActionClient(ActionClient):
+    """An rclpy ActionClient that may be made while its node's executor spins.
+
+    rclpy 9.1.2's ActionClient adds itself to its node's waitables before it makes its lock:
+    an executor spinning on another thread meanwhile calls ``get_num_entities``, which takes
+    the lock, and its spin thread dies of an AttributeError (no goal response ever after;
+    seen once in a fresh clone's ``make test``). The lock made first closes that window.
+    """
+
+    def __init__(self, node, action_type, action_name, **kwargs):
+        """Make the lock, then the client (rclpy makes its own lock again at the end)."""
+        self._lock = threading.Lock()
+        super().__init__(node, action_type, action_name, **kwargs)
 
 
 @contextlib.contextmanager

@@ -10,10 +10,9 @@ import time
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration
 import pytest
-from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
 from remote_helpers import complete, SERVER_CTX, start_llama_server
-from ros_helpers import node_and_client, wait_future
+from ros_helpers import node_and_client, SpinningActionClient, wait_future
 
 from timebill_ros.action import Instruct
 from timebill_ros.ros.conversions import duration_to_s
@@ -35,7 +34,7 @@ def graph(tmp_path_factory):
     try:
         with node_and_client(build_service, 'fleet1', overrides, 'remote_planner') as (
                 server, client, _):
-            action = ActionClient(client, Instruct, '/fleet1/timebill/instruct')
+            action = SpinningActionClient(client, Instruct, '/fleet1/timebill/instruct')
             assert action.wait_for_server(timeout_sec=20)
             yield {'llama': llama, 'action': action, 'server': server}
     finally:

@@ -18,9 +18,9 @@ from builtin_interfaces.msg import Duration, Time
 from hypothesis import given, HealthCheck, settings, strategies as st
 import pytest
 import rclpy
-from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, CONSISTENT, goal_msg, node_and_client, wait_for, wait_future
+from ros_helpers import (COEFFS, CONSISTENT, goal_msg, node_and_client, SpinningActionClient,
+                         wait_for, wait_future)
 from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
@@ -57,8 +57,8 @@ def _serving(namespace, factory, more_overrides=()):
         other = rclpy.create_node(f'{namespace}_client_b')
         spinner_executor = server.executor
         spinner_executor.add_node(other)
-        action = ActionClient(client, Instruct, action_name)
-        other_action = ActionClient(other, Instruct, action_name)
+        action = SpinningActionClient(client, Instruct, action_name)
+        other_action = SpinningActionClient(other, Instruct, action_name)
         client.create_subscription(GoalEvent, f'/{namespace}/timebill/events', on_event, 100)
         assert action.wait_for_server(timeout_sec=20)
         assert other_action.wait_for_server(timeout_sec=20)
@@ -262,7 +262,7 @@ def test_goal_sender_keeps_no_future_per_goal(load):
     client slowed 2.6 -> 5.4 ms a goal response over 4000 goals. With the raw call this test
     fails (40 more futures); on an rclpy without the leak both ways pass.
     """
-    action = ActionClient(load['server'], Instruct, '/load/timebill/instruct')
+    action = SpinningActionClient(load['server'], Instruct, '/load/timebill/instruct')
     assert action.wait_for_server(timeout_sec=20)
     sender = GoalSender(action)
     for _ in range(5):

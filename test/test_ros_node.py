@@ -10,9 +10,8 @@ from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Duration, Time
 from diagnostic_msgs.msg import DiagnosticArray
 import pytest
-from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from ros_helpers import goal_msg, node_and_client, wait_future, tiny_factory
+from ros_helpers import goal_msg, node_and_client, SpinningActionClient, tiny_factory, wait_future
 from service_helpers import slow_schema, wait_schema_compiles
 
 from timebill_ros.server import status
@@ -35,7 +34,7 @@ def ros_graph(tiny_model, smollm2_tokenizer):
         client.create_subscription(ServerStats, '/robot1/timebill/stats',
                                    seen['stats'].append, 10)
         client.create_subscription(DiagnosticArray, '/diagnostics', seen['diag'].append, 10)
-        action = ActionClient(client, Instruct, '/robot1/timebill/instruct')
+        action = SpinningActionClient(client, Instruct, '/robot1/timebill/instruct')
         assert action.wait_for_server(timeout_sec=20)
         yield {'server': server, 'client': client, 'action': action, 'seen': seen}
 

@@ -19,9 +19,9 @@ import time
 from action_msgs.msg import GoalStatus
 from diagnostic_msgs.msg import DiagnosticArray
 import pytest
-from rclpy.action import ActionClient
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, GatedEngine, goal_msg, node_and_client, R, wait_for, wait_future
+from ros_helpers import (COEFFS, GatedEngine, goal_msg, node_and_client, R, SpinningActionClient,
+                         wait_for, wait_future)
 import yaml
 
 from timebill_ros.action import Instruct
@@ -217,7 +217,7 @@ def _in_process(namespace, tiny_model, tokenizer):
     with node_and_client(factory, namespace, overrides, f'{namespace}_client') as graph:
         server, client, _ = graph
         try:
-            action = ActionClient(client, Instruct, f'/{namespace}/timebill/instruct')
+            action = SpinningActionClient(client, Instruct, f'/{namespace}/timebill/instruct')
             assert action.wait_for_server(timeout_sec=20)
             yield server, action, built['engine'], ended
         finally:

@@ -13,12 +13,12 @@ from action_msgs.msg import GoalInfo, GoalStatus
 from action_msgs.srv import CancelGoal
 import pytest
 import rclpy
-from rclpy.action import ActionClient
 from rclpy.action.server import ServerGoalHandle
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.parameter import Parameter
-from ros_helpers import COEFFS, CONSISTENT, GatedEngine, goal_msg, node_and_client, R, wait_future
+from ros_helpers import (COEFFS, CONSISTENT, GatedEngine, goal_msg, node_and_client, R,
+                         SpinningActionClient, wait_future)
 from unique_identifier_msgs.msg import UUID
 
 from timebill_ros.action import Instruct
@@ -43,7 +43,7 @@ def graph(tiny_model, smollm2_tokenizer):
                  Parameter('stats.period_s', value=0.1)]
     with node_and_client(factory, 'proto', overrides, 'protocol_client', extra_threads=4,
                          through_faults=True) as (server, client, spinner):
-        action = ActionClient(client, Instruct, '/proto/timebill/instruct')
+        action = SpinningActionClient(client, Instruct, '/proto/timebill/instruct')
         cancel = client.create_client(CancelGoal,
                                       '/proto/timebill/instruct/_action/cancel_goal')
         assert action.wait_for_server(timeout_sec=20)
