@@ -1,7 +1,7 @@
 """The engine's decoding of a GGUF file on this checkout's kernels against another revision's.
 
     python benchmarks/decode_ab.py FILE.gguf --baseline REV [--kv 100 1000] [--rounds 6]
-        [--steps 32] [--threads 2] [--out DIR] [--report]
+        [--steps 32] [--threads 2] [--rope-direct] [--out DIR] [--report]
 
 One engine loads the file once. Each round, for each N_kv, prefills N_kv random tokens and
 decodes ``--steps`` tokens greedily, once on this checkout's kernels and once on REV's (every
@@ -10,6 +10,10 @@ round: the two columns and their ratio come from one run, on the whole step as a
 (the weights streamed from memory, where benchmarks/decode_types.py times one matrix that
 the L3 cache may hold). Also counts the steps where both builds chose the same token. Writes
 decode_ab.json (every round) and decode_ab.md into --out.
+
+``--rope-direct``: a third column, this checkout's kernels with each step computing its RoPE
+rows (torch's cos / sin: an OpenMP region a step) instead of looking them up in the decoder's
+tables (engine/models/rope_table.py), in the same rounds.
 """
 
 import argparse
@@ -20,7 +24,25 @@ from timebill_ros.bench.kernel_builds import baseline_kernels, use_kernels
 from timebill_ros.bench.rows import saved_or_measured
 
 
-def measure(path, baseline_rev, kvs, rounds, steps, threads):
+ROPE_DIRECT = 'ours, RoPE computed a step'
+
+
+def _decoder(forward):
+    """Return the GGUF decoder inside ``forward`` (the engine's forward, or what it wraps)."""
+    from timebill_ros.engine.models import GgufDecoder
+    seen, todo = set(), [forward]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, GgufDecoder):
+            return obj
+        if id(obj) in seen or not hasattr(obj, '__dict__'):
+            continue
+        seen.add(id(obj))
+        todo.extend(v for v in vars(obj).values() if hasattr(v, '__dict__'))
+    raise ValueError('no GGUF decoder in the engine (not a GGUF file?)')
+
+
+def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
     """Return [row]: one a (round, N_kv, build), ms/token and the greedy tokens."""
     import torch
 
@@ -30,14 +52,21 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads):
     torch.manual_seed(0)
     engine = LlmEngine.load(EngineConfig(model_path=str(path), threads=threads),
                             EvictionConfig())
-    builds = {'ours': kernels.load(), baseline_rev: baseline_kernels(baseline_rev)}
+    decoder = _decoder(engine.forward)
+    tables = decoder._rope_tables
+    # name -> (kernels, RoPE tables: the decoder's, or None: computed in each step)
+    builds = {'ours': (kernels.load(), tables),
+              baseline_rev: (baseline_kernels(baseline_rev), tables)}
+    if rope_direct:
+        builds[ROPE_DIRECT] = (builds['ours'][0], None)
     rows = []
     for round_idx in range(rounds + 1):  # round 0: warm-up, not kept
         for n_kv in kvs:
             ids = engine.random_ids(n_kv)
             names = list(builds) if round_idx % 2 else list(builds)[::-1]
             for name in names:
-                if not use_kernels(engine.forward, builds[name]):
+                module, decoder._rope_tables = builds[name]
+                if not use_kernels(engine.forward, module):
                     raise ValueError(f'{path}: no kernels to switch (not a GGUF forward?)')
                 state = engine.prefill(list(ids), StopCriteria())
                 out = engine.decode(state, steps + 1, StopCriteria(),
@@ -48,27 +77,36 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads):
                 if round_idx:
                     rows.append(dict(round=round_idx, n_kv=n_kv, build=name,
                                      s_per_token=per_token, tokens=list(out.token_ids)))
-    use_kernels(engine.forward, builds['ours'])
+    use_kernels(engine.forward, builds['ours'][0])
+    decoder._rope_tables = tables
     return rows
 
 
 def table(data) -> str:
-    """Return the Markdown table: medians of ms/token per N_kv and build, their ratio."""
-    rev, rows = data['baseline'], data['rows']
-    lines = [f'| N_kv | ours ms/token (median of {data["rounds"]}) | {rev} ms/token | '
-             f'ours / {rev} | rounds ours faster | same greedy token, steps |',
-             '|---|---|---|---|---|---|']
+    """Return the Markdown table: medians of ms/token per N_kv and build, ours over each."""
+    others = [name for name in data.get('builds', ['ours', data['baseline']]) if name != 'ours']
+    head = f'| N_kv | ours ms/token (median of {data["rounds"]}) |'
+    rule = '|---|---|'
+    for name in others:
+        head += (f' {name} ms/token | ours / {name} | rounds ours faster | same greedy token '
+                 'as ours, steps |')
+        rule += '---|---|---|---|'
+    lines = [head, rule]
     for n_kv in data['kvs']:
-        by = {name: {r['round']: r for r in rows if r['n_kv'] == n_kv and r['build'] == name}
-              for name in ('ours', rev)}
+        by = {name: {r['round']: r for r in data['rows']
+                     if r['n_kv'] == n_kv and r['build'] == name} for name in ['ours'] + others}
         ours = statistics.median(r['s_per_token'] for r in by['ours'].values())
-        old = statistics.median(r['s_per_token'] for r in by[rev].values())
-        faster = sum(by['ours'][k]['s_per_token'] < by[rev][k]['s_per_token'] for k in by['ours'])
-        same = sum(a == b for k in by['ours']
-                   for a, b in zip(by['ours'][k]['tokens'], by[rev][k]['tokens']))
-        total = sum(len(r['tokens']) for r in by['ours'].values())
-        lines.append(f'| {n_kv} | {ours * 1e3:.1f} | {old * 1e3:.1f} | {ours / old:.3f} | '
-                     f'{faster} of {len(by["ours"])} | {same} of {total} |')
+        line = f'| {n_kv} | {ours * 1e3:.1f} |'
+        for name in others:
+            other = statistics.median(r['s_per_token'] for r in by[name].values())
+            faster = sum(by['ours'][k]['s_per_token'] < by[name][k]['s_per_token']
+                         for k in by['ours'])
+            same = sum(a == b for k in by['ours']
+                       for a, b in zip(by['ours'][k]['tokens'], by[name][k]['tokens']))
+            total = sum(len(r['tokens']) for r in by['ours'].values())
+            line += (f' {other * 1e3:.1f} | {ours / other:.3f} | {faster} of {len(by["ours"])}'
+                     f' | {same} of {total} |')
+        lines.append(line)
     return '\n'.join(lines)
 
 
@@ -81,6 +119,8 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=6)
     parser.add_argument('--steps', type=int, default=32)
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--rope-direct', action='store_true',
+                        help='also time steps that compute their RoPE rows (no tables)')
     parser.add_argument('--out', default='benchmarks/results/decode_ab')
     parser.add_argument('--report', action='store_true',
                         help="only rewrite decode_ab.md from --out's decode_ab.json")
@@ -91,13 +131,15 @@ def main(argv=None):
 
     def measured():
         path = pathlib.Path(args.file).expanduser()
+        rows = measure(path, args.baseline, args.kv, args.rounds, args.steps, args.threads,
+                       args.rope_direct)
         return dict(file=path.name, baseline=args.baseline, kvs=args.kv, rounds=args.rounds,
                     steps=args.steps, threads=args.threads,
-                    rows=measure(path, args.baseline, args.kv, args.rounds, args.steps,
-                                 args.threads))
+                    builds=list(dict.fromkeys(row['build'] for row in rows)), rows=rows)
     command = (f'python benchmarks/decode_ab.py {pathlib.Path(args.file or "").name} '
                f'--baseline {args.baseline} --kv {" ".join(map(str, args.kv))} '
-               f'--rounds {args.rounds} --steps {args.steps} --threads {args.threads}')
+               f'--rounds {args.rounds} --steps {args.steps} --threads {args.threads}'
+               + (' --rope-direct' if args.rope_direct else ''))
     data = saved_or_measured(out / 'decode_ab.json', args.report, measured, command)
     text = (f'# Decoding {data["file"]}: this revision\'s kernels against {data["baseline"]}\'s '
             f'({data["threads"]} threads, {data["steps"]} tokens a round)\n\n'

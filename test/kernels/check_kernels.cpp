@@ -302,7 +302,9 @@ int main(int argc, char** argv) {
   check_attention(rng, 9, 3, 64, 700, 0, 700);   // GQA 3, two chunks of 512
   check_attention(rng, 4, 4, 48, 40, 5, 33);     // dim not a multiple of 32; a window
   check_attention(rng, 2, 1, 64, 1, 0, 1);       // one token
-  check_attention(rng, 8, 1, 36, 300, 10, 290);  // group of 8: the scalar values path
+  check_attention(rng, 8, 1, 36, 300, 10, 290);  // dim 36: the scalar values path
+  check_attention(rng, 12, 2, 128, 700, 0, 700); // group of 6: values in passes of 4 + 2
+  check_attention(rng, 7, 1, 64, 300, 0, 300);    // group of 7: passes of 4 + 3
   check_activations(rng, 1003);
   if (g_failures > 0) {
     std::printf("FAIL %d checks simd=%s\n", g_failures, simd_path());

@@ -27,6 +27,7 @@ from timebill_ros.engine import kernels
 from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
+from timebill_ros.engine.models.rope_table import RopeTable
 from timebill_ros.engine.models.static_step import StaticSteps
 from timebill_ros.engine.models.weights import DenseMatrix, dequantize, Matrix, weights_held
 
@@ -342,6 +343,15 @@ class GgufDecoder(KvCacheForward):
         gguf.release()
         self._inv_freq = {base: self._inverse_frequencies(base).to(self._device)
                           for base in {spec.rope_base, spec.rope_base_local} if base}
+        # The blocks path looks RoPE rows up (rope_table.py: no OpenMP region a step); the
+        # dense path computes them in the step (a CUDA graph replays that computation).
+        self._rope_tables = None if self.dense else {
+            base: RopeTable(functools.partial(self._rope, inv))
+            for base, inv in self._inv_freq.items()}
+        self._windows = [spec.sliding_window if spec.is_sliding(i) else 0
+                         for i in range(spec.n_layers)]
+        self._step_args = [self._step_arguments(layer) if layer.fused else None
+                           for layer in self.layers]
         self._hooks = PassHooks()
         # The dtype of a prefill's matrix products (Matrix.__call__; the engine sets it from
         # engine.prefill_dtype); decoding steps are always fp32. Unused by dense matrices.
@@ -522,9 +532,12 @@ class GgufDecoder(KvCacheForward):
     def _ropes(self, positions: torch.Tensor) -> dict:
         """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D) fp32, once a pass.
 
-        On the decoder's device.
+        On the decoder's device: looked up in the RoPE tables on the blocks path, computed on
+        the dense one (the same bits).
         """
         positions = positions.to(self._device)
+        if self._rope_tables is not None:
+            return {base: table.rows(positions) for base, table in self._rope_tables.items()}
         return {base: self._rope(inv, positions) for base, inv in self._inv_freq.items()}
 
     def _rope(self, inv: torch.Tensor, positions: torch.Tensor):
@@ -568,33 +581,50 @@ class GgufDecoder(KvCacheForward):
 
         x: (B, 1, hidden); cos / sin: (B, 1, D); caches: one KvCache a row. What the torch
         ops of :meth:`_step_layer` compute, in the kernels (no Python and no OpenMP region
-        between the GEMMs; each weight block decoded once for the rows).
+        between the GEMMs; each weight block decoded once for the rows). The layer's weights
+        and sizes go in as the arguments made once at load (:meth:`_step_arguments`): this
+        Python runs 28 times a step on a 28-layer model, between the weights' streams.
         """
-        spec = self.spec
-        n_kv = [cache.get_seq_length(layer_idx) for cache in caches]
+        before, after = self._step_args[layer_idx]
+        window = self._windows[layer_idx]
+        n_kv = [cache.lengths[layer_idx] for cache in caches]
         for cache, length in zip(caches, n_kv):
             cache.reserve(layer_idx, length + 1)
-        window = spec.sliding_window if spec.is_sliding(layer_idx) else 0
         first = [_window_start(length, window) for length in n_kv]  # the query is at length
-        rows = x.reshape(x.shape[0], -1).contiguous()
-        cos, sin = cos.reshape(rows.shape[0], -1), sin.reshape(rows.shape[0], -1)
-        qkv, gate_up = layer.parts(layer.qkv), layer.parts(layer.gate_up)
-        out, down = layer.out.groups[0][0], layer.down.groups[0][0]
-        activation = ACTIVATIONS.index(spec.activation)
-        outs = []
-        for begin in range(0, rows.shape[0], kernels.MAX_ROWS):
-            part = slice(begin, begin + kernels.MAX_ROWS)
-            outs.append(self.kernels.decoder_step(
-                rows[part], layer.attn_norm, spec.norm_eps, *qkv, layer.qkv_bias,
-                _or_empty(layer.q_norm), _or_empty(layer.k_norm), cos[part].contiguous(),
-                sin[part].contiguous(), [c.keys[layer_idx] for c in caches[part]],
-                [c.values[layer_idx] for c in caches[part]], n_kv[part], first[part],
-                spec.n_heads, spec.attention_scale, out.packed, out.qtype,
-                _or_empty(layer.post_attn_norm), layer.ffn_norm, *gate_up, activation,
-                down.packed, down.qtype, _or_empty(layer.post_ffn_norm)))
+        n_rows = x.shape[0]
+        rows, cos, sin = x.reshape(n_rows, -1), cos.reshape(n_rows, -1), sin.reshape(n_rows, -1)
+        keys = [c.keys[layer_idx] for c in caches]
+        values = [c.values[layer_idx] for c in caches]
+        if n_rows <= kernels.MAX_ROWS:
+            out = self.kernels.decoder_step(rows.contiguous(), *before, cos.contiguous(),
+                                            sin.contiguous(), keys, values, n_kv, first, *after)
+        else:
+            parts = [self.kernels.decoder_step(
+                rows[part].contiguous(), *before, cos[part].contiguous(),
+                sin[part].contiguous(), keys[part], values[part], n_kv[part], first[part],
+                *after)
+                for part in (slice(b, b + kernels.MAX_ROWS)
+                             for b in range(0, n_rows, kernels.MAX_ROWS))]
+            out = torch.cat(parts)
         for cache, length in zip(caches, n_kv):
             cache.lengths[layer_idx] = length + 1
-        return (outs[0] if len(outs) == 1 else torch.cat(outs)).view(x.shape)
+        return out.view(x.shape)
+
+    def _step_arguments(self, layer: _Layer) -> tuple:
+        """Return kernels.decoder_step's arguments of ``layer`` before and after its inputs.
+
+        (attention norm ... key norm) and (heads ... post-FFN norm): the weights, norms and
+        sizes, the same every step.
+        """
+        spec = self.spec
+        out, down = layer.out.groups[0][0], layer.down.groups[0][0]
+        before = (layer.attn_norm, spec.norm_eps, *layer.parts(layer.qkv), layer.qkv_bias,
+                  _or_empty(layer.q_norm), _or_empty(layer.k_norm))
+        after = (spec.n_heads, spec.attention_scale, out.packed, out.qtype,
+                 _or_empty(layer.post_attn_norm), layer.ffn_norm, *layer.parts(layer.gate_up),
+                 ACTIVATIONS.index(spec.activation), down.packed, down.qtype,
+                 _or_empty(layer.post_ffn_norm))
+        return before, after
 
     def _finish(self, layer: _Layer, x, attn, gemm_dtype=torch.float32):
         """Add the attention output ``attn`` and the MLP to the residual ``x``."""

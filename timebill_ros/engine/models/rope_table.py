@@ -1,0 +1,72 @@
+"""RoPE's cos / sin rows of every position seen so far, computed once and looked up after.
+
+Why a table: torch's ``cos`` / ``sin`` on a CPU call MKL's vector maths, whose threader opens
+an OpenMP region for every call, even of one position's 128 angles. After a region libgomp's
+workers spin for milliseconds on the cores the kernels' own threads decode on: the first layer
+of every decoding step ran ~8 ms late on the 1.4 B Q4_K file (2 x86 cores; with the spinning
+turned off, ``GOMP_SPINCOUNT``, it did not: benchmarks/results/rope_table/README.md). A decoding
+step looks its rows up instead; the table grows (by doubling) when a position passes its end.
+
+The rows are the same bits as computing the angles of those positions directly (elementwise
+ops; test_gguf_models.py checks it), so a table changes no answer.
+
+Shapes: P = positions held, D = head dim.
+"""
+
+import threading
+from typing import Callable, Tuple
+
+import torch
+
+MIN_POSITIONS = 256  # rows of a new table (positions)
+
+
+class RopeTable:
+    """cos / sin of positions [0, P) of one RoPE base, grown on demand (CPU tensors).
+
+    angles(positions (n,) int64) -> (cos, sin) each (n, D) fp32: the direct computation
+    (GgufDecoder._rope with the base's inverse frequencies). Twin decoders share a table
+    across threads: the two tensors are swapped as one pair, grown under a lock.
+    """
+
+    def __init__(self, angles: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]):
+        """Hold no rows until the first lookup."""
+        self._angles = angles
+        self._pair = None  # (cos (P, D), sin (P, D))
+        self._lock = threading.Lock()
+
+    @property
+    def n_positions(self) -> int:
+        """Positions the table holds (P)."""
+        pair = self._pair
+        return 0 if pair is None else pair[0].shape[0]
+
+    def rows(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Return cos, sin of ``positions`` (n,) int64 >= 0, each (n, D) fp32."""
+        if positions.numel() == 0:
+            raise ValueError('no positions to look up')
+        first, last = int(positions.min()), int(positions.max())
+        if first < 0:
+            raise ValueError(f'position {first} is negative')
+        cos, sin = self._holding(last + 1)
+        if positions.numel() == last - first + 1 and bool(
+                (positions == torch.arange(first, last + 1)).all()):
+            return cos[first:last + 1], sin[first:last + 1]  # a prefill's run: views
+        return cos[positions], sin[positions]
+
+    def _holding(self, n_needed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Return the (cos, sin) pair of at least ``n_needed`` positions (a power of two)."""
+        pair = self._pair
+        if pair is not None and pair[0].shape[0] >= n_needed:
+            return pair
+        with self._lock:
+            held = self.n_positions
+            if held < n_needed:
+                size = max(MIN_POSITIONS, held)
+                while size < n_needed:
+                    size *= 2
+                cos, sin = self._angles(torch.arange(held, size))
+                if held:
+                    cos, sin = torch.cat((self._pair[0], cos)), torch.cat((self._pair[1], sin))
+                self._pair = (cos, sin)
+            return self._pair
