@@ -184,7 +184,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
 enum Scratch {
   NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, PANEL, TAIL,
-  N_SCRATCH
+  SPANS, N_SCRATCH
 };
 
 float* scratch(Scratch slot, int64_t n) {
@@ -931,11 +931,11 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
 // dequantizing costs a third operation; benchmarks/decode_types.py) and each sub-block's sum
 // is scaled once (Q6_K: groups_simd_k6_scaled). Still fp32 throughout, rounded in another
 // order than dequantize-then-multiply (the tests' tolerance). The sums of x over each SPAN
-// weights, once a call: sums[r * (K / SPAN) + j] (ROWS, K / SPAN).
+// weights, once a call: sums[r * (K / SPAN) + j] (ROWS, K / SPAN), in this thread's scratch.
 template <int64_t ROWS, int SPAN>
-inline std::vector<float> span_sums(const float* x, int64_t K) {
+inline const float* span_sums(const float* x, int64_t K) {
   const int64_t n = K / SPAN;
-  std::vector<float> sums(ROWS * n);
+  float* sums = scratch(SPANS, ROWS * n);
   for (int64_t r = 0; r < ROWS; ++r)
     for (int64_t j = 0; j < n; ++j) {
       float s = 0.0f;
@@ -951,7 +951,7 @@ void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
   static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k4");
   constexpr int Q = ROWS == 1 ? 4 : 2;  // chains a sub-block and row: 2 Q ROWS FMAs in flight
   const int64_t nb = K / QK_K, bb = block_bytes(T), ns = K / QK;
-  const std::vector<float> sums = span_sums<ROWS, QK>(x, K);
+  const float* sums = span_sums<ROWS, QK>(x, K);
   for (int64_t g = g0; g < g1; ++g) {
     Vec acc[ROWS][2];
     for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
@@ -992,7 +992,7 @@ void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
             dot_lo = Lanes::add(dot_lo, lo[r][a]);
             dot_hi = Lanes::add(dot_hi, hi[r][a]);
           }
-          const float* sum = sums.data() + r * ns + b * (QK_K / QK) + 2 * l;
+          const float* sum = sums + r * ns + b * (QK_K / QK) + 2 * l;
           acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
           acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
         }
