@@ -61,6 +61,8 @@ def test_bad_positions_are_refused_by_value():
     table = RopeTable(lambda p: (p.float()[:, None], p.float()[:, None]))
     with pytest.raises(ValueError, match='-2'):
         table.rows(torch.tensor([4, -2]))
+    with pytest.raises(ValueError, match='-7'):
+        table.rows(torch.tensor([-7]))
     with pytest.raises(ValueError, match='no positions'):
         table.rows(torch.tensor([], dtype=torch.long))
 

@@ -43,6 +43,12 @@ class RopeTable:
 
     def rows(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Return cos, sin of ``positions`` (n,) int64 >= 0, each (n, D) fp32."""
+        if positions.numel() == 1:  # one goal's decoding step: views, no index op
+            position = int(positions.reshape(-1)[0])
+            if position < 0:
+                raise ValueError(f'position {position} is negative')
+            cos, sin = self._holding(position + 1)
+            return cos[position:position + 1], sin[position:position + 1]
         if positions.numel() == 0:
             raise ValueError('no positions to look up')
         first, last = int(positions.min()), int(positions.max())
