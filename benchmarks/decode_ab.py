@@ -27,32 +27,20 @@ from timebill_ros.bench.rows import saved_or_measured
 ROPE_DIRECT = 'ours, RoPE computed a step'
 
 
-def _decoder(forward):
-    """Return the GGUF decoder inside ``forward`` (the engine's forward, or what it wraps)."""
-    from timebill_ros.engine.models import GgufDecoder
-    seen, todo = set(), [forward]
-    while todo:
-        obj = todo.pop()
-        if isinstance(obj, GgufDecoder):
-            return obj
-        if id(obj) in seen or not hasattr(obj, '__dict__'):
-            continue
-        seen.add(id(obj))
-        todo.extend(v for v in vars(obj).values() if hasattr(v, '__dict__'))
-    raise ValueError('no GGUF decoder in the engine (not a GGUF file?)')
-
-
 def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
     """Return [row]: one a (round, N_kv, build), ms/token and the greedy tokens."""
     import torch
 
     from timebill_ros.config import EngineConfig, EvictionConfig
     from timebill_ros.engine import LlmEngine, kernels
+    from timebill_ros.engine.models import GgufDecoder
     from timebill_ros.engine.stopping import StopCriteria
     torch.manual_seed(0)
     engine = LlmEngine.load(EngineConfig(model_path=str(path), threads=threads),
                             EvictionConfig())
-    decoder = _decoder(engine.forward)
+    decoder = engine.forward
+    if not isinstance(decoder, GgufDecoder):
+        raise ValueError(f'{path}: not served by the GGUF decoder')
     tables = decoder._rope_tables
     # name -> (kernels, RoPE tables: the decoder's, or None: computed in each step)
     builds = {'ours': (kernels.load(), tables),

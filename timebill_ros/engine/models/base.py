@@ -595,17 +595,12 @@ class GgufDecoder(KvCacheForward):
         rows, cos, sin = x.reshape(n_rows, -1), cos.reshape(n_rows, -1), sin.reshape(n_rows, -1)
         keys = [c.keys[layer_idx] for c in caches]
         values = [c.values[layer_idx] for c in caches]
-        if n_rows <= kernels.MAX_ROWS:
-            out = self.kernels.decoder_step(rows.contiguous(), *before, cos.contiguous(),
-                                            sin.contiguous(), keys, values, n_kv, first, *after)
-        else:
-            parts = [self.kernels.decoder_step(
-                rows[part].contiguous(), *before, cos[part].contiguous(),
-                sin[part].contiguous(), keys[part], values[part], n_kv[part], first[part],
-                *after)
-                for part in (slice(b, b + kernels.MAX_ROWS)
-                             for b in range(0, n_rows, kernels.MAX_ROWS))]
-            out = torch.cat(parts)
+        outs = [self.kernels.decoder_step(
+            rows[part].contiguous(), *before, cos[part].contiguous(), sin[part].contiguous(),
+            keys[part], values[part], n_kv[part], first[part], *after)
+            for part in (slice(b, b + kernels.MAX_ROWS)
+                         for b in range(0, n_rows, kernels.MAX_ROWS))]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
         for cache, length in zip(caches, n_kv):
             cache.lengths[layer_idx] = length + 1
         return out.view(x.shape)

@@ -42,22 +42,20 @@ class RopeTable:
         return 0 if pair is None else pair[0].shape[0]
 
     def rows(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Return cos, sin of ``positions`` (n,) int64 >= 0, each (n, D) fp32."""
-        if positions.numel() == 1:  # one goal's decoding step: views, no index op
-            position = int(positions.reshape(-1)[0])
-            if position < 0:
-                raise ValueError(f'position {position} is negative')
-            cos, sin = self._holding(position + 1)
-            return cos[position:position + 1], sin[position:position + 1]
-        if positions.numel() == 0:
+        """Return cos, sin of ``positions`` (n,) int64 >= 0, each (n, D) fp32.
+
+        A run of consecutive positions (a prefill, one goal's step) gets views of the rows;
+        any other set is gathered. Plain Python on the positions: no torch op for a step.
+        """
+        ids = positions.reshape(-1).tolist()
+        if not ids:
             raise ValueError('no positions to look up')
-        first, last = int(positions.min()), int(positions.max())
+        first, last = min(ids), max(ids)
         if first < 0:
             raise ValueError(f'position {first} is negative')
         cos, sin = self._holding(last + 1)
-        if positions.numel() == last - first + 1 and bool(
-                (positions == torch.arange(first, last + 1)).all()):
-            return cos[first:last + 1], sin[first:last + 1]  # a prefill's run: views
+        if ids == list(range(first, last + 1)):
+            return cos[first:last + 1], sin[first:last + 1]
         return cos[positions], sin[positions]
 
     def _holding(self, n_needed: int) -> Tuple[torch.Tensor, torch.Tensor]:
