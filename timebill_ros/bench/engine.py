@@ -271,7 +271,9 @@ def report(rows, meta) -> str:
              else f'{meta["device"]}, {meta["threads"]} CPU threads')
     lines = [f'# Engine speed ({meta["model"]}, {where})', '',
              f'Command: `{meta["command"]}`; {meta["rounds"]} interleaved rounds, medians; '
-             f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s.', '',
+             f'copy bandwidth {meta["bandwidth_gbs"]:.1f} GB/s. Raw rows: enginebench.json; '
+             'this table, in its folder: `timebill enginebench --from-json enginebench.json '
+             '--out .`.', '',
              '| engine | ' + ' | '.join(f'decode ms/token @{n} KV' for n in kvs)
              + ' | speed-up @' + str(kvs[0]) + ' | floor ms/token | '
              + ' | '.join(f'prefill {n} tok (s)' for n in xs) + ' |',
