@@ -14,17 +14,48 @@ decode_ab.json (every round) and decode_ab.md into --out.
 ``--rope-direct``: a third column, this checkout's kernels with each step computing its RoPE
 rows (torch's cos / sin: an OpenMP region a step) instead of looking them up in the decoder's
 tables (engine/models/rope_table.py), in the same rounds.
+
+Every build's ``decoder_step`` calls are timed too (one a layer a step; ~1 us of Python
+each, alike in every build): a second table sets each build's first layer beside the median
+of its other layers (a step that opens an OpenMP region pays for it there).
 """
 
 import argparse
 import pathlib
 import statistics
+import time
 
 from timebill_ros.bench.kernel_builds import baseline_kernels, use_kernels
 from timebill_ros.bench.rows import saved_or_measured
 
 
 ROPE_DIRECT = 'ours, RoPE computed a step'
+
+
+class LayerTimes:
+    """A kernels module whose ``decoder_step`` calls (one a layer a step) are timed."""
+
+    def __init__(self, module):
+        """Time ``module``'s decoder_step; every other attribute is the module's."""
+        self.module, self.seconds = module, []
+
+    def __getattr__(self, name):
+        """Return the module's attribute ``name``."""
+        return getattr(self.module, name)
+
+    def decoder_step(self, *args):
+        """Run and time one layer of a decoding step."""
+        start = time.perf_counter()
+        out = self.module.decoder_step(*args)
+        self.seconds.append(time.perf_counter() - start)
+        return out
+
+    def per_layer(self, n_layers: int) -> list:
+        """Return each layer's median seconds over the steps timed (then forget them)."""
+        steps = len(self.seconds) // n_layers
+        times = [statistics.median(self.seconds[i::n_layers][:steps]) for i in range(n_layers)]
+        self.seconds = []
+        return times
 
 
 def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
@@ -43,8 +74,8 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
         raise ValueError(f'{path}: not served by the GGUF decoder')
     tables = decoder._rope_tables
     # name -> (kernels, RoPE tables: the decoder's, or None: computed in each step)
-    builds = {'ours': (kernels.load(), tables),
-              baseline_rev: (baseline_kernels(baseline_rev), tables)}
+    builds = {'ours': (LayerTimes(kernels.load()), tables),
+              baseline_rev: (LayerTimes(baseline_kernels(baseline_rev)), tables)}
     if rope_direct:
         builds[ROPE_DIRECT] = (builds['ours'][0], None)
     rows = []
@@ -64,8 +95,10 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
                       flush=True)
                 if round_idx:
                     rows.append(dict(round=round_idx, n_kv=n_kv, build=name,
-                                     s_per_token=per_token, tokens=list(out.token_ids)))
-    use_kernels(engine.forward, builds['ours'][0])
+                                     s_per_token=per_token, tokens=list(out.token_ids),
+                                     layer_s=module.per_layer(decoder.n_layers)))
+                module.seconds = []
+    use_kernels(engine.forward, builds['ours'][0].module)
     decoder._rope_tables = tables
     return rows
 
@@ -95,6 +128,26 @@ def table(data) -> str:
             line += (f' {other * 1e3:.1f} | {ours / other:.3f} | {faster} of {len(by["ours"])}'
                      f' | {same} of {total} |')
         lines.append(line)
+    if all('layer_s' in row for row in data['rows']):
+        lines += ['', layer_table(data, ['ours'] + others)]
+    return '\n'.join(lines)
+
+
+def layer_table(data, builds) -> str:
+    """Return the Markdown table of each build's first decoder layer against its others.
+
+    Per round, each layer's median ``decoder_step`` call over the round's steps; the table
+    gives the medians over rounds of the first layer's and of the other layers' median.
+    """
+    lines = ['One layer\'s `decoder_step` call, ms (median over the rounds of each round\'s '
+             'median over its steps):', '',
+             '| N_kv | build | first layer | the other layers (median) |', '|---|---|---|---|']
+    for n_kv in data['kvs']:
+        for name in builds:
+            rows = [r for r in data['rows'] if r['n_kv'] == n_kv and r['build'] == name]
+            first = statistics.median(r['layer_s'][0] for r in rows)
+            rest = statistics.median(statistics.median(r['layer_s'][1:]) for r in rows)
+            lines.append(f'| {n_kv} | {name} | {first * 1e3:.2f} | {rest * 1e3:.2f} |')
     return '\n'.join(lines)
 
 

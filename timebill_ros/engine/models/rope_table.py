@@ -3,7 +3,7 @@
 Why a table: torch's ``cos`` / ``sin`` on a CPU call MKL's vector maths, whose threader opens
 an OpenMP region for every call, even of one position's 128 angles. After a region libgomp's
 workers spin for milliseconds on the cores the kernels' own threads decode on: the first layer
-of every decoding step ran ~8 ms late on the 1.4 B Q4_K file (2 x86 cores; with the spinning
+of every decoding step ran up to ~8 ms late on the 1.4 B Q4_K file (2 x86 cores; with the spinning
 turned off, ``GOMP_SPINCOUNT``, it did not: benchmarks/results/rope_table/README.md). A decoding
 step looks its rows up instead; the table grows (by doubling) when a position passes its end.
 
