@@ -1,7 +1,7 @@
 """One decoding step's GEMM by weight type: bytes a second against weights a second.
 
     python benchmarks/decode_types.py FILE.gguf [FILE.gguf ...] [--threads 2] [--out DIR]
-        [--baseline REV] [--stream]
+        [--baseline REV | --baseline-cflags FLAGS] [--stream]
 
 For every weight type a file holds, its largest matrix (the token embedding only where the
 type has no other), multiplied by one activation row with the kernels' decoding GEMM
@@ -17,10 +17,15 @@ and their ratio come from one run. ``--stream``: a call multiplies every matrix 
 that type and shape (all layers' ffn_gate, ...), more bytes than the L3 cache holds, as a
 decoding step reads them; without it one matrix is called again and again, and one of up to
 ~30 MB may be served by a 32 MiB L3 cache, not by memory.
+
+``--baseline-cflags FLAGS``: the baseline is this checkout's kernels built with FLAGS added
+(e.g. ``-mno-avx512vnni`` for the fp32 decoding path, ``-DTB_PF_AHEAD=0 -DTB_PF_LOC=0`` for
+the prefetch before 2026-11-29), to time one choice of the source against another.
 """
 
 import argparse
 import pathlib
+import shlex
 import statistics
 import time
 
@@ -140,21 +145,29 @@ def main(argv=None):
     parser.add_argument('--out', default='benchmarks/results/decode_types')
     parser.add_argument('--report', action='store_true',
                         help="only rewrite decode_types.md from --out's decode_types.json")
-    parser.add_argument('--baseline', metavar='REV',
-                        help="time git revision REV's kernels beside this checkout's")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument('--baseline', metavar='REV',
+                       help="time git revision REV's kernels beside this checkout's")
+    group.add_argument('--baseline-cflags', metavar='FLAGS',
+                       help="time this checkout's kernels built with FLAGS beside them")
     args = parser.parse_args(argv)
+    label = args.baseline or (f'`{args.baseline_cflags}`' if args.baseline_cflags else None)
     out = pathlib.Path(args.out)
 
     def measured():
         from timebill_ros.bench.engine import copy_bandwidth_gbs
-        baseline = baseline_kernels(args.baseline) if args.baseline else None
+        from timebill_ros.engine import kernels
+        baseline = (baseline_kernels(args.baseline) if args.baseline else
+                    kernels.load(extra_cflags=tuple(shlex.split(args.baseline_cflags)))
+                    if args.baseline_cflags else None)
         rows = [row for path in args.files for row in measure(
             pathlib.Path(path).expanduser(), args.threads, baseline, stream=args.stream)]
         return dict(threads=args.threads, bandwidth_gbs=copy_bandwidth_gbs(), rows=rows,
-                    baseline=args.baseline)
+                    baseline=label)
     command = ('python benchmarks/decode_types.py ' + ' '.join(
         pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}'
         + (f' --baseline {args.baseline}' if args.baseline else '')
+        + (f" --baseline-cflags '{args.baseline_cflags}'" if args.baseline_cflags else '')
         + (' --stream' if args.stream else ''))
     data = saved_or_measured(out / 'decode_types.json', args.report, measured, command)
     text = (f'# The decoding GEMM by weight type ({data["threads"]} threads)\n\n'

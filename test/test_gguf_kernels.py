@@ -197,6 +197,32 @@ def test_gemm_multiplies_the_kquant_weights(gemm, kquant_rows, qtype, rows, port
     assert _rel_error(y, x, weights) < REL_TOL
 
 
+@pytest.mark.parametrize('rows', [1, 2])
+@pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
+def test_kquant_decoding_keeps_every_span_of_x(gemm, kquant_rows, qtype, rows):
+    """Spans of x of wildly different sizes, zeros, one outlier: fp32's error, span by span.
+
+    The AVX-512 VNNI decoding path writes each 32-value span of x as three 8-bit parts of
+    its own scale; a span at 1e-6 of another, an all-zero span and a lone outlier must each
+    be multiplied as fp32 would. Each output is checked against a sum over its own span only
+    (the other spans' x zeroed), so a span rounded to nothing shows.
+    """
+    k = 1024
+    blocks, weights = _kquant_blocks(kquant_rows, qtype, 48, k, seed=rows)
+    base = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    scales = {0: 1.0, 1: 1e-6, 2: 0.0, 3: 1e3, 5: 3e-4}
+    for span, scale in scales.items():
+        x = torch.zeros(rows, k)
+        x[:, span * 32:(span + 1) * 32] = base[:, span * 32:(span + 1) * 32] * scale
+        if span == 5:
+            x[:, span * 32 + 7] = 2e4  # one value far above the span's others
+        y = _gemm(gemm, x, blocks, int(qtype), False)
+        if scale == 0.0:
+            assert torch.count_nonzero(y) == 0
+        else:
+            assert _rel_error(y, x, weights) < REL_TOL, (span, scale)
+
+
 # Byte ranges of one super-block whose misreading must show: (first, end) of each field.
 KQUANT_FIELDS = {
     GGMLQuantizationType.Q4_K: {'d': (0, 2), 'dmin': (2, 4), 'scales 0-3': (4, 8),

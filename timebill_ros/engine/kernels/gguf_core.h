@@ -17,6 +17,10 @@
 // d * q is exact, one rounding for + m) and multiplies it by fp32 activations, so they compute
 // the products of the dequantized fp32 weights the engine runs today; only the rounding of the
 // summation differs, as between any two GEMM libraries.
+// One exception, where the CPU has AVX-512 VNNI: decoding Q4_K / Q6_K multiplies the integer
+// codes by x written as three 8-bit parts per 32 values (exact to ~2^-24 of the largest, as
+// fp32 rounds it) with integer dot products, and scales each sub-block's sums once
+// (groups_vnni_q4k): the same products, summed in another order.
 //
 // Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); W (N, K) held
 // as ``pack_raw`` lays the blocks out at load (GROUP rows interleaved, see GROUP); y (M, N)
@@ -184,7 +188,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
 enum Scratch {
   NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, PANEL, TAIL,
-  SPANS, N_SCRATCH
+  SPANS, XPARTS, XUNITS, XSUMS, N_SCRATCH
 };
 
 float* scratch(Scratch slot, int64_t n) {
@@ -676,7 +680,20 @@ inline void group_scales(const uint8_t* g, Vec& s, Vec& c) {
 // Output groups [g0, g1) of y (ROWS, N) = x (ROWS, K) W^T: for every weight k, the GROUP
 // rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
 // FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
-constexpr int64_t PREFETCH_BLOCKS = 4;  // group blocks ahead (0.6-2.2 kB)
+// How far ahead of the block being decoded the weights are asked for, and __builtin_prefetch's
+// locality hint. On the Xeon (AVX-512) VM, 8 kB ahead into L2 (hint 1) decoded the 1.4 B
+// Q4_K file's matrices, all 28 layers' (streamed from memory), in 0.80 of the time of the next
+// block asked for with the non-temporal hint (0) that was the default before, and 4-16 kB
+// did alike (benchmarks/results/vnni_decode/). -D overrides them for such a sweep.
+#ifndef TB_PF_AHEAD
+#define TB_PF_AHEAD 8192
+#define TB_PF_LOC 1
+#endif
+// Ask for the ``bytes`` lying TB_PF_AHEAD bytes past ``blk`` (at least the next block) in this
+// thread's stream of weights.
+inline void prefetch_ahead(const uint8_t* blk, int64_t bytes) {
+  prefetch_bytes<TB_PF_LOC>(blk + std::max<int64_t>(TB_PF_AHEAD, bytes), bytes);
+}
 
 // Accumulators a row: enough FMAs in flight when the rows are few.
 template <int64_t ROWS>
@@ -718,7 +735,7 @@ void groups_simd_32(const uint8_t* w, const float* x, int64_t K, float* y, int64
       // The weights are read once a step, from memory: ask for the block PREFETCH_BLOCKS
       // ahead in this thread's stream (the hardware prefetcher alone left the 8-goal GEMMs
       // of a real step ~1.5x slower than with the weights in cache).
-      prefetch_bytes<0>(blk + PREFETCH_BLOCKS * GROUP * bb, GROUP * bb);
+      prefetch_ahead(blk, GROUP * bb);
       Vec s, c;
       group_scales<T>(blk, s, c);
       const uint8_t* codes = blk + header;
@@ -838,7 +855,7 @@ void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64
     const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);  // the next super-block
+      prefetch_ahead(blk, GROUP * bb);
       const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
       const uint8_t* sc = blk + 4 * GROUP;
       const uint8_t* qh = sc + 12 * GROUP;
@@ -890,7 +907,7 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
     const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);
+      prefetch_ahead(blk, GROUP * bb);
       const Vec d = Lanes::halves(blk);
       const uint8_t* ql = blk + 2 * GROUP;
       const uint8_t* qh = ql + 128 * GROUP;
@@ -958,7 +975,7 @@ void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
     const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);  // the next super-block
+      prefetch_ahead(blk, GROUP * bb);
       const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
       const uint8_t* sc = blk + 4 * GROUP;
       const uint8_t* qh = sc + 12 * GROUP;
@@ -1001,6 +1018,199 @@ void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
     store_group<ROWS, 2>(acc, y, N, g);
   }
 }
+
+#if TB_HAVE_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+#define TB_HAVE_VNNI_K4 1
+// Decoding Q4_K with integer dot products (AVX-512 VNNI: vpdpbusd multiplies 4 unsigned bytes
+// by 4 signed bytes and adds them to a 32-bit lane, 64 products an instruction). The fp32
+// path (groups_simd_k4_sums) spends a conversion, an FMA, a broadcast and a share of the
+// nibble unpacking on every 16 weights and is bound by that arithmetic, not by the bytes it
+// reads; llama.cpp's int8 path is bound by the bytes, but it rounds x to 8 bits (its answers
+// leave fp32's). Here x is not rounded: each 32-weight span of x is written exactly enough as
+// three signed 8-bit parts, x = u0 p0 + u1 p1 + u2 p2 + e with u0 = max|x| / 127,
+// u1 = u0 / 254, u2 = u1 / 254 and |e| <= u2 / 2 ~ 2^-24 max|x| (fp32's own rounding of the
+// largest value), and each part's code products are summed exactly in int32 (at most
+// 32 * 15 * 127 a span). A span's x . q is then sum_p u_p S_p in fp32, smallest first: the
+// same products as dequantize-then-multiply, summed in another order (the tests' tolerance).
+constexpr int X_PARTS = 3;
+
+// The parts of x (ROWS, K): parts[(r * X_PARTS + p) * K + k], units[(r * K / QK + j) *
+// X_PARTS + p] for span j (QK weights) of row r.
+template <int64_t ROWS>
+inline void split_activations(const float* x, int64_t K, int8_t* parts, float* units) {
+  const int64_t ns = K / QK;
+  for (int64_t r = 0; r < ROWS; ++r)
+    for (int64_t j = 0; j < ns; ++j) {
+      float rest[QK], amax = 0.0f;
+      for (int t = 0; t < QK; ++t) {
+        rest[t] = x[r * K + j * QK + t];
+        amax = std::max(amax, std::fabs(rest[t]));
+      }
+      float unit = amax > 0.0f ? amax / 127.0f : 1.0f;
+      for (int p = 0; p < X_PARTS; ++p, unit /= 254.0f) {
+        units[(r * ns + j) * X_PARTS + p] = unit;
+        int8_t* out = parts + (r * X_PARTS + p) * K + j * QK;
+        for (int t = 0; t < QK; ++t) {  // the part, then what it leaves (one rounding)
+          const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(rest[t] / unit)));
+          out[t] = static_cast<int8_t>(q);
+          rest[t] = std::fma(-q, unit, rest[t]);
+        }
+      }
+    }
+}
+
+// A 64-byte load of the packed codes holds positions t0..t0+3 of the 16 rows (byte 16 v + i:
+// position t0 + v, row i); vpdpbusd wants row i's 4 positions in its lane i: byte 4 i + v.
+inline __m512i vnni_order() {
+  alignas(64) uint8_t order[64];
+  for (int i = 0; i < 16; ++i)
+    for (int v = 0; v < 4; ++v) order[4 * i + v] = static_cast<uint8_t>(16 * v + i);
+  return _mm512_load_si512(order);
+}
+
+// The 4 bytes at p (4 positions of one part of x) in every lane.
+inline __m512i x4_bytes(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+template <int64_t ROWS>
+void groups_vnni_q4k(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                     int64_t g0, int64_t g1) {
+  const int64_t nb = K / QK_K, bb = block_bytes(Q4_K), ns = K / QK;
+  const float* sums = span_sums<ROWS, QK>(x, K);
+  int8_t* parts = reinterpret_cast<int8_t*>(scratch(XPARTS, ROWS * X_PARTS * K / 4 + 1));
+  float* units = scratch(XUNITS, ROWS * ns * X_PARTS);
+  split_activations<ROWS>(x, K, parts, units);
+  const __m512i order = vnni_order();
+  const __m512i m4 = _mm512_set1_epi8(15);
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][2];
+    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_ahead(blk, GROUP * bb);
+      const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+      const uint8_t* sc = blk + 4 * GROUP;
+      const uint8_t* qs = sc + 12 * GROUP;
+      for (int l = 0; l < 4; ++l) {
+        __m512i lo[ROWS][X_PARTS], hi[ROWS][X_PARTS];  // sub-blocks 2 l and 2 l + 1
+        for (int64_t r = 0; r < ROWS; ++r)
+          for (int p = 0; p < X_PARTS; ++p) lo[r][p] = hi[r][p] = _mm512_setzero_si512();
+        const uint8_t* q = qs + l * QK * GROUP;
+        for (int t0 = 0; t0 < QK; t0 += 4) {
+          const __m512i v = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(q + t0 * GROUP));
+          const __m512i c_lo = _mm512_and_si512(v, m4);
+          const __m512i c_hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          for (int64_t r = 0; r < ROWS; ++r)
+            for (int p = 0; p < X_PARTS; ++p) {
+              const int8_t* xp = parts + (r * X_PARTS + p) * K + b * QK_K + l * 2 * QK + t0;
+              lo[r][p] = _mm512_dpbusd_epi32(lo[r][p], c_lo, x4_bytes(xp));
+              hi[r][p] = _mm512_dpbusd_epi32(hi[r][p], c_hi, x4_bytes(xp + QK));
+            }
+        }
+        Vec s0, c0, s1, c1;
+        kquant_pair(sc, 2 * l, d, dmin, s0, c0);
+        kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
+        for (int64_t r = 0; r < ROWS; ++r) {
+          const float* u = units + (r * ns + b * (QK_K / QK) + 2 * l) * X_PARTS;
+          Vec dot_lo = Lanes::zero(), dot_hi = Lanes::zero();
+          for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
+            dot_lo = Lanes::fma(Lanes::set1(u[p]), Lanes::to_float(lo[r][p]), dot_lo);
+            dot_hi = Lanes::fma(Lanes::set1(u[X_PARTS + p]), Lanes::to_float(hi[r][p]), dot_hi);
+          }
+          const float* sum = sums + r * ns + b * (QK_K / QK) + 2 * l;
+          acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
+          acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
+        }
+      }
+    }
+    store_group<ROWS, 2>(acc, y, N, g);
+  }
+}
+
+// Q6_K the same way: codes q = 0..63 (unsigned bytes) times x's parts, and (q - 32) . x_p =
+// q . x_p - 32 sum(x_p), both in int32 (exact; sum over the 16 weights of one scale).
+template <int64_t ROWS>
+void groups_vnni_q6k(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                     int64_t g0, int64_t g1) {
+  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K), ns = K / QK, n16 = K / 16;
+  int8_t* parts = reinterpret_cast<int8_t*>(scratch(XPARTS, ROWS * X_PARTS * K / 4 + 1));
+  float* units = scratch(XUNITS, ROWS * ns * X_PARTS);
+  split_activations<ROWS>(x, K, parts, units);
+  int32_t* part_sums = reinterpret_cast<int32_t*>(scratch(XSUMS, ROWS * X_PARTS * n16));
+  for (int64_t rp = 0; rp < ROWS * X_PARTS; ++rp)
+    for (int64_t j = 0; j < n16; ++j) {
+      int32_t sum = 0;
+      for (int t = 0; t < 16; ++t) sum += parts[rp * K + 16 * j + t];
+      part_sums[rp * n16 + j] = 32 * sum;
+    }
+  const __m512i order = vnni_order();
+  const __m512i m4 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
+  const auto load = [&](const uint8_t* p) {
+    return _mm512_permutexvar_epi8(order, _mm512_loadu_si512(p));
+  };
+  for (int64_t g = g0; g < g1; ++g) {
+    Vec acc[ROWS][2];
+    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
+    const uint8_t* grp = w + g * nb * GROUP * bb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = grp + b * GROUP * bb;
+      prefetch_ahead(blk, GROUP * bb);
+      const Vec d = Lanes::halves(blk);
+      const uint8_t* ql = blk + 2 * GROUP;
+      const uint8_t* qh = ql + 128 * GROUP;
+      const uint8_t* sc = ql + 192 * GROUP;
+      for (int half = 0; half < 2; ++half) {
+        for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
+          __m512i part[ROWS][4][X_PARTS];
+          for (int64_t r = 0; r < ROWS; ++r)
+            for (int c = 0; c < 4; ++c)
+              for (int p = 0; p < X_PARTS; ++p) part[r][c][p] = _mm512_setzero_si512();
+          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4) {
+            const __m512i a = load(ql + (64 * half + t0) * GROUP);
+            const __m512i bq = load(ql + (64 * half + QK + t0) * GROUP);
+            const __m512i h = load(qh + (QK * half + t0) * GROUP);
+            // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
+            const auto code = [&](__m512i low, __m512i high) {
+              return _mm512_or_si512(_mm512_and_si512(low, m4), _mm512_and_si512(high, m48));
+            };
+            const __m512i q[4] = {code(a, _mm512_slli_epi16(h, 4)),
+                                  code(bq, _mm512_slli_epi16(h, 2)),
+                                  code(_mm512_srli_epi16(a, 4), h),
+                                  code(_mm512_srli_epi16(bq, 4), _mm512_srli_epi16(h, 2))};
+            for (int64_t r = 0; r < ROWS; ++r)
+              for (int c = 0; c < 4; ++c)
+                for (int p = 0; p < X_PARTS; ++p)
+                  part[r][c][p] = _mm512_dpbusd_epi32(part[r][c][p], q[c], x4_bytes(
+                      parts + (r * X_PARTS + p) * K + b * QK_K + 128 * half + 32 * c + t0));
+          }
+          for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
+            const Vec s = Lanes::mul(d, Lanes::to_float(
+                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+            const int64_t j16 = (b * QK_K + 128 * half + 32 * c + 16 * u) / 16;
+            for (int64_t r = 0; r < ROWS; ++r) {
+              const float* unit = units + (r * ns + j16 / 2) * X_PARTS;
+              Vec dot = Lanes::zero();
+              for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
+                const __m512i centred = _mm512_sub_epi32(
+                    part[r][c][p], _mm512_set1_epi32(part_sums[(r * X_PARTS + p) * n16 + j16]));
+                dot = Lanes::fma(Lanes::set1(unit[p]), Lanes::to_float(centred), dot);
+              }
+              acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
+            }
+          }
+        }
+      }
+    }
+    store_group<ROWS, 2>(acc, y, N, g);
+  }
+}
+#else
+#define TB_HAVE_VNNI_K4 0
+#endif
 
 #if TB_HAVE_AVX2 && !TB_HAVE_AVX512
 // Q6_K's codes on AVX2 in byte lanes: one 32-byte load of ql's low nibbles, of its high ones
@@ -1087,7 +1297,7 @@ void groups_simd_k6_scaled(const uint8_t* w, const float* x, int64_t K, float* y
     const uint8_t* grp = w + g * nb * GROUP * bb;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_bytes<0>(blk + GROUP * bb, GROUP * bb);
+      prefetch_ahead(blk, GROUP * bb);
       const Vec d = Lanes::halves(blk);
       const uint8_t* ql = blk + 2 * GROUP;
       const uint8_t* qh = ql + 128 * GROUP;
@@ -1120,6 +1330,13 @@ void groups_simd_k6_scaled(const uint8_t* w, const float* x, int64_t K, float* y
 template <int64_t T, int64_t ROWS>
 void groups_simd_fixed(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                        int64_t g0, int64_t g1) {
+#if TB_HAVE_VNNI_K4
+  if constexpr (T == Q4_K && ROWS <= 2)
+    groups_vnni_q4k<ROWS>(w, x, K, y, N, g0, g1);
+  else if constexpr (T == Q6_K && ROWS <= 2)
+    groups_vnni_q6k<ROWS>(w, x, K, y, N, g0, g1);
+  else
+#endif
   if constexpr ((T == Q4_K || T == Q5_K) && ROWS <= 2)
     groups_simd_k4_sums<T, ROWS>(w, x, K, y, N, g0, g1);
   else if constexpr (T == Q4_K || T == Q5_K)
