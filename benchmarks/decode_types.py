@@ -167,7 +167,7 @@ def main(argv=None):
     command = ('python benchmarks/decode_types.py ' + ' '.join(
         pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}'
         + (f' --baseline {args.baseline}' if args.baseline else '')
-        + (f" --baseline-cflags '{args.baseline_cflags}'" if args.baseline_cflags else '')
+        + (f" --baseline-cflags='{args.baseline_cflags}'" if args.baseline_cflags else '')
         + (' --stream' if args.stream else ''))
     data = saved_or_measured(out / 'decode_types.json', args.report, measured, command)
     text = (f'# The decoding GEMM by weight type ({data["threads"]} threads)\n\n'

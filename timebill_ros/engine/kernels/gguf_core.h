@@ -681,10 +681,12 @@ inline void group_scales(const uint8_t* g, Vec& s, Vec& c) {
 // rows' weights are one vector and each activation row adds x[r][k] times it (a broadcast
 // FMA). P accumulators a row keep enough FMAs in flight when the rows are few.
 // How far ahead of the block being decoded the weights are asked for, and __builtin_prefetch's
-// locality hint. On the Xeon (AVX-512) VM, 8 kB ahead into L2 (hint 1) decoded the 1.4 B
-// Q4_K file's matrices, all 28 layers' (streamed from memory), in 0.80 of the time of the next
-// block asked for with the non-temporal hint (0) that was the default before, and 4-16 kB
-// did alike (benchmarks/results/vnni_decode/). -D overrides them for such a sweep.
+// locality hint. On the Xeon (AVX-512) VM, 8 kB ahead into L2 (hint 1) multiplied the 1.4 B
+// Q4_K file's matrices of a type and shape, streamed from memory, in 0.75 (Q4_K) and 0.63
+// (Q6_K) of the time of the next block asked for with the non-temporal hint (0) that was
+// the default before; 4-16 kB ahead did alike in a sweep by hand, and hint 3 (L1) a little
+// worse (benchmarks/results/vnni_decode/). -D overrides both for such a sweep. On the AMD EPYC
+// AVX2 VM, 1-4 blocks ahead with hint 0 made no difference; hint 1 was not timed there.
 #ifndef TB_PF_AHEAD
 #define TB_PF_AHEAD 8192
 #define TB_PF_LOC 1
@@ -892,6 +894,20 @@ void groups_simd_k4(const uint8_t* w, const float* x, int64_t K, float* y, int64
   }
 }
 
+// A Q6_K group super-block's fields: d (GROUP fp16 as floats), then ql (128 GROUP bytes:
+// low nibbles), qh (64 GROUP: the top 2 bits) and sc (16 GROUP int8 scales).
+struct Q6Block {
+  Vec d;
+  const uint8_t* ql;
+  const uint8_t* qh;
+  const uint8_t* sc;
+};
+
+inline Q6Block q6_block(const uint8_t* blk) {
+  const uint8_t* ql = blk + 2 * GROUP;
+  return {Lanes::halves(blk), ql, ql + 128 * GROUP, ql + 192 * GROUP};
+}
+
 // Q6_K from the file's super-blocks: per half (128 weights) and per 16 code positions t, the
 // four scales of chunks c = 0..3 (weights 32 c + t); low nibbles from ql, two high bits from qh.
 template <int64_t ROWS>
@@ -908,10 +924,7 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
       prefetch_ahead(blk, GROUP * bb);
-      const Vec d = Lanes::halves(blk);
-      const uint8_t* ql = blk + 2 * GROUP;
-      const uint8_t* qh = ql + 128 * GROUP;
-      const uint8_t* sc = ql + 192 * GROUP;
+      const auto [d, ql, qh, sc] = q6_block(blk);
       const float* xb = x + b * QK_K;
       for (int half = 0; half < 2; ++half) {
         for (int u = 0; u < 2; ++u) {
@@ -962,13 +975,14 @@ inline const float* span_sums(const float* x, int64_t K) {
   return sums;
 }
 
-template <int64_t T, int64_t ROWS>
-void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
-                         int64_t g0, int64_t g1) {
-  static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k4");
-  constexpr int Q = ROWS == 1 ? 4 : 2;  // chains a sub-block and row: 2 Q ROWS FMAs in flight
-  const int64_t nb = K / QK_K, bb = block_bytes(T), ns = K / QK;
-  const float* sums = span_sums<ROWS, QK>(x, K);
+// The walk of every one- or two-row decoding kernel of a K-quant: for each output group in
+// [g0, g1), its super-blocks in order (the weights asked for ahead), ``block(blk, b, acc)``
+// adding super-block b's share to the group's two accumulators a row; then the group's
+// outputs stored.
+template <int64_t ROWS, typename Block>
+inline void walk_super_blocks(const uint8_t* w, int64_t K, int64_t bb, float* y, int64_t N,
+                              int64_t g0, int64_t g1, Block&& block) {
+  const int64_t nb = K / QK_K;
   for (int64_t g = g0; g < g1; ++g) {
     Vec acc[ROWS][2];
     for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
@@ -976,47 +990,60 @@ void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, 
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = grp + b * GROUP * bb;
       prefetch_ahead(blk, GROUP * bb);
-      const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
-      const uint8_t* sc = blk + 4 * GROUP;
-      const uint8_t* qh = sc + 12 * GROUP;
-      const uint8_t* qs = sc + (T == Q5_K ? 44 : 12) * GROUP;
-      const float* xb = x + b * QK_K;
-      for (int l = 0; l < 4; ++l) {
-        Vec lo[ROWS][Q], hi[ROWS][Q];  // x . q of sub-blocks 2 l and 2 l + 1
-        for (int64_t r = 0; r < ROWS; ++r)
-          for (int a = 0; a < Q; ++a) lo[r][a] = hi[r][a] = Lanes::zero();
-        const uint8_t* q = qs + l * QK * GROUP;
-        const float* xl = xb + l * 2 * QK;
-        for (int t0 = 0; t0 < QK; t0 += Q) {
-#pragma GCC unroll 4
-          for (int u = 0; u < Q; ++u) {  // constant chain indices, as in groups_simd_k4
-            const int t = t0 + u;
-            typename Lanes::I c_lo, c_hi;
-            k4_codes<T>(q, qh, l, t, c_lo, c_hi);
-            const Vec f_lo = Lanes::to_float(c_lo), f_hi = Lanes::to_float(c_hi);
-            for (int64_t r = 0; r < ROWS; ++r) {
-              lo[r][u] = Lanes::fma(Lanes::set1(xl[r * K + t]), f_lo, lo[r][u]);
-              hi[r][u] = Lanes::fma(Lanes::set1(xl[r * K + QK + t]), f_hi, hi[r][u]);
-            }
-          }
-        }
-        Vec s0, c0, s1, c1;
-        kquant_pair(sc, 2 * l, d, dmin, s0, c0);
-        kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
-        for (int64_t r = 0; r < ROWS; ++r) {
-          Vec dot_lo = lo[r][0], dot_hi = hi[r][0];
-          for (int a = 1; a < Q; ++a) {
-            dot_lo = Lanes::add(dot_lo, lo[r][a]);
-            dot_hi = Lanes::add(dot_hi, hi[r][a]);
-          }
-          const float* sum = sums + r * ns + b * (QK_K / QK) + 2 * l;
-          acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
-          acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
-        }
-      }
+      block(blk, b, acc);
     }
     store_group<ROWS, 2>(acc, y, N, g);
   }
+}
+
+template <int64_t T, int64_t ROWS>
+void groups_simd_k4_sums(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
+                         int64_t g0, int64_t g1) {
+  static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k4");
+  constexpr int Q = ROWS == 1 ? 4 : 2;  // chains a sub-block and row: 2 Q ROWS FMAs in flight
+  const int64_t bb = block_bytes(T), ns = K / QK;
+  const float* sums = span_sums<ROWS, QK>(x, K);
+  walk_super_blocks<ROWS>(w, K, bb, y, N, g0, g1, [&](const uint8_t* blk, int64_t b,
+                                                    Vec (&acc)[ROWS][2]) {
+    const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+    const uint8_t* sc = blk + 4 * GROUP;
+    const uint8_t* qh = sc + 12 * GROUP;
+    const uint8_t* qs = sc + (T == Q5_K ? 44 : 12) * GROUP;
+    const float* xb = x + b * QK_K;
+    for (int l = 0; l < 4; ++l) {
+      Vec lo[ROWS][Q], hi[ROWS][Q];  // x . q of sub-blocks 2 l and 2 l + 1
+      for (int64_t r = 0; r < ROWS; ++r)
+        for (int a = 0; a < Q; ++a) lo[r][a] = hi[r][a] = Lanes::zero();
+      const uint8_t* q = qs + l * QK * GROUP;
+      const float* xl = xb + l * 2 * QK;
+      for (int t0 = 0; t0 < QK; t0 += Q) {
+#pragma GCC unroll 4
+        for (int u = 0; u < Q; ++u) {  // constant chain indices, as in groups_simd_k4
+          const int t = t0 + u;
+          typename Lanes::I c_lo, c_hi;
+          k4_codes<T>(q, qh, l, t, c_lo, c_hi);
+          const Vec f_lo = Lanes::to_float(c_lo), f_hi = Lanes::to_float(c_hi);
+          for (int64_t r = 0; r < ROWS; ++r) {
+            lo[r][u] = Lanes::fma(Lanes::set1(xl[r * K + t]), f_lo, lo[r][u]);
+            hi[r][u] = Lanes::fma(Lanes::set1(xl[r * K + QK + t]), f_hi, hi[r][u]);
+          }
+        }
+      }
+      Vec s0, c0, s1, c1;
+      kquant_pair(sc, 2 * l, d, dmin, s0, c0);
+      kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
+      for (int64_t r = 0; r < ROWS; ++r) {
+        Vec dot_lo = lo[r][0], dot_hi = hi[r][0];
+        for (int a = 1; a < Q; ++a) {
+          dot_lo = Lanes::add(dot_lo, lo[r][a]);
+          dot_hi = Lanes::add(dot_hi, hi[r][a]);
+        }
+        const float* sum = sums + r * ns + b * (QK_K / QK) + 2 * l;
+        acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
+        acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
+      }
+    }
+  });
 }
 
 #if TB_HAVE_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
@@ -1078,57 +1105,50 @@ inline __m512i x4_bytes(const int8_t* p) {
 template <int64_t ROWS>
 void groups_vnni_q4k(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                      int64_t g0, int64_t g1) {
-  const int64_t nb = K / QK_K, bb = block_bytes(Q4_K), ns = K / QK;
+  const int64_t bb = block_bytes(Q4_K), ns = K / QK;
   const float* sums = span_sums<ROWS, QK>(x, K);
   int8_t* parts = reinterpret_cast<int8_t*>(scratch(XPARTS, ROWS * X_PARTS * K / 4 + 1));
   float* units = scratch(XUNITS, ROWS * ns * X_PARTS);
   split_activations<ROWS>(x, K, parts, units);
   const __m512i order = vnni_order();
   const __m512i m4 = _mm512_set1_epi8(15);
-  for (int64_t g = g0; g < g1; ++g) {
-    Vec acc[ROWS][2];
-    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
-    const uint8_t* grp = w + g * nb * GROUP * bb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_ahead(blk, GROUP * bb);
-      const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
-      const uint8_t* sc = blk + 4 * GROUP;
-      const uint8_t* qs = sc + 12 * GROUP;
-      for (int l = 0; l < 4; ++l) {
-        __m512i lo[ROWS][X_PARTS], hi[ROWS][X_PARTS];  // sub-blocks 2 l and 2 l + 1
+  walk_super_blocks<ROWS>(w, K, bb, y, N, g0, g1, [&](const uint8_t* blk, int64_t b,
+                                                    Vec (&acc)[ROWS][2]) {
+    const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+    const uint8_t* sc = blk + 4 * GROUP;
+    const uint8_t* qs = sc + 12 * GROUP;
+    for (int l = 0; l < 4; ++l) {
+      __m512i lo[ROWS][X_PARTS], hi[ROWS][X_PARTS];  // sub-blocks 2 l and 2 l + 1
+      for (int64_t r = 0; r < ROWS; ++r)
+        for (int p = 0; p < X_PARTS; ++p) lo[r][p] = hi[r][p] = _mm512_setzero_si512();
+      const uint8_t* q = qs + l * QK * GROUP;
+      for (int t0 = 0; t0 < QK; t0 += 4) {
+        const __m512i v = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(q + t0 * GROUP));
+        const __m512i c_lo = _mm512_and_si512(v, m4);
+        const __m512i c_hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         for (int64_t r = 0; r < ROWS; ++r)
-          for (int p = 0; p < X_PARTS; ++p) lo[r][p] = hi[r][p] = _mm512_setzero_si512();
-        const uint8_t* q = qs + l * QK * GROUP;
-        for (int t0 = 0; t0 < QK; t0 += 4) {
-          const __m512i v = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(q + t0 * GROUP));
-          const __m512i c_lo = _mm512_and_si512(v, m4);
-          const __m512i c_hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-          for (int64_t r = 0; r < ROWS; ++r)
-            for (int p = 0; p < X_PARTS; ++p) {
-              const int8_t* xp = parts + (r * X_PARTS + p) * K + b * QK_K + l * 2 * QK + t0;
-              lo[r][p] = _mm512_dpbusd_epi32(lo[r][p], c_lo, x4_bytes(xp));
-              hi[r][p] = _mm512_dpbusd_epi32(hi[r][p], c_hi, x4_bytes(xp + QK));
-            }
-        }
-        Vec s0, c0, s1, c1;
-        kquant_pair(sc, 2 * l, d, dmin, s0, c0);
-        kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
-        for (int64_t r = 0; r < ROWS; ++r) {
-          const float* u = units + (r * ns + b * (QK_K / QK) + 2 * l) * X_PARTS;
-          Vec dot_lo = Lanes::zero(), dot_hi = Lanes::zero();
-          for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
-            dot_lo = Lanes::fma(Lanes::set1(u[p]), Lanes::to_float(lo[r][p]), dot_lo);
-            dot_hi = Lanes::fma(Lanes::set1(u[X_PARTS + p]), Lanes::to_float(hi[r][p]), dot_hi);
+          for (int p = 0; p < X_PARTS; ++p) {
+            const int8_t* xp = parts + (r * X_PARTS + p) * K + b * QK_K + l * 2 * QK + t0;
+            lo[r][p] = _mm512_dpbusd_epi32(lo[r][p], c_lo, x4_bytes(xp));
+            hi[r][p] = _mm512_dpbusd_epi32(hi[r][p], c_hi, x4_bytes(xp + QK));
           }
-          const float* sum = sums + r * ns + b * (QK_K / QK) + 2 * l;
-          acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
-          acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
+      }
+      Vec s0, c0, s1, c1;
+      kquant_pair(sc, 2 * l, d, dmin, s0, c0);
+      kquant_pair(sc, 2 * l + 1, d, dmin, s1, c1);
+      for (int64_t r = 0; r < ROWS; ++r) {
+        const float* u = units + (r * ns + b * (QK_K / QK) + 2 * l) * X_PARTS;
+        Vec dot_lo = Lanes::zero(), dot_hi = Lanes::zero();
+        for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
+          dot_lo = Lanes::fma(Lanes::set1(u[p]), Lanes::to_float(lo[r][p]), dot_lo);
+          dot_hi = Lanes::fma(Lanes::set1(u[X_PARTS + p]), Lanes::to_float(hi[r][p]), dot_hi);
         }
+        const float* sum = sums + r * ns + b * (QK_K / QK) + 2 * l;
+        acc[r][0] = Lanes::fma(c0, Lanes::set1(sum[0]), Lanes::fma(s0, dot_lo, acc[r][0]));
+        acc[r][1] = Lanes::fma(c1, Lanes::set1(sum[1]), Lanes::fma(s1, dot_hi, acc[r][1]));
       }
     }
-    store_group<ROWS, 2>(acc, y, N, g);
-  }
+  });
 }
 
 // Q6_K the same way: codes q = 0..63 (unsigned bytes) times x's parts, and (q - 32) . x_p =
@@ -1136,7 +1156,7 @@ void groups_vnni_q4k(const uint8_t* w, const float* x, int64_t K, float* y, int6
 template <int64_t ROWS>
 void groups_vnni_q6k(const uint8_t* w, const float* x, int64_t K, float* y, int64_t N,
                      int64_t g0, int64_t g1) {
-  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K), ns = K / QK, n16 = K / 16;
+  const int64_t bb = block_bytes(Q6_K), ns = K / QK, n16 = K / 16;
   int8_t* parts = reinterpret_cast<int8_t*>(scratch(XPARTS, ROWS * X_PARTS * K / 4 + 1));
   float* units = scratch(XUNITS, ROWS * ns * X_PARTS);
   split_activations<ROWS>(x, K, parts, units);
@@ -1152,61 +1172,51 @@ void groups_vnni_q6k(const uint8_t* w, const float* x, int64_t K, float* y, int6
   const auto load = [&](const uint8_t* p) {
     return _mm512_permutexvar_epi8(order, _mm512_loadu_si512(p));
   };
-  for (int64_t g = g0; g < g1; ++g) {
-    Vec acc[ROWS][2];
-    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
-    const uint8_t* grp = w + g * nb * GROUP * bb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_ahead(blk, GROUP * bb);
-      const Vec d = Lanes::halves(blk);
-      const uint8_t* ql = blk + 2 * GROUP;
-      const uint8_t* qh = ql + 128 * GROUP;
-      const uint8_t* sc = ql + 192 * GROUP;
-      for (int half = 0; half < 2; ++half) {
-        for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
-          __m512i part[ROWS][4][X_PARTS];
+  walk_super_blocks<ROWS>(w, K, bb, y, N, g0, g1, [&](const uint8_t* blk, int64_t b,
+                                                    Vec (&acc)[ROWS][2]) {
+    const auto [d, ql, qh, sc] = q6_block(blk);
+    for (int half = 0; half < 2; ++half) {
+      for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
+        __m512i part[ROWS][4][X_PARTS];
+        for (int64_t r = 0; r < ROWS; ++r)
+          for (int c = 0; c < 4; ++c)
+            for (int p = 0; p < X_PARTS; ++p) part[r][c][p] = _mm512_setzero_si512();
+        for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4) {
+          const __m512i a = load(ql + (64 * half + t0) * GROUP);
+          const __m512i bq = load(ql + (64 * half + QK + t0) * GROUP);
+          const __m512i h = load(qh + (QK * half + t0) * GROUP);
+          // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
+          const auto code = [&](__m512i low, __m512i high) {
+            return _mm512_or_si512(_mm512_and_si512(low, m4), _mm512_and_si512(high, m48));
+          };
+          const __m512i q[4] = {code(a, _mm512_slli_epi16(h, 4)),
+                                code(bq, _mm512_slli_epi16(h, 2)),
+                                code(_mm512_srli_epi16(a, 4), h),
+                                code(_mm512_srli_epi16(bq, 4), _mm512_srli_epi16(h, 2))};
           for (int64_t r = 0; r < ROWS; ++r)
             for (int c = 0; c < 4; ++c)
-              for (int p = 0; p < X_PARTS; ++p) part[r][c][p] = _mm512_setzero_si512();
-          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4) {
-            const __m512i a = load(ql + (64 * half + t0) * GROUP);
-            const __m512i bq = load(ql + (64 * half + QK + t0) * GROUP);
-            const __m512i h = load(qh + (QK * half + t0) * GROUP);
-            // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
-            const auto code = [&](__m512i low, __m512i high) {
-              return _mm512_or_si512(_mm512_and_si512(low, m4), _mm512_and_si512(high, m48));
-            };
-            const __m512i q[4] = {code(a, _mm512_slli_epi16(h, 4)),
-                                  code(bq, _mm512_slli_epi16(h, 2)),
-                                  code(_mm512_srli_epi16(a, 4), h),
-                                  code(_mm512_srli_epi16(bq, 4), _mm512_srli_epi16(h, 2))};
-            for (int64_t r = 0; r < ROWS; ++r)
-              for (int c = 0; c < 4; ++c)
-                for (int p = 0; p < X_PARTS; ++p)
-                  part[r][c][p] = _mm512_dpbusd_epi32(part[r][c][p], q[c], x4_bytes(
-                      parts + (r * X_PARTS + p) * K + b * QK_K + 128 * half + 32 * c + t0));
-          }
-          for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
-            const Vec s = Lanes::mul(d, Lanes::to_float(
-                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
-            const int64_t j16 = (b * QK_K + 128 * half + 32 * c + 16 * u) / 16;
-            for (int64_t r = 0; r < ROWS; ++r) {
-              const float* unit = units + (r * ns + j16 / 2) * X_PARTS;
-              Vec dot = Lanes::zero();
-              for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
-                const __m512i centred = _mm512_sub_epi32(
-                    part[r][c][p], _mm512_set1_epi32(part_sums[(r * X_PARTS + p) * n16 + j16]));
-                dot = Lanes::fma(Lanes::set1(unit[p]), Lanes::to_float(centred), dot);
-              }
-              acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
+              for (int p = 0; p < X_PARTS; ++p)
+                part[r][c][p] = _mm512_dpbusd_epi32(part[r][c][p], q[c], x4_bytes(
+                    parts + (r * X_PARTS + p) * K + b * QK_K + 128 * half + 32 * c + t0));
+        }
+        for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
+          const Vec s = Lanes::mul(d, Lanes::to_float(
+              Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+          const int64_t j16 = (b * QK_K + 128 * half + 32 * c + 16 * u) / 16;
+          for (int64_t r = 0; r < ROWS; ++r) {
+            const float* unit = units + (r * ns + j16 / 2) * X_PARTS;
+            Vec dot = Lanes::zero();
+            for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
+              const __m512i centred = _mm512_sub_epi32(
+                  part[r][c][p], _mm512_set1_epi32(part_sums[(r * X_PARTS + p) * n16 + j16]));
+              dot = Lanes::fma(Lanes::set1(unit[p]), Lanes::to_float(centred), dot);
             }
+            acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
           }
         }
       }
     }
-    store_group<ROWS, 2>(acc, y, N, g);
-  }
+  });
 }
 #else
 #define TB_HAVE_VNNI_K4 0
@@ -1290,41 +1300,31 @@ void groups_simd_k6_scaled(const uint8_t* w, const float* x, int64_t K, float* y
                            int64_t g0, int64_t g1) {
   static_assert(ROWS <= 2, "more rows share one dequantization: groups_simd_k6");
   constexpr int P = ROWS == 1 ? 2 : 1;  // chains a chunk and row: 4 P ROWS in flight
-  const int64_t nb = K / QK_K, bb = block_bytes(Q6_K);
-  for (int64_t g = g0; g < g1; ++g) {
-    Vec acc[ROWS][2];
-    for (int64_t r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
-    const uint8_t* grp = w + g * nb * GROUP * bb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = grp + b * GROUP * bb;
-      prefetch_ahead(blk, GROUP * bb);
-      const Vec d = Lanes::halves(blk);
-      const uint8_t* ql = blk + 2 * GROUP;
-      const uint8_t* qh = ql + 128 * GROUP;
-      const uint8_t* sc = ql + 192 * GROUP;
-      for (int half = 0; half < 2; ++half) {
-        const float* xh = x + b * QK_K + half * 128;
-        for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
-          Vec part[ROWS][4][P];
-          for (int64_t r = 0; r < ROWS; ++r)
-            for (int c = 0; c < 4; ++c)
-              for (int v = 0; v < P; ++v) part[r][c][v] = Lanes::zero();
-          for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4)
-            k6_positions<ROWS, P>(ql, qh, half, t0, xh + t0, K, part);
-          for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
-            const Vec s = Lanes::mul(d, Lanes::to_float(
-                Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
-            for (int64_t r = 0; r < ROWS; ++r) {
-              Vec dot = part[r][c][0];
-              for (int v = 1; v < P; ++v) dot = Lanes::add(dot, part[r][c][v]);
-              acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
-            }
+  const int64_t bb = block_bytes(Q6_K);
+  walk_super_blocks<ROWS>(w, K, bb, y, N, g0, g1, [&](const uint8_t* blk, int64_t b,
+                                                    Vec (&acc)[ROWS][2]) {
+    const auto [d, ql, qh, sc] = q6_block(blk);
+    for (int half = 0; half < 2; ++half) {
+      const float* xh = x + b * QK_K + half * 128;
+      for (int u = 0; u < 2; ++u) {  // weights 32 c + 16 u .. + 16 of each chunk c: one scale
+        Vec part[ROWS][4][P];
+        for (int64_t r = 0; r < ROWS; ++r)
+          for (int c = 0; c < 4; ++c)
+            for (int v = 0; v < P; ++v) part[r][c][v] = Lanes::zero();
+        for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4)
+          k6_positions<ROWS, P>(ql, qh, half, t0, xh + t0, K, part);
+        for (int c = 0; c < 4; ++c) {  // (d sc) x . (q - 32); d sc exact
+          const Vec s = Lanes::mul(d, Lanes::to_float(
+              Lanes::bytes_i8(sc + (8 * half + 2 * c + u) * GROUP)));
+          for (int64_t r = 0; r < ROWS; ++r) {
+            Vec dot = part[r][c][0];
+            for (int v = 1; v < P; ++v) dot = Lanes::add(dot, part[r][c][v]);
+            acc[r][c & 1] = Lanes::fma(s, dot, acc[r][c & 1]);
           }
         }
       }
     }
-    store_group<ROWS, 2>(acc, y, N, g);
-  }
+  });
 }
 
 template <int64_t T, int64_t ROWS>
@@ -1445,10 +1445,8 @@ inline void block_vectors_k4(const uint8_t* blk, float* out) {
 
 // The same for a Q6_K super-block.
 inline void block_vectors_k6(const uint8_t* blk, float* out) {
-  const Vec d = Lanes::halves(blk), minus32 = Lanes::set1(-32.0f);
-  const uint8_t* ql = blk + 2 * GROUP;
-  const uint8_t* qh = ql + 128 * GROUP;
-  const uint8_t* sc = ql + 192 * GROUP;
+  const auto [d, ql, qh, sc] = q6_block(blk);
+  const Vec minus32 = Lanes::set1(-32.0f);
   for (int half = 0; half < 2; ++half)
     for (int u = 0; u < 2; ++u) {
       Vec s[4];
