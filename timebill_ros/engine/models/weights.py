@@ -207,38 +207,27 @@ PROBE_SHAPE, PROBE_TYPE, PROBE_ROWS = (1024, 1024), GGMLQuantizationType.Q4_0, 2
 def bf16_gemm_speedup() -> float:
     """Return how many times faster a bf16 prefill GEMM on blocks runs than the fp32 one here.
 
-    The two paths a prefill chunk of :class:`Matrix` takes, timed on one random Q4_0 matrix
-    (1024, 1024) and 256 rows, the best of 5 after a warm-up each: fp32, the kernels' GEMM on
-    the blocks (``gemm_tiled``); bf16, the matrix dequantized, rounded to bf16 and multiplied
-    in two bf16 GEMMs (:func:`_split_linear`). A bare bf16 against fp32 GEMM (~4x with AMX)
+    A prefill chunk of 256 rows through a :class:`Matrix` of random Q4_0 blocks (1024, 1024)
+    with each gemm_dtype, the best of 5 after a warm-up each: fp32, the kernels' GEMM on the
+    blocks (``gemm_tiled``); bf16, the matrix dequantized, rounded to bf16 and multiplied in
+    two bf16 GEMMs (:func:`_split_linear`). A bare bf16 against fp32 GEMM (~4x with AMX)
     left out the dequantization: on the Xeon VM (AMX) ``auto`` chose bf16 and the 1.4 B Q4_K
     file's prefill of 128 tokens took 5.2 s against 2.6 s in fp32 (2026-11-29).
     """
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(*PROBE_SHAPE, generator=generator) * 0.05
-    blocks = torch.from_numpy(quants.quantize(weight.numpy(), PROBE_TYPE))
-    n_rows, k = PROBE_SHAPE
-    gemm = kernels.load()
-    packed = gemm.pack(blocks, int(PROBE_TYPE), k)
-    x = torch.randn(PROBE_ROWS, k, generator=generator)
-    everything = torch.arange(n_rows)
-
-    def blocks_fp32():
-        return gemm.gemm_tiled(x, packed, int(PROBE_TYPE), n_rows, False)
-
-    def dequantized_bf16():
-        dense = gemm.unpack_rows(packed, int(PROBE_TYPE), k, n_rows, everything)
-        return _split_linear(x, dense.to(torch.bfloat16))
+    matrix = Matrix(quants.quantize(weight.numpy(), PROBE_TYPE), PROBE_TYPE.name, *PROBE_SHAPE)
+    x = torch.randn(PROBE_ROWS, PROBE_SHAPE[1], generator=generator)
     seconds = {}
-    for name, run in (('float32', blocks_fp32), ('bfloat16', dequantized_bf16)):
-        run()
+    for dtype in (torch.float32, torch.bfloat16):
+        matrix(x, dtype)
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            run()
+            matrix(x, dtype)
             times.append(time.perf_counter() - start)
-        seconds[name] = min(times)
-    return seconds['float32'] / max(seconds['bfloat16'], 1e-9)
+        seconds[dtype] = min(times)
+    return seconds[torch.float32] / max(seconds[torch.bfloat16], 1e-9)
 
 
 @functools.lru_cache(maxsize=None)
