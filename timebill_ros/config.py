@@ -73,7 +73,7 @@ class EngineConfig:
         held-out prompts, docs/own_model.md) or ``auto`` (float32 on a CPU without bf16 dot
         products, with no probe; on one with them, bfloat16 when a probe at load finds that
         path, dequantization included, >= 1.5x as fast as the fp32 GEMM on the blocks: it
-        was 0.4-1.1x on an AMX Xeon). Decoding steps are fp32 either way. A transformers
+        was 0.9-1.15x on an AMX Xeon). Decoding steps are fp32 either way. A transformers
         model prefills in ``dtype``: leave it ``auto``.
     threads: torch intra-op threads; 0 = torch's default.
     max_new_tokens: server default N_max, tokens: the N_max of a goal sent with
