@@ -1,7 +1,7 @@
 """One decoding step's GEMM by weight type: bytes a second against weights a second.
 
     python benchmarks/decode_types.py FILE.gguf [FILE.gguf ...] [--threads 2] [--out DIR]
-        [--baseline REV | --baseline-cflags FLAGS] [--stream]
+        [--baseline REV | --baseline-cflags FLAGS] [--stream] [--rows M]
 
 For every weight type a file holds, its largest matrix (the token embedding only where the
 type has no other), multiplied by one activation row with the kernels' decoding GEMM
@@ -10,6 +10,9 @@ second and weights a second. Beside them the machine's copy bandwidth (read + wr
 whose GB/s sits far below the copy bandwidth while its weights a second match the other
 types' is bound by the arithmetic of dequantizing, not by memory. Writes decode_types.json
 (every call's seconds) and decode_types.md into --out.
+
+``--rows M`` (M > 1) times the prefill's GEMM (``gemm_tiled``) on M activation rows instead:
+a prompt chunk of M tokens (weights a second: the matrix's, not times M).
 
 ``--baseline REV``: the kernels of git revision REV built beside this checkout's, each call of
 one alternating with a call of the other on the same matrix and activations: the two columns
@@ -68,12 +71,13 @@ def matrices(path, stream=False):
 BURST = 5  # calls of one build timed back to back
 
 
-def measure(path, threads, baseline=None, calls=30, stream=False):
+def measure(path, threads, baseline=None, calls=30, stream=False, n_rows=1):
     """Return [row] of one file: each type's matrix, every call's seconds.
 
     baseline: another build of the kernels, called alternately with this one on the same
     activation row (its seconds in ``baseline_seconds``). stream: a call is one pass over
     the type's matrices of that shape (``matrices``), its seconds divided by their number.
+    n_rows: activation rows a call; more than one calls the prefill GEMM (``gemm_tiled``).
     """
     import torch
 
@@ -82,15 +86,17 @@ def measure(path, threads, baseline=None, calls=30, stream=False):
     torch.set_num_threads(threads)
     rows = []
     for tensor, type_name, qtype, packs, k, n, nbytes in matrices(path, stream):
-        x = torch.randn(1, k)
+        x = torch.randn(n_rows, k)
 
         def call(build):
+            multiply = build.gemm if n_rows == 1 else build.gemm_tiled
             for packed in packs:
-                out = build.gemm(x, packed, qtype, n, False)
+                out = multiply(x, packed, qtype, n, False)
             return out
         builds = [('seconds', gemm)] + ([('baseline_seconds', baseline)] if baseline else [])
         outputs = [call(build) for _, build in builds]  # warm-up
         row = dict(file=pathlib.Path(path).name, tensor=tensor, type=type_name, k=k, n=n,
+                   rows=n_rows,
                    bytes=nbytes, matrices=len(packs), **{key: [] for key, _ in builds})
         if baseline:  # the same layout assumed: the two builds' answers side by side
             row['max_abs_difference'] = float((outputs[0] - outputs[1]).abs().max())
@@ -142,6 +148,8 @@ def main(argv=None):
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--stream', action='store_true',
                         help="a call: every matrix of the type and shape (beyond the L3 cache)")
+    parser.add_argument('--rows', type=int, default=1,
+                        help='activation rows a call; > 1 times the prefill GEMM (gemm_tiled)')
     parser.add_argument('--out', default='benchmarks/results/decode_types')
     parser.add_argument('--report', action='store_true',
                         help="only rewrite decode_types.md from --out's decode_types.json")
@@ -161,16 +169,19 @@ def main(argv=None):
                     kernels.load(extra_cflags=tuple(shlex.split(args.baseline_cflags)))
                     if args.baseline_cflags else None)
         rows = [row for path in args.files for row in measure(
-            pathlib.Path(path).expanduser(), args.threads, baseline, stream=args.stream)]
+            pathlib.Path(path).expanduser(), args.threads, baseline, stream=args.stream,
+            n_rows=args.rows)]
         return dict(threads=args.threads, bandwidth_gbs=copy_bandwidth_gbs(), rows=rows,
                     baseline=label)
     command = ('python benchmarks/decode_types.py ' + ' '.join(
         pathlib.Path(f).name for f in args.files) + f' --threads {args.threads}'
         + (f' --baseline {args.baseline}' if args.baseline else '')
         + (f" --baseline-cflags='{args.baseline_cflags}'" if args.baseline_cflags else '')
-        + (' --stream' if args.stream else ''))
+        + (' --stream' if args.stream else '') + (f' --rows {args.rows}' if args.rows > 1 else ''))
     data = saved_or_measured(out / 'decode_types.json', args.report, measured, command)
-    text = (f'# The decoding GEMM by weight type ({data["threads"]} threads)\n\n'
+    n_rows = data['rows'][0].get('rows', 1) if data['rows'] else 1
+    gemm = 'decoding GEMM' if n_rows == 1 else f'prefill GEMM on {n_rows} rows'
+    text = (f'# The {gemm} by weight type ({data["threads"]} threads)\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
             f'`{data["command"]}`; raw: decode_types.json; this table: `python '
             f'benchmarks/decode_types.py --report --out {out}`.\n\n'

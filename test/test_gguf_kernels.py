@@ -351,6 +351,50 @@ def test_the_prefill_gemm_multiplies_any_rows_on_the_blocks(gemm, kquant_rows, q
         torch.set_num_threads(threads)
 
 
+def _cpu_flag(flag: str) -> bool:
+    try:
+        return f' {flag}' in open('/proc/cpuinfo').read()
+    except OSError:
+        return False
+
+
+def test_the_q4k_prefill_runs_on_amx_tiles_where_the_cpu_has_them(gemm):
+    """An AMX CPU (amx_int8 in /proc/cpuinfo) takes the tiles' path, not a silent fallback."""
+    native = gemm.simd_path() == 'avx512' and _cpu_flag('avx512_vnni') and _cpu_flag(
+        'avx512vbmi')
+    assert gemm.amx_prefill() == (native and _cpu_flag('amx_int8'))
+
+
+@pytest.mark.parametrize('rows', [1, 17, 40])
+@pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
+def test_the_prefill_gemm_keeps_every_span_of_x(gemm, kquant_rows, qtype, rows):
+    """Spans of wildly different sizes, zeros and an outlier inside one super-block of x.
+
+    The AMX prefill (Q4_K) writes each token's 256 values over a super-block as three 8-bit
+    parts of one scale: a span at 1e-6 of its neighbours must still be multiplied as fp32
+    would, alone (its output against its own sum) and beside the large ones.
+    """
+    k = 512
+    blocks, weights = _kquant_blocks(kquant_rows, qtype, 40, k, seed=rows)
+    packed = gemm.pack(blocks, int(qtype), k)
+    base = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    scales = torch.tensor([1.0, 1e-6, 0.0, 1e3, 3e-4, 1.0, 1e-3, 1.0] * 2).repeat_interleave(32)
+    mixed = base * scales
+    mixed[:, 5 * 32 + 7] = 2e4  # one value far above its span's others
+    mixed[-1] = 0.0  # an all-zero token
+    y = gemm.gemm_tiled(mixed, packed, int(qtype), 40, False)
+    assert torch.count_nonzero(y[-1]) == 0
+    if rows > 1:
+        assert _rel_error(y[:-1], mixed[:-1], weights) < REL_TOL
+    for span in (1, 4, 6):  # a small span alone: its own output's scale
+        x = torch.zeros(rows, k)
+        x[:, span * 32:(span + 1) * 32] = mixed[:, span * 32:(span + 1) * 32]
+        x[-1] = 0.0 if rows > 1 else x[-1]
+        alone = gemm.gemm_tiled(x, packed, int(qtype), 40, False)
+        if rows > 1:
+            assert _rel_error(alone[:-1], x[:-1], weights) < REL_TOL, span
+
+
 def test_the_prefill_gemm_checks_its_inputs(gemm):
     blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 16, 64, seed=1)
     q4_1 = int(GGMLQuantizationType.Q4_1)

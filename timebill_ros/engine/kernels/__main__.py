@@ -11,5 +11,6 @@ try:
 except RuntimeError as exc:
     print(f'kernels: {exc}', file=sys.stderr)
     sys.exit(1)
-print(f'kernels: GGUF GEMM ready (key {build_key()}, vector path: {module.simd_path()}, '
+amx = ', Q4_K prefill on AMX tiles' if module.amx_prefill() else ''
+print(f'kernels: GGUF GEMM ready (key {build_key()}, vector path: {module.simd_path()}{amx}, '
       f'{time.monotonic() - start:.1f} s)')

@@ -188,7 +188,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
 enum Scratch {
   NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, PANEL, TAIL,
-  SPANS, XPARTS, XUNITS, XSUMS, N_SCRATCH
+  SPANS, XPARTS, XUNITS, XSUMS, APARTS, AUNITS, ASUMS, ATILES, AOUT, N_SCRATCH
 };
 
 float* scratch(Scratch slot, int64_t n) {
@@ -795,9 +795,9 @@ void groups_simd_32(const uint8_t* w, const float* x, int64_t K, float* y, int64
 // scales and minima (6-bit fields of the 12 scale bytes, GROUP rows a vector), then 32 code
 // bytes: weight t of the first sub-block in the low nibble, of the second in the high one
 // (Q5_K: the fifth bit from bit j of byte t of qh).
-inline void kquant_pair(const uint8_t* sc, int j, Vec d, Vec dmin, Vec& s, Vec& c) {
+inline void kquant_fields(const uint8_t* sc, int j, typename Lanes::I& scale,
+                          typename Lanes::I& min) {
   using I = typename Lanes::I;
-  I scale, min;
   if (j < 4) {
     scale = Lanes::and_mask(Lanes::bytes_u8(sc + j * GROUP), 63);
     min = Lanes::and_mask(Lanes::bytes_u8(sc + (j + 4) * GROUP), 63);
@@ -808,6 +808,12 @@ inline void kquant_pair(const uint8_t* sc, int j, Vec d, Vec dmin, Vec& s, Vec& 
     scale = Lanes::or_bits(Lanes::and_mask(q_hi, 15), top_s);
     min = Lanes::or_bits(Lanes::shift_right(q_hi, 4), top_m);
   }
+}
+
+// Sub-block j's scale d sc and constant -dmin m, GROUP rows a vector.
+inline void kquant_pair(const uint8_t* sc, int j, Vec d, Vec dmin, Vec& s, Vec& c) {
+  typename Lanes::I scale, min;
+  kquant_fields(sc, j, scale, min);
   s = Lanes::mul(d, Lanes::to_float(scale));  // exact: fp16 times 6 bits
   c = Lanes::mul(Lanes::mul(dmin, Lanes::to_float(min)), Lanes::set1(-1.0f));
 }
@@ -1564,6 +1570,244 @@ void groups_tiled_t(const uint8_t* w, const float* x, int64_t M, int64_t K, floa
 }
 #endif
 
+#if TB_HAVE_VNNI_K4 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && !defined(TB_NO_AMX)
+#define TB_HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+// --- The prefill's Q4_K GEMM on AMX tiles (Intel Sapphire Rapids and later) ---------------
+// Why by hand: the fp32 tiled GEMM above was 94 % of a 1.5 B Q4_K file's prefill and 1.2x
+// llama.cpp's on the Xeon VM; AMX's tile multiply (TDPBSUD: 16 x 64 signed bytes times
+// 64 x 16 unsigned bytes into 16 x 16 int32, ~1 T products a second a core, measured) does
+// that arithmetic ~25x faster than fp32 FMAs, and no maintained library multiplies Q4_K's
+// own blocks by fp32 activations on it (oneDNN's int8 GEMMs take 8-bit activations, as
+// llama.cpp's AMX path does).
+// x is not rounded to 8 bits: as in groups_vnni_q4k, each token's 256 values over one
+// super-block are three signed 8-bit parts, x = u0 p0 + u1 p1 + u2 p2 + e (u0 = max|x| / 127,
+// u1 = u0 / 254, u2 = u1 / 254, |e| <= ~u2 / 2 ~ 2^-24 max|x|). The weights are the integers
+// sc q (6-bit scale times 4-bit code, < 1024), split into a low and a high byte; a part's
+// products with them are summed exactly in int32 over the super-block (at most 256 * 945 *
+// 127), then scaled once: y += d (u2 S2 + u1 S1 + u0 S0) - dmin sum_j m_j xsum_j, in fp32, in
+// that order. A token's result depends on its own x alone (integer sums are exact, its fp32
+// sums run in one order): any chunk plan gives the same bits.
+constexpr int64_t AMX_TOKENS = 16;  // tokens of a tile (rows of A and C); two tiles a step
+constexpr int64_t AMX_MC = 128;     // tokens a pass over the weights (B tiles made once a pass)
+constexpr int AMX_B = 8 * 1024;     // bytes of one super-block's B tiles: 4 pairs x low / high
+
+// M rounded up to a whole step of two token tiles.
+inline int64_t amx_rows(int64_t M) {
+  return (M + 2 * AMX_TOKENS - 1) / (2 * AMX_TOKENS) * 2 * AMX_TOKENS;
+}
+
+// Whether this process may use the tiles: Linux hands them out on request (arch_prctl).
+bool amx_granted() {
+  static const bool granted = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return granted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: the sums of token tiles 0 / 1 with the low / high bytes; 4-5: A; 6-7: B.
+inline void amx_configure() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+// Bytes of one step's A tiles for one super-block: parts x pairs x two token tiles of 16 x 64.
+constexpr int64_t AMX_A = X_PARTS * 4 * 2 * 1024;
+
+// x (M, K) as the tiles read it, each tile's 16 x 64 bytes contiguous (a strided tile load,
+// row by row out of (M, K) parts, ran at half the speed): the A tiles of step s (tokens
+// 32 s .. 32 s + 31), super-block b at parts + (s nb + b) AMX_A, part p, pair l and token tile
+// t at + ((p 4 + l) 2 + t) 1024, token r's 64 values at + 64 r (tokens past M zero).
+// units[(m * nb + b) * 3 + p] for super-block b, and the fp32 sums of x over each 32 values:
+// sums[m * K / QK + j].
+void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float* units,
+                     float* sums) {
+  const int64_t nb = K / QK_K, steps = amx_rows(M) / (2 * AMX_TOKENS);
+  if (M % (2 * AMX_TOKENS)) std::memset(parts + (steps - 1) * nb * AMX_A, 0, nb * AMX_A);
+  parallel_for(M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* xs = x + m * K + b * QK_K;
+        __m512 rest[QK_K / 16], amax = _mm512_setzero_ps();
+        for (int v = 0; v < QK_K / 16; ++v) {
+          rest[v] = _mm512_loadu_ps(xs + 16 * v);
+          amax = _mm512_max_ps(amax, _mm512_abs_ps(rest[v]));
+        }
+        for (int j = 0; j < QK_K / QK; ++j)  // in one order: the same bits for any M
+          sums[m * (K / QK) + b * (QK_K / QK) + j] =
+              _mm512_reduce_add_ps(_mm512_add_ps(rest[2 * j], rest[2 * j + 1]));
+        const float top = _mm512_reduce_max_ps(amax);
+        int8_t* tiles = parts + ((m / (2 * AMX_TOKENS)) * nb + b) * AMX_A +
+                        ((m / AMX_TOKENS) % 2) * 1024 + (m % AMX_TOKENS) * 64;
+        float unit = top > 0.0f ? top / 127.0f : 1.0f;
+        for (int p = 0; p < X_PARTS; ++p, unit /= 254.0f) {
+          units[(m * nb + b) * X_PARTS + p] = unit;
+          const __m512 u = _mm512_set1_ps(unit), inv = _mm512_set1_ps(1.0f / unit);
+          const __m512 lim = _mm512_set1_ps(127.0f);
+          for (int v = 0; v < QK_K / 16; ++v) {  // the part, then what it leaves (one rounding)
+            __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(rest[v], inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q = _mm512_max_ps(_mm512_min_ps(q, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+            int8_t* out = tiles + (p * 4 + v / 4) * 2 * 1024 + 16 * (v % 4);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                             _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(q)));
+            rest[v] = _mm512_fnmadd_ps(q, u, rest[v]);
+          }
+        }
+      }
+  });
+}
+
+// Bytes of sc q (c: 4 codes a 32-bit lane, s16: the lane's row scale in both 16-bit halves):
+// the low bytes to ``lo``, the high ones (0..3) to ``hi``, 64 each.
+inline void scaled_code_bytes(__m512i c, __m512i s16, uint8_t* lo, uint8_t* hi) {
+  const __m512i low = _mm512_set1_epi16(0x00FF);
+  const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(c, low), s16);
+  const __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(c, 8), s16);
+  _mm512_store_si512(lo, _mm512_or_si512(_mm512_and_si512(even, low), _mm512_slli_epi16(odd, 8)));
+  _mm512_store_si512(hi, _mm512_or_si512(_mm512_srli_epi16(even, 8),
+                                         _mm512_andnot_si512(low, odd)));
+}
+
+// One Q4_K group super-block's B tiles: pair l's low bytes at tiles + 2 l AMX_B / 8, its high
+// bytes after them; row r of a tile holds positions 64 l + 4 r .. + 3 of the pair (rows 0-7:
+// sub-block 2 l, 8-15: 2 l + 1), of every row of the group (bytes 4 i .. 4 i + 3: row i).
+inline void amx_q4k_weights(const uint8_t* blk, uint8_t* tiles, __m512i order) {
+  const uint8_t* sc = blk + 4 * GROUP;
+  const uint8_t* qs = sc + 12 * GROUP;
+  const __m512i m4 = _mm512_set1_epi8(15);
+  for (int l = 0; l < 4; ++l) {
+    __m512i s[2], unused;
+    kquant_fields(sc, 2 * l, s[0], unused);
+    kquant_fields(sc, 2 * l + 1, s[1], unused);
+    for (auto& v : s) v = _mm512_or_si512(v, _mm512_slli_epi32(v, 16));
+    uint8_t* lo = tiles + 2 * l * 1024;
+    uint8_t* hi = lo + 1024;
+    for (int r = 0; r < 8; ++r) {
+      const __m512i v = _mm512_permutexvar_epi8(order,
+                                                _mm512_loadu_si512(qs + (l * QK + 4 * r) * GROUP));
+      scaled_code_bytes(_mm512_and_si512(v, m4), s[0], lo + 64 * r, hi + 64 * r);
+      scaled_code_bytes(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), s[1], lo + 64 * (r + 8),
+                        hi + 64 * (r + 8));
+    }
+  }
+}
+
+// The int32 sums of two token tiles with one super-block's B tiles: sums[((2 p + t) * 2 + h)
+// * 256 + 16 r + i] for part p, tile t, byte h (0 low, 1 high), token r of the tile, row i;
+// ``a``: the step's A tiles of the super-block (amx_activations). One part at a time, each A
+// and B tile loaded once a pair and used twice.
+inline void amx_tile_sums(const int8_t* a, const uint8_t* b, int32_t* sums) {
+  for (int p = 0; p < X_PARTS; ++p) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int l = 0; l < 4; ++l) {
+      const int8_t* al = a + (p * 4 + l) * 2 * 1024;
+      _tile_loadd(4, al, 64);
+      _tile_loadd(6, b + 2 * l * 1024, 64);
+      _tile_loadd(7, b + (2 * l + 1) * 1024, 64);
+      _tile_loadd(5, al + 1024, 64);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+    int32_t* out = sums + 4 * 256 * p;
+    _tile_stored(0, out, 64); _tile_stored(1, out + 256, 64);
+    _tile_stored(2, out + 512, 64); _tile_stored(3, out + 768, 64);
+  }
+}
+
+// Groups [g0, g1) of y (M, N) = x (M, K) W^T for Q4_K, x prepared by amx_activations.
+void groups_amx_q4k(const uint8_t* w, const int8_t* parts, const float* units, const float* xsums,
+                    int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1) {
+  const int64_t bb = block_bytes(Q4_K), nb = K / QK_K, ns = K / QK;
+  uint8_t* tiles = reinterpret_cast<uint8_t*>(scratch(ATILES, (AMX_B + 12 * 1024 + 64) / 4));
+  tiles += (64 - reinterpret_cast<uintptr_t>(tiles) % 64) % 64;
+  int32_t* sums = reinterpret_cast<int32_t*>(tiles + AMX_B);
+  float* out = scratch(AOUT, (g1 - g0) * AMX_MC * GROUP + 16);
+  out += (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64 / sizeof(float);
+  const __m512i order = vnni_order();
+  amx_configure();
+  for (int64_t m0 = 0; m0 < M; m0 += AMX_MC) {
+    const int64_t rows = std::min(AMX_MC, M - m0);
+    const int64_t steps = (rows + 2 * AMX_TOKENS - 1) / (2 * AMX_TOKENS);
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* blk = w + (g * nb + b) * GROUP * bb;
+        amx_q4k_weights(blk, tiles, order);
+        const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
+        Vec c[QK_K / QK];
+        for (int j = 0; j < QK_K / QK; j += 2) {
+          Vec s0, s1;
+          kquant_pair(blk + 4 * GROUP, j, d, dmin, s0, c[j]);
+          kquant_pair(blk + 4 * GROUP, j + 1, d, dmin, s1, c[j + 1]);
+        }
+        float* acc = out + (g - g0) * AMX_MC * GROUP;
+        for (int64_t t = 0; t < steps; ++t) {
+          const int64_t m = m0 + 2 * t * AMX_TOKENS;
+          amx_tile_sums(parts + (m / (2 * AMX_TOKENS) * nb + b) * AMX_A, tiles, sums);
+          const int64_t n_tok = std::min(2 * AMX_TOKENS, M - m);
+          for (int64_t r = 0; r < n_tok; ++r) {
+            const float* u = units + ((m + r) * nb + b) * X_PARTS;
+            const int32_t* tile = sums + (r / AMX_TOKENS) * 512 + 16 * (r % AMX_TOKENS);
+            Vec dot = Lanes::zero();
+            for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
+              const __m512i lo = _mm512_load_si512(tile + 1024 * p);
+              const __m512i hi = _mm512_load_si512(tile + 1024 * p + 256);
+              const __m512i part = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
+              dot = Lanes::fma(Lanes::set1(u[p]), Lanes::to_float(part), dot);
+            }
+            Vec v = Lanes::mul(d, dot);
+            const float* xs = xsums + (m + r) * ns + b * (QK_K / QK);
+            for (int j = 0; j < QK_K / QK; ++j) v = Lanes::fma(c[j], Lanes::set1(xs[j]), v);
+            float* a = acc + (2 * t * AMX_TOKENS + r) * GROUP;
+            Lanes::store(a, b == 0 ? v : Lanes::add(Lanes::floats(
+                                                        reinterpret_cast<const uint8_t*>(a)), v));
+          }
+        }
+      }
+    for (int64_t g = g0; g < g1; ++g) {  // the group's outputs (those < N) into y
+      const __mmask16 valid = static_cast<__mmask16>((1u << std::min(GROUP, N - g * GROUP)) - 1);
+      for (int64_t r = 0; r < rows; ++r)
+        _mm512_mask_storeu_ps(y + (m0 + r) * N + g * GROUP, valid,
+                              _mm512_load_ps(out + ((g - g0) * AMX_MC + r) * GROUP));
+    }
+  }
+  _tile_release();
+}
+
+// y (M, N) = x (M, K) W^T for Q4_K on the tiles; false (nothing done) where this process may
+// not use them.
+bool gemm_amx_q4k(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y, int64_t N) {
+  if (!amx_granted()) return false;
+  const int64_t Mp = amx_rows(M);
+  int8_t* parts = reinterpret_cast<int8_t*>(
+      scratch(APARTS, (Mp / (2 * AMX_TOKENS) * (K / QK_K) * AMX_A + 64) / 4));
+  parts += (64 - reinterpret_cast<uintptr_t>(parts) % 64) % 64;
+  float* units = scratch(AUNITS, Mp * (K / QK_K) * X_PARTS);
+  float* xsums = scratch(ASUMS, Mp * (K / QK));
+  amx_activations(x, M, K, parts, units, xsums);
+  parallel_for((N + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
+    groups_amx_q4k(w, parts, units, xsums, M, K, y, N, g0, g1);
+  });
+  return true;
+}
+#else
+#define TB_HAVE_AMX 0
+#endif
+
 void unpack_rows_raw(const uint8_t* packed, int64_t qtype, int64_t K, const int64_t* index,
                      int64_t R, float* out);
 
@@ -1587,6 +1831,9 @@ void rows_tiled_portable(int64_t qtype, const uint8_t* w, const float* x, int64_
 void gemm_tiled_raw(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K,
                     float* y, int64_t N, bool portable) {
   const int64_t n_groups = (N + GROUP - 1) / GROUP;
+#if TB_HAVE_AMX
+  if (!portable && qtype == Q4_K && gemm_amx_q4k(w, x, M, K, y, N)) return;
+#endif
 #if TB_HAVE_SIMD_GEMM
   if (!portable) {
     with_qtype(qtype, [&](auto t) {

@@ -402,6 +402,14 @@ int64_t group_rows() { return GROUP; }
 
 std::string simd_path_name() { return simd_path(); }
 
+bool amx_prefill() {
+#if TB_HAVE_AMX
+  return amx_granted();
+#else
+  return false;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released while a kernel runs (the arguments are C++ tensors by then): another
   // executor's thread (the offload engine) runs its Python meanwhile.
@@ -423,6 +431,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_avx2", &has_avx2, "True when the AVX2 + FMA + F16C path was compiled");
   m.def("simd_path", &simd_path_name,
         "the vector path compiled here: avx512, avx2, neon or portable (scalar only)");
+  m.def("amx_prefill", &amx_prefill,
+        "True when Q4_K prefill GEMMs run on AMX tiles (compiled here and granted by the OS)");
   m.def("group_rows", &group_rows,
         "weight rows a group of the packed layout (8, or 16 with AVX-512)");
 }
