@@ -358,7 +358,7 @@ def _cpu_flag(flag: str) -> bool:
         return False
 
 
-def test_the_q4k_prefill_runs_on_amx_tiles_where_the_cpu_has_them(gemm):
+def test_the_kquant_prefill_runs_on_amx_tiles_where_the_cpu_has_them(gemm):
     """An AMX CPU (amx_int8 in /proc/cpuinfo) takes the tiles' path, not a silent fallback."""
     native = gemm.simd_path() == 'avx512' and _cpu_flag('avx512_vnni') and _cpu_flag(
         'avx512vbmi')
@@ -370,7 +370,7 @@ def test_the_q4k_prefill_runs_on_amx_tiles_where_the_cpu_has_them(gemm):
 def test_the_prefill_gemm_keeps_every_span_of_x(gemm, kquant_rows, qtype, rows):
     """Spans of wildly different sizes, zeros and an outlier inside one super-block of x.
 
-    The AMX prefill (Q4_K) writes each token's 256 values over a super-block as three 8-bit
+    The AMX prefill (Q4_K, Q6_K) writes each token's 256 values over a super-block as three 8-bit
     parts of one scale: a span at 1e-6 of its neighbours must still be multiplied as fp32
     would, alone (its output against its own sum) and beside the large ones.
     """

@@ -11,6 +11,6 @@ try:
 except RuntimeError as exc:
     print(f'kernels: {exc}', file=sys.stderr)
     sys.exit(1)
-amx = ', Q4_K prefill on AMX tiles' if module.amx_prefill() else ''
+amx = ', Q4_K / Q6_K prefill on AMX tiles' if module.amx_prefill() else ''
 print(f'kernels: GGUF GEMM ready (key {build_key()}, vector path: {module.simd_path()}{amx}, '
       f'{time.monotonic() - start:.1f} s)')

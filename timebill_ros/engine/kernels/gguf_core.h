@@ -188,7 +188,7 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // fresh pages (page faults) for the large ones - 1-2 ms of a batched step of 8 goals.
 enum Scratch {
   NORMED, PROJ, QUERIES, ATTN, MLP, DELTA, OUTS, BESTS, TOTALS, SCORES, PART, PANEL, TAIL,
-  SPANS, XPARTS, XUNITS, XSUMS, APARTS, AUNITS, ASUMS, ATILES, AOUT, N_SCRATCH
+  SPANS, XPARTS, XUNITS, XSUMS, APARTS, AUNITS, ASUMS, APSUMS, ATILES, AOUT, N_SCRATCH
 };
 
 float* scratch(Scratch slot, int64_t n) {
@@ -1574,21 +1574,22 @@ void groups_tiled_t(const uint8_t* w, const float* x, int64_t M, int64_t K, floa
 #define TB_HAVE_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
-// --- The prefill's Q4_K GEMM on AMX tiles (Intel Sapphire Rapids and later) ---------------
+// --- The prefill's Q4_K / Q6_K GEMM on AMX tiles (Intel Sapphire Rapids and later) ---------
 // Why by hand: the fp32 tiled GEMM above was 94 % of a 1.5 B Q4_K file's prefill and 1.2x
 // llama.cpp's on the Xeon VM; AMX's tile multiply (TDPBSUD: 16 x 64 signed bytes times
 // 64 x 16 unsigned bytes into 16 x 16 int32, ~1 T products a second a core, measured) does
-// that arithmetic ~25x faster than fp32 FMAs, and no maintained library multiplies Q4_K's
-// own blocks by fp32 activations on it (oneDNN's int8 GEMMs take 8-bit activations, as
-// llama.cpp's AMX path does).
+// that arithmetic ~25x faster than fp32 FMAs, and no maintained library multiplies the
+// K-quants' own blocks by fp32 activations on it (oneDNN's int8 GEMMs take 8-bit
+// activations, as llama.cpp's AMX path does).
 // x is not rounded to 8 bits: as in groups_vnni_q4k, each token's 256 values over one
 // super-block are three signed 8-bit parts, x = u0 p0 + u1 p1 + u2 p2 + e (u0 = max|x| / 127,
-// u1 = u0 / 254, u2 = u1 / 254, |e| <= ~u2 / 2 ~ 2^-24 max|x|). The weights are the integers
-// sc q (6-bit scale times 4-bit code, < 1024), split into a low and a high byte; a part's
-// products with them are summed exactly in int32 over the super-block (at most 256 * 945 *
-// 127), then scaled once: y += d (u2 S2 + u1 S1 + u0 S0) - dmin sum_j m_j xsum_j, in fp32, in
-// that order. A token's result depends on its own x alone (integer sums are exact, its fp32
-// sums run in one order): any chunk plan gives the same bits.
+// u1 = u0 / 254, u2 = u1 / 254, |e| <= ~u2 / 2 ~ 2^-24 max|x|). The weights are integers V
+// split into a low and a high byte: Q4_K's sc q (6-bit scale times 4-bit code, < 1024), Q6_K's
+// sc (q - 32) + 4096 (int8 scale, 6-bit code: 32..8192). A part's products with them are
+// summed exactly in int32 over the super-block (Q6_K: less 4096 sum(p)), then scaled once:
+// y += d (u2 S2 + u1 S1 + u0 S0) [- dmin sum_j m_j xsum_j for Q4_K], in fp32, in that order.
+// A token's result depends on its own x alone (integer sums are exact, its fp32 sums run in
+// one order): any chunk plan gives the same bits.
 constexpr int64_t AMX_TOKENS = 16;  // tokens of a tile (rows of A and C); two tiles a step
 constexpr int64_t AMX_MC = 128;     // tokens a pass over the weights (B tiles made once a pass)
 constexpr int AMX_B = 8 * 1024;     // bytes of one super-block's B tiles: 4 pairs x low / high
@@ -1630,10 +1631,10 @@ constexpr int64_t AMX_A = X_PARTS * 4 * 2 * 1024;
 // row by row out of (M, K) parts, ran at half the speed): the A tiles of step s (tokens
 // 32 s .. 32 s + 31), super-block b at parts + (s nb + b) AMX_A, part p, pair l and token tile
 // t at + ((p 4 + l) 2 + t) 1024, token r's 64 values at + 64 r (tokens past M zero).
-// units[(m * nb + b) * 3 + p] for super-block b, and the fp32 sums of x over each 32 values:
-// sums[m * K / QK + j].
+// units[(m * nb + b) * 3 + p] for super-block b, each part's sum over it at the same index of
+// part_sums, and the fp32 sums of x over each 32 values: sums[m * K / QK + j].
 void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float* units,
-                     float* sums) {
+                     int32_t* part_sums, float* sums) {
   const int64_t nb = K / QK_K, steps = amx_rows(M) / (2 * AMX_TOKENS);
   if (M % (2 * AMX_TOKENS)) std::memset(parts + (steps - 1) * nb * AMX_A, 0, nb * AMX_A);
   parallel_for(M, 1, [&](int64_t m0, int64_t m1) {
@@ -1656,6 +1657,7 @@ void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float*
           units[(m * nb + b) * X_PARTS + p] = unit;
           const __m512 u = _mm512_set1_ps(unit), inv = _mm512_set1_ps(1.0f / unit);
           const __m512 lim = _mm512_set1_ps(127.0f);
+          __m512 total = _mm512_setzero_ps();  // whole numbers below 2^15: exact
           for (int v = 0; v < QK_K / 16; ++v) {  // the part, then what it leaves (one rounding)
             __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(rest[v], inv),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -1664,21 +1666,38 @@ void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float*
             _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
                              _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(q)));
             rest[v] = _mm512_fnmadd_ps(q, u, rest[v]);
+            total = _mm512_add_ps(total, q);
           }
+          part_sums[(m * nb + b) * X_PARTS + p] =
+              static_cast<int32_t>(_mm512_reduce_add_ps(total));
         }
       }
   });
 }
 
-// Bytes of sc q (c: 4 codes a 32-bit lane, s16: the lane's row scale in both 16-bit halves):
-// the low bytes to ``lo``, the high ones (0..3) to ``hi``, 64 each.
+// The weights V of 64 code bytes (c: 4 codes a 32-bit lane, s16: the lane's row scale in both
+// 16-bit halves; Q4_K: V = sc q, Q6_K: V = sc (q - 32) + 4096, both 0..8192): the low bytes
+// to ``lo``, the high ones to ``hi``, 64 each.
+template <int64_t T>
 inline void scaled_code_bytes(__m512i c, __m512i s16, uint8_t* lo, uint8_t* hi) {
   const __m512i low = _mm512_set1_epi16(0x00FF);
-  const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(c, low), s16);
-  const __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(c, 8), s16);
+  const auto value = [&](__m512i q) {
+    if constexpr (T == Q6_K)
+      return _mm512_add_epi16(_mm512_mullo_epi16(_mm512_sub_epi16(q, _mm512_set1_epi16(32)),
+                                                 s16), _mm512_set1_epi16(4096));
+    else
+      return _mm512_mullo_epi16(q, s16);
+  };
+  const __m512i even = value(_mm512_and_si512(c, low));
+  const __m512i odd = value(_mm512_srli_epi16(c, 8));
   _mm512_store_si512(lo, _mm512_or_si512(_mm512_and_si512(even, low), _mm512_slli_epi16(odd, 8)));
   _mm512_store_si512(hi, _mm512_or_si512(_mm512_srli_epi16(even, 8),
                                          _mm512_andnot_si512(low, odd)));
+}
+
+// A 32-bit lane's value (a row's scale) in both of its 16-bit halves.
+inline __m512i both_halves(__m512i v) {
+  return _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(v, 16));
 }
 
 // One Q4_K group super-block's B tiles: pair l's low bytes at tiles + 2 l AMX_B / 8, its high
@@ -1692,15 +1711,44 @@ inline void amx_q4k_weights(const uint8_t* blk, uint8_t* tiles, __m512i order) {
     __m512i s[2], unused;
     kquant_fields(sc, 2 * l, s[0], unused);
     kquant_fields(sc, 2 * l + 1, s[1], unused);
-    for (auto& v : s) v = _mm512_or_si512(v, _mm512_slli_epi32(v, 16));
+    for (auto& v : s) v = both_halves(v);
     uint8_t* lo = tiles + 2 * l * 1024;
     uint8_t* hi = lo + 1024;
     for (int r = 0; r < 8; ++r) {
       const __m512i v = _mm512_permutexvar_epi8(order,
                                                 _mm512_loadu_si512(qs + (l * QK + 4 * r) * GROUP));
-      scaled_code_bytes(_mm512_and_si512(v, m4), s[0], lo + 64 * r, hi + 64 * r);
-      scaled_code_bytes(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), s[1], lo + 64 * (r + 8),
-                        hi + 64 * (r + 8));
+      scaled_code_bytes<Q4_K>(_mm512_and_si512(v, m4), s[0], lo + 64 * r, hi + 64 * r);
+      scaled_code_bytes<Q4_K>(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), s[1],
+                              lo + 64 * (r + 8), hi + 64 * (r + 8));
+    }
+  }
+}
+
+// The same for a Q6_K group super-block: pair l holds weights 128 h + 32 c + t (h = l / 2,
+// c = 2 (l % 2) and c + 1 for rows 0-7 and 8-15), each 4 positions under one of the 16 scales.
+inline void amx_q6k_weights(const uint8_t* blk, uint8_t* tiles, __m512i order) {
+  const auto [d, ql, qh, sc] = q6_block(blk);
+  (void)d;
+  const __m512i m4 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
+  const auto load = [&](const uint8_t* p) {
+    return _mm512_permutexvar_epi8(order, _mm512_loadu_si512(p));
+  };
+  for (int l = 0; l < 4; ++l) {
+    const int half = l / 2;
+    uint8_t* lo = tiles + 2 * l * 1024;
+    uint8_t* hi = lo + 1024;
+    for (int r = 0; r < 16; ++r) {
+      const int c = 2 * (l % 2) + r / 8, t0 = 4 * (r % 8);
+      const __m512i low = load(ql + (64 * half + (c % 2) * QK + t0) * GROUP);
+      const __m512i high = load(qh + (QK * half + t0) * GROUP);
+      // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
+      const __m512i nib = c < 2 ? low : _mm512_srli_epi16(low, 4);
+      const __m512i top = c == 0 ? _mm512_slli_epi16(high, 4)
+                        : c == 1 ? _mm512_slli_epi16(high, 2)
+                        : c == 2 ? high : _mm512_srli_epi16(high, 2);
+      const __m512i q = _mm512_or_si512(_mm512_and_si512(nib, m4), _mm512_and_si512(top, m48));
+      const __m512i s = both_halves(Lanes::bytes_i8(sc + (8 * half + 2 * c + t0 / 16) * GROUP));
+      scaled_code_bytes<Q6_K>(q, s, lo + 64 * r, hi + 64 * r);
     }
   }
 }
@@ -1729,10 +1777,12 @@ inline void amx_tile_sums(const int8_t* a, const uint8_t* b, int32_t* sums) {
   }
 }
 
-// Groups [g0, g1) of y (M, N) = x (M, K) W^T for Q4_K, x prepared by amx_activations.
-void groups_amx_q4k(const uint8_t* w, const int8_t* parts, const float* units, const float* xsums,
-                    int64_t M, int64_t K, float* y, int64_t N, int64_t g0, int64_t g1) {
-  const int64_t bb = block_bytes(Q4_K), nb = K / QK_K, ns = K / QK;
+// Groups [g0, g1) of y (M, N) = x (M, K) W^T for Q4_K or Q6_K, x prepared by amx_activations.
+template <int64_t T>
+void groups_amx(const uint8_t* w, const int8_t* parts, const float* units,
+                const int32_t* part_sums, const float* xsums, int64_t M, int64_t K, float* y,
+                int64_t N, int64_t g0, int64_t g1) {
+  const int64_t bb = block_bytes(T), nb = K / QK_K, ns = K / QK;
   uint8_t* tiles = reinterpret_cast<uint8_t*>(scratch(ATILES, (AMX_B + 12 * 1024 + 64) / 4));
   tiles += (64 - reinterpret_cast<uintptr_t>(tiles) % 64) % 64;
   int32_t* sums = reinterpret_cast<int32_t*>(tiles + AMX_B);
@@ -1746,13 +1796,17 @@ void groups_amx_q4k(const uint8_t* w, const int8_t* parts, const float* units, c
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* blk = w + (g * nb + b) * GROUP * bb;
-        amx_q4k_weights(blk, tiles, order);
-        const Vec d = Lanes::halves(blk), dmin = Lanes::halves(blk + 2 * GROUP);
-        Vec c[QK_K / QK];
-        for (int j = 0; j < QK_K / QK; j += 2) {
-          Vec s0, s1;
-          kquant_pair(blk + 4 * GROUP, j, d, dmin, s0, c[j]);
-          kquant_pair(blk + 4 * GROUP, j + 1, d, dmin, s1, c[j + 1]);
+        const Vec d = Lanes::halves(blk);  // Q4_K's d and Q6_K's both lead the group block
+        Vec c[QK_K / QK];  // Q4_K: each sub-block's -dmin m
+        if constexpr (T == Q4_K) {
+          amx_q4k_weights(blk, tiles, order);
+          const Vec dmin = Lanes::halves(blk + 2 * GROUP);
+          for (int j = 0; j < QK_K / QK; ++j) {
+            Vec scale;
+            kquant_pair(blk + 4 * GROUP, j, d, dmin, scale, c[j]);
+          }
+        } else {
+          amx_q6k_weights(blk, tiles, order);
         }
         float* acc = out + (g - g0) * AMX_MC * GROUP;
         for (int64_t t = 0; t < steps; ++t) {
@@ -1760,18 +1814,22 @@ void groups_amx_q4k(const uint8_t* w, const int8_t* parts, const float* units, c
           amx_tile_sums(parts + (m / (2 * AMX_TOKENS) * nb + b) * AMX_A, tiles, sums);
           const int64_t n_tok = std::min(2 * AMX_TOKENS, M - m);
           for (int64_t r = 0; r < n_tok; ++r) {
-            const float* u = units + ((m + r) * nb + b) * X_PARTS;
+            const int64_t at = ((m + r) * nb + b) * X_PARTS;
             const int32_t* tile = sums + (r / AMX_TOKENS) * 512 + 16 * (r % AMX_TOKENS);
             Vec dot = Lanes::zero();
             for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
               const __m512i lo = _mm512_load_si512(tile + 1024 * p);
               const __m512i hi = _mm512_load_si512(tile + 1024 * p + 256);
-              const __m512i part = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
-              dot = Lanes::fma(Lanes::set1(u[p]), Lanes::to_float(part), dot);
+              __m512i part = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
+              if constexpr (T == Q6_K)
+                part = _mm512_sub_epi32(part, _mm512_set1_epi32(4096 * part_sums[at + p]));
+              dot = Lanes::fma(Lanes::set1(units[at + p]), Lanes::to_float(part), dot);
             }
             Vec v = Lanes::mul(d, dot);
-            const float* xs = xsums + (m + r) * ns + b * (QK_K / QK);
-            for (int j = 0; j < QK_K / QK; ++j) v = Lanes::fma(c[j], Lanes::set1(xs[j]), v);
+            if constexpr (T == Q4_K) {
+              const float* xs = xsums + (m + r) * ns + b * (QK_K / QK);
+              for (int j = 0; j < QK_K / QK; ++j) v = Lanes::fma(c[j], Lanes::set1(xs[j]), v);
+            }
             float* a = acc + (2 * t * AMX_TOKENS + r) * GROUP;
             Lanes::store(a, b == 0 ? v : Lanes::add(Lanes::floats(
                                                         reinterpret_cast<const uint8_t*>(a)), v));
@@ -1788,19 +1846,24 @@ void groups_amx_q4k(const uint8_t* w, const int8_t* parts, const float* units, c
   _tile_release();
 }
 
-// y (M, N) = x (M, K) W^T for Q4_K on the tiles; false (nothing done) where this process may
-// not use them.
-bool gemm_amx_q4k(const uint8_t* w, const float* x, int64_t M, int64_t K, float* y, int64_t N) {
-  if (!amx_granted()) return false;
+// y (M, N) = x (M, K) W^T for Q4_K or Q6_K on the tiles; false (nothing done) for another
+// type or where this process may not use them.
+bool gemm_amx(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
+              int64_t N) {
+  if ((qtype != Q4_K && qtype != Q6_K) || !amx_granted()) return false;
   const int64_t Mp = amx_rows(M);
   int8_t* parts = reinterpret_cast<int8_t*>(
       scratch(APARTS, (Mp / (2 * AMX_TOKENS) * (K / QK_K) * AMX_A + 64) / 4));
   parts += (64 - reinterpret_cast<uintptr_t>(parts) % 64) % 64;
   float* units = scratch(AUNITS, Mp * (K / QK_K) * X_PARTS);
   float* xsums = scratch(ASUMS, Mp * (K / QK));
-  amx_activations(x, M, K, parts, units, xsums);
+  int32_t* part_sums = reinterpret_cast<int32_t*>(scratch(APSUMS, Mp * (K / QK_K) * X_PARTS));
+  amx_activations(x, M, K, parts, units, part_sums, xsums);
   parallel_for((N + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
-    groups_amx_q4k(w, parts, units, xsums, M, K, y, N, g0, g1);
+    if (qtype == Q4_K)
+      groups_amx<Q4_K>(w, parts, units, part_sums, xsums, M, K, y, N, g0, g1);
+    else
+      groups_amx<Q6_K>(w, parts, units, part_sums, xsums, M, K, y, N, g0, g1);
   });
   return true;
 }
@@ -1832,7 +1895,7 @@ void gemm_tiled_raw(int64_t qtype, const uint8_t* w, const float* x, int64_t M, 
                     float* y, int64_t N, bool portable) {
   const int64_t n_groups = (N + GROUP - 1) / GROUP;
 #if TB_HAVE_AMX
-  if (!portable && qtype == Q4_K && gemm_amx_q4k(w, x, M, K, y, N)) return;
+  if (!portable && gemm_amx(qtype, w, x, M, K, y, N)) return;
 #endif
 #if TB_HAVE_SIMD_GEMM
   if (!portable) {

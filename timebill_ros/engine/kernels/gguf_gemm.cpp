@@ -432,7 +432,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("simd_path", &simd_path_name,
         "the vector path compiled here: avx512, avx2, neon or portable (scalar only)");
   m.def("amx_prefill", &amx_prefill,
-        "True when Q4_K prefill GEMMs run on AMX tiles (compiled here and granted by the OS)");
+        "True when Q4_K / Q6_K prefill GEMMs run on AMX tiles (compiled here and granted by the OS)");
   m.def("group_rows", &group_rows,
         "weight rows a group of the packed layout (8, or 16 with AVX-512)");
 }
