@@ -20,7 +20,9 @@
 // One exception, where the CPU has AVX-512 VNNI: decoding Q4_K / Q6_K multiplies the integer
 // codes by x written as three 8-bit parts per 32 values (exact to ~2^-24 of the largest, as
 // fp32 rounds it) with integer dot products, and scales each sub-block's sums once
-// (groups_vnni_q4k): the same products, summed in another order.
+// (groups_vnni_q4k): the same products, summed in another order. Where the CPU also has AMX
+// (and Linux grants it), the prefill's Q4_K / Q6_K GEMM does the same on tiles: x as three
+// 8-bit parts per 256 values, the integer weights as two bytes (groups_amx).
 //
 // Shapes: x (M, K) fp32 contiguous, M <= MAX_ROWS (a decoding step of M goals); W (N, K) held
 // as ``pack_raw`` lays the blocks out at load (GROUP rows interleaved, see GROUP); y (M, N)
