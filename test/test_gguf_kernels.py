@@ -395,6 +395,20 @@ def test_the_prefill_gemm_keeps_every_span_of_x(gemm, kquant_rows, qtype, rows):
             assert _rel_error(alone[:-1], x[:-1], weights) < REL_TOL, span
 
 
+@pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)
+def test_a_long_prefill_chunk_is_one_row_at_a_time(gemm, kquant_rows, qtype):
+    """600 rows: past the AMX path's 512-token block, each row still its own bits."""
+    k = 512
+    blocks, weights = _kquant_blocks(kquant_rows, qtype, 40, k, seed=5)
+    packed = gemm.pack(blocks, int(qtype), k)
+    x = torch.randn(600, k, generator=torch.Generator().manual_seed(5))
+    y = gemm.gemm_tiled(x, packed, int(qtype), 40, False)
+    assert _rel_error(y, x, weights) < REL_TOL
+    for first, last in ((511, 513), (520, 521), (580, 600)):
+        part = gemm.gemm_tiled(x[first:last].contiguous(), packed, int(qtype), 40, False)
+        assert torch.equal(part, y[first:last]), (first, last)
+
+
 def test_the_prefill_gemm_checks_its_inputs(gemm):
     blocks, _ = _blocks(GGMLQuantizationType.Q4_1, 16, 64, seed=1)
     q4_1 = int(GGMLQuantizationType.Q4_1)

@@ -1848,25 +1848,33 @@ void groups_amx(const uint8_t* w, const int8_t* parts, const float* units,
   _tile_release();
 }
 
+// Tokens whose split x one call holds (3 bytes a value: 3 * 512 * 8960 = 14 MB for
+// Qwen2.5-1.5B's ffn_down); a longer chunk runs in blocks of it. The scratch is kept for the
+// thread's next call, so this bounds what a long prefill leaves resident.
+constexpr int64_t AMX_BLOCK_TOKENS = 512;
+
 // y (M, N) = x (M, K) W^T for Q4_K or Q6_K on the tiles; false (nothing done) for another
 // type or where this process may not use them.
 bool gemm_amx(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
               int64_t N) {
   if ((qtype != Q4_K && qtype != Q6_K) || !amx_granted()) return false;
-  const int64_t Mp = amx_rows(M);
+  const int64_t Mp = amx_rows(std::min(M, AMX_BLOCK_TOKENS));
   int8_t* parts = reinterpret_cast<int8_t*>(
       scratch(APARTS, (Mp / (2 * AMX_TOKENS) * (K / QK_K) * AMX_A + 64) / 4));
   parts += (64 - reinterpret_cast<uintptr_t>(parts) % 64) % 64;
   float* units = scratch(AUNITS, Mp * (K / QK_K) * X_PARTS);
   float* xsums = scratch(ASUMS, Mp * (K / QK));
   int32_t* part_sums = reinterpret_cast<int32_t*>(scratch(APSUMS, Mp * (K / QK_K) * X_PARTS));
-  amx_activations(x, M, K, parts, units, part_sums, xsums);
-  parallel_for((N + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
-    if (qtype == Q4_K)
-      groups_amx<Q4_K>(w, parts, units, part_sums, xsums, M, K, y, N, g0, g1);
-    else
-      groups_amx<Q6_K>(w, parts, units, part_sums, xsums, M, K, y, N, g0, g1);
-  });
+  for (int64_t m0 = 0; m0 < M; m0 += AMX_BLOCK_TOKENS) {  // a token's result is its own
+    const int64_t rows = std::min(AMX_BLOCK_TOKENS, M - m0);
+    amx_activations(x + m0 * K, rows, K, parts, units, part_sums, xsums);
+    parallel_for((N + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
+      if (qtype == Q4_K)
+        groups_amx<Q4_K>(w, parts, units, part_sums, xsums, rows, K, y + m0 * N, N, g0, g1);
+      else
+        groups_amx<Q6_K>(w, parts, units, part_sums, xsums, rows, K, y + m0 * N, N, g0, g1);
+    });
+  }
   return true;
 }
 #else
