@@ -19,9 +19,10 @@ TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationT
 REL_TOL = 1e-5
 
 
-def _has_avx512() -> bool:
+def _cpu_flag(flag: str) -> bool:
+    """Return whether /proc/cpuinfo lists ``flag`` (False where it cannot be read)."""
     try:
-        return ' avx512f' in open('/proc/cpuinfo').read()
+        return f' {flag}' in open('/proc/cpuinfo').read()
     except OSError:
         return False
 
@@ -31,7 +32,7 @@ def gemm(request):
     """Return the kernels as built here, and on an AVX-512 CPU the AVX2 path (8-row groups)."""
     if request.param == 'native':
         return kernels.load()
-    if not _has_avx512():
+    if not _cpu_flag('avx512f'):
         pytest.skip('no AVX-512 here: the native build is the AVX2 path')
     return kernels.load(extra_cflags=('-mno-avx512f',))
 
@@ -351,13 +352,6 @@ def test_the_prefill_gemm_multiplies_any_rows_on_the_blocks(gemm, kquant_rows, q
         torch.set_num_threads(threads)
 
 
-def _cpu_flag(flag: str) -> bool:
-    try:
-        return f' {flag}' in open('/proc/cpuinfo').read()
-    except OSError:
-        return False
-
-
 def test_the_kquant_prefill_runs_on_amx_tiles_where_the_cpu_has_them(gemm):
     """An AMX CPU (amx_int8 in /proc/cpuinfo) takes the tiles' path, not a silent fallback."""
     native = gemm.simd_path() == 'avx512' and _cpu_flag('avx512_vnni') and _cpu_flag(
@@ -384,15 +378,14 @@ def test_the_prefill_gemm_keeps_every_span_of_x(gemm, kquant_rows, qtype, rows):
     mixed[-1] = 0.0  # an all-zero token
     y = gemm.gemm_tiled(mixed, packed, int(qtype), 40, False)
     assert torch.count_nonzero(y[-1]) == 0
-    if rows > 1:
-        assert _rel_error(y[:-1], mixed[:-1], weights) < REL_TOL
-    for span in (1, 4, 6):  # a small span alone: its own output's scale
+    if rows == 1:  # the one token is the all-zero one
+        return
+    assert _rel_error(y[:-1], mixed[:-1], weights) < REL_TOL
+    for span in (1, 4, 6):  # a small span alone (the last token zero): its own output's scale
         x = torch.zeros(rows, k)
         x[:, span * 32:(span + 1) * 32] = mixed[:, span * 32:(span + 1) * 32]
-        x[-1] = 0.0 if rows > 1 else x[-1]
         alone = gemm.gemm_tiled(x, packed, int(qtype), 40, False)
-        if rows > 1:
-            assert _rel_error(alone[:-1], x[:-1], weights) < REL_TOL, span
+        assert _rel_error(alone[:-1], x[:-1], weights) < REL_TOL, span
 
 
 @pytest.mark.parametrize('qtype', KQUANTS, ids=lambda t: t.name)

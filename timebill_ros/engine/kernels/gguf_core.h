@@ -3,7 +3,7 @@
 // activations, over raw pointers. gguf_gemm.cpp binds them to torch tensors (and checks the
 // tensors); check_kernels.cpp runs their exactness checks with no torch at all, so that the
 // aarch64 build is compiled with a cross compiler and checked under qemu-aarch64 in CI
-// (test/test_kernels_aarch64.py).
+// (test/test_kernels_core.py).
 //
 // y = x W^T with W kept as a GGUF file's own blocks, x fp32: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 // (32 weights a block) and the K-quants Q4_K, Q5_K, Q6_K (256-weight super-blocks, read as the
@@ -1103,6 +1103,11 @@ inline __m512i vnni_order() {
   return _mm512_load_si512(order);
 }
 
+// The 64 packed code bytes at p (positions t0..t0+3 of the 16 rows) in vpdpbusd's order.
+inline __m512i codes_in_lanes(const uint8_t* p, __m512i order) {
+  return _mm512_permutexvar_epi8(order, _mm512_loadu_si512(p));
+}
+
 // The 4 bytes at p (4 positions of one part of x) in every lane.
 inline __m512i x4_bytes(const int8_t* p) {
   int32_t v;
@@ -1131,7 +1136,7 @@ void groups_vnni_q4k(const uint8_t* w, const float* x, int64_t K, float* y, int6
         for (int p = 0; p < X_PARTS; ++p) lo[r][p] = hi[r][p] = _mm512_setzero_si512();
       const uint8_t* q = qs + l * QK * GROUP;
       for (int t0 = 0; t0 < QK; t0 += 4) {
-        const __m512i v = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(q + t0 * GROUP));
+        const __m512i v = codes_in_lanes(q + t0 * GROUP, order);
         const __m512i c_lo = _mm512_and_si512(v, m4);
         const __m512i c_hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         for (int64_t r = 0; r < ROWS; ++r)
@@ -1159,6 +1164,19 @@ void groups_vnni_q4k(const uint8_t* w, const float* x, int64_t K, float* y, int6
   });
 }
 
+// Q6_K's 6-bit codes of chunk c (weights 128 half + 32 c + t) in byte lanes, from ``low``
+// (the low-nibble bytes: ql's first 32 of the half for even c, its second 32 for odd c) and
+// ``high`` (qh's bytes of the half). Shifts are of 16-bit lanes; the bits one carries across
+// a byte are masked off.
+inline __m512i q6_code_bytes(__m512i low, __m512i high, int c) {
+  const __m512i nib = c < 2 ? low : _mm512_srli_epi16(low, 4);
+  const __m512i top = c == 0 ? _mm512_slli_epi16(high, 4)
+                    : c == 1 ? _mm512_slli_epi16(high, 2)
+                    : c == 2 ? high : _mm512_srli_epi16(high, 2);
+  return _mm512_or_si512(_mm512_and_si512(nib, _mm512_set1_epi8(15)),
+                         _mm512_and_si512(top, _mm512_set1_epi8(48)));
+}
+
 // Q6_K the same way: codes q = 0..63 (unsigned bytes) times x's parts, and (q - 32) . x_p =
 // q . x_p - 32 sum(x_p), both in int32 (exact; sum over the 16 weights of one scale).
 template <int64_t ROWS>
@@ -1176,10 +1194,6 @@ void groups_vnni_q6k(const uint8_t* w, const float* x, int64_t K, float* y, int6
       part_sums[rp * n16 + j] = 32 * sum;
     }
   const __m512i order = vnni_order();
-  const __m512i m4 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
-  const auto load = [&](const uint8_t* p) {
-    return _mm512_permutexvar_epi8(order, _mm512_loadu_si512(p));
-  };
   walk_super_blocks<ROWS>(w, K, bb, y, N, g0, g1, [&](const uint8_t* blk, int64_t b,
                                                     Vec (&acc)[ROWS][2]) {
     const auto [d, ql, qh, sc] = q6_block(blk);
@@ -1190,17 +1204,11 @@ void groups_vnni_q6k(const uint8_t* w, const float* x, int64_t K, float* y, int6
           for (int c = 0; c < 4; ++c)
             for (int p = 0; p < X_PARTS; ++p) part[r][c][p] = _mm512_setzero_si512();
         for (int t0 = 16 * u; t0 < 16 * u + 16; t0 += 4) {
-          const __m512i a = load(ql + (64 * half + t0) * GROUP);
-          const __m512i bq = load(ql + (64 * half + QK + t0) * GROUP);
-          const __m512i h = load(qh + (QK * half + t0) * GROUP);
-          // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
-          const auto code = [&](__m512i low, __m512i high) {
-            return _mm512_or_si512(_mm512_and_si512(low, m4), _mm512_and_si512(high, m48));
-          };
-          const __m512i q[4] = {code(a, _mm512_slli_epi16(h, 4)),
-                                code(bq, _mm512_slli_epi16(h, 2)),
-                                code(_mm512_srli_epi16(a, 4), h),
-                                code(_mm512_srli_epi16(bq, 4), _mm512_srli_epi16(h, 2))};
+          const __m512i a = codes_in_lanes(ql + (64 * half + t0) * GROUP, order);
+          const __m512i bq = codes_in_lanes(ql + (64 * half + QK + t0) * GROUP, order);
+          const __m512i h = codes_in_lanes(qh + (QK * half + t0) * GROUP, order);
+          __m512i q[4];
+          for (int c = 0; c < 4; ++c) q[c] = q6_code_bytes(c % 2 ? bq : a, h, c);
           for (int64_t r = 0; r < ROWS; ++r)
             for (int c = 0; c < 4; ++c)
               for (int p = 0; p < X_PARTS; ++p)
@@ -1594,11 +1602,18 @@ void groups_tiled_t(const uint8_t* w, const float* x, int64_t M, int64_t K, floa
 // one order): any chunk plan gives the same bits.
 constexpr int64_t AMX_TOKENS = 16;  // tokens of a tile (rows of A and C); two tiles a step
 constexpr int64_t AMX_MC = 128;     // tokens a pass over the weights (B tiles made once a pass)
-constexpr int AMX_B = 8 * 1024;     // bytes of one super-block's B tiles: 4 pairs x low / high
+constexpr int64_t AMX_TILE = 1024;  // bytes of a tile: 16 rows of 64
+constexpr int64_t AMX_B = 8 * AMX_TILE;  // one super-block's B tiles: 4 pairs x low / high
 
-// M rounded up to a whole step of two token tiles.
-inline int64_t amx_rows(int64_t M) {
-  return (M + 2 * AMX_TOKENS - 1) / (2 * AMX_TOKENS) * 2 * AMX_TOKENS;
+// Steps of two token tiles that M tokens take.
+inline int64_t amx_steps(int64_t M) { return (M + 2 * AMX_TOKENS - 1) / (2 * AMX_TOKENS); }
+
+// ``n`` values of type V in ``slot``'s scratch (see scratch), the first at a 64-byte line.
+template <typename V>
+V* aligned_scratch(Scratch slot, int64_t n) {
+  float* p = scratch(slot, (n * static_cast<int64_t>(sizeof(V)) + 64 + 3) / 4);
+  return reinterpret_cast<V*>(reinterpret_cast<uint8_t*>(p) +
+                              (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
 }
 
 // Whether this process may use the tiles: Linux hands them out on request (arch_prctl).
@@ -1627,7 +1642,7 @@ inline void amx_configure() {
 }
 
 // Bytes of one step's A tiles for one super-block: parts x pairs x two token tiles of 16 x 64.
-constexpr int64_t AMX_A = X_PARTS * 4 * 2 * 1024;
+constexpr int64_t AMX_A = X_PARTS * 4 * 2 * AMX_TILE;
 
 // x (M, K) as the tiles read it, each tile's 16 x 64 bytes contiguous (a strided tile load,
 // row by row out of (M, K) parts, ran at half the speed): the A tiles of step s (tokens
@@ -1637,7 +1652,7 @@ constexpr int64_t AMX_A = X_PARTS * 4 * 2 * 1024;
 // part_sums, and the fp32 sums of x over each 32 values: sums[m * K / QK + j].
 void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float* units,
                      int32_t* part_sums, float* sums) {
-  const int64_t nb = K / QK_K, steps = amx_rows(M) / (2 * AMX_TOKENS);
+  const int64_t nb = K / QK_K, steps = amx_steps(M);
   if (M % (2 * AMX_TOKENS)) std::memset(parts + (steps - 1) * nb * AMX_A, 0, nb * AMX_A);
   parallel_for(M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
@@ -1653,7 +1668,7 @@ void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float*
               _mm512_reduce_add_ps(_mm512_add_ps(rest[2 * j], rest[2 * j + 1]));
         const float top = _mm512_reduce_max_ps(amax);
         int8_t* tiles = parts + ((m / (2 * AMX_TOKENS)) * nb + b) * AMX_A +
-                        ((m / AMX_TOKENS) % 2) * 1024 + (m % AMX_TOKENS) * 64;
+                        ((m / AMX_TOKENS) % 2) * AMX_TILE + (m % AMX_TOKENS) * 64;
         float unit = top > 0.0f ? top / 127.0f : 1.0f;
         for (int p = 0; p < X_PARTS; ++p, unit /= 254.0f) {
           units[(m * nb + b) * X_PARTS + p] = unit;
@@ -1664,7 +1679,7 @@ void amx_activations(const float* x, int64_t M, int64_t K, int8_t* parts, float*
             __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(rest[v], inv),
                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q = _mm512_max_ps(_mm512_min_ps(q, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
-            int8_t* out = tiles + (p * 4 + v / 4) * 2 * 1024 + 16 * (v % 4);
+            int8_t* out = tiles + (p * 4 + v / 4) * 2 * AMX_TILE + 16 * (v % 4);
             _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
                              _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(q)));
             rest[v] = _mm512_fnmadd_ps(q, u, rest[v]);
@@ -1714,11 +1729,10 @@ inline void amx_q4k_weights(const uint8_t* blk, uint8_t* tiles, __m512i order) {
     kquant_fields(sc, 2 * l, s[0], unused);
     kquant_fields(sc, 2 * l + 1, s[1], unused);
     for (auto& v : s) v = both_halves(v);
-    uint8_t* lo = tiles + 2 * l * 1024;
-    uint8_t* hi = lo + 1024;
+    uint8_t* lo = tiles + 2 * l * AMX_TILE;
+    uint8_t* hi = lo + AMX_TILE;
     for (int r = 0; r < 8; ++r) {
-      const __m512i v = _mm512_permutexvar_epi8(order,
-                                                _mm512_loadu_si512(qs + (l * QK + 4 * r) * GROUP));
+      const __m512i v = codes_in_lanes(qs + (l * QK + 4 * r) * GROUP, order);
       scaled_code_bytes<Q4_K>(_mm512_and_si512(v, m4), s[0], lo + 64 * r, hi + 64 * r);
       scaled_code_bytes<Q4_K>(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), s[1],
                               lo + 64 * (r + 8), hi + 64 * (r + 8));
@@ -1731,24 +1745,15 @@ inline void amx_q4k_weights(const uint8_t* blk, uint8_t* tiles, __m512i order) {
 inline void amx_q6k_weights(const uint8_t* blk, uint8_t* tiles, __m512i order) {
   const auto [d, ql, qh, sc] = q6_block(blk);
   (void)d;
-  const __m512i m4 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48);
-  const auto load = [&](const uint8_t* p) {
-    return _mm512_permutexvar_epi8(order, _mm512_loadu_si512(p));
-  };
   for (int l = 0; l < 4; ++l) {
     const int half = l / 2;
-    uint8_t* lo = tiles + 2 * l * 1024;
-    uint8_t* hi = lo + 1024;
+    uint8_t* lo = tiles + 2 * l * AMX_TILE;
+    uint8_t* hi = lo + AMX_TILE;
     for (int r = 0; r < 16; ++r) {
       const int c = 2 * (l % 2) + r / 8, t0 = 4 * (r % 8);
-      const __m512i low = load(ql + (64 * half + (c % 2) * QK + t0) * GROUP);
-      const __m512i high = load(qh + (QK * half + t0) * GROUP);
-      // Shifts are of 16-bit lanes; the bits one carries across a byte are masked off.
-      const __m512i nib = c < 2 ? low : _mm512_srli_epi16(low, 4);
-      const __m512i top = c == 0 ? _mm512_slli_epi16(high, 4)
-                        : c == 1 ? _mm512_slli_epi16(high, 2)
-                        : c == 2 ? high : _mm512_srli_epi16(high, 2);
-      const __m512i q = _mm512_or_si512(_mm512_and_si512(nib, m4), _mm512_and_si512(top, m48));
+      const __m512i q = q6_code_bytes(
+          codes_in_lanes(ql + (64 * half + (c % 2) * QK + t0) * GROUP, order),
+          codes_in_lanes(qh + (QK * half + t0) * GROUP, order), c);
       const __m512i s = both_halves(Lanes::bytes_i8(sc + (8 * half + 2 * c + t0 / 16) * GROUP));
       scaled_code_bytes<Q6_K>(q, s, lo + 64 * r, hi + 64 * r);
     }
@@ -1763,11 +1768,11 @@ inline void amx_tile_sums(const int8_t* a, const uint8_t* b, int32_t* sums) {
   for (int p = 0; p < X_PARTS; ++p) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int l = 0; l < 4; ++l) {
-      const int8_t* al = a + (p * 4 + l) * 2 * 1024;
+      const int8_t* al = a + (p * 4 + l) * 2 * AMX_TILE;
       _tile_loadd(4, al, 64);
-      _tile_loadd(6, b + 2 * l * 1024, 64);
-      _tile_loadd(7, b + (2 * l + 1) * 1024, 64);
-      _tile_loadd(5, al + 1024, 64);
+      _tile_loadd(6, b + 2 * l * AMX_TILE, 64);
+      _tile_loadd(7, b + (2 * l + 1) * AMX_TILE, 64);
+      _tile_loadd(5, al + AMX_TILE, 64);
       _tile_dpbsud(0, 4, 6);
       _tile_dpbsud(1, 4, 7);
       _tile_dpbsud(2, 5, 6);
@@ -1785,16 +1790,14 @@ void groups_amx(const uint8_t* w, const int8_t* parts, const float* units,
                 const int32_t* part_sums, const float* xsums, int64_t M, int64_t K, float* y,
                 int64_t N, int64_t g0, int64_t g1) {
   const int64_t bb = block_bytes(T), nb = K / QK_K, ns = K / QK;
-  uint8_t* tiles = reinterpret_cast<uint8_t*>(scratch(ATILES, (AMX_B + 12 * 1024 + 64) / 4));
-  tiles += (64 - reinterpret_cast<uintptr_t>(tiles) % 64) % 64;
+  uint8_t* tiles = aligned_scratch<uint8_t>(ATILES, AMX_B + 12 * AMX_TILE);  // B, then sums
   int32_t* sums = reinterpret_cast<int32_t*>(tiles + AMX_B);
-  float* out = scratch(AOUT, (g1 - g0) * AMX_MC * GROUP + 16);
-  out += (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64 / sizeof(float);
+  float* out = aligned_scratch<float>(AOUT, (g1 - g0) * AMX_MC * GROUP);
   const __m512i order = vnni_order();
   amx_configure();
   for (int64_t m0 = 0; m0 < M; m0 += AMX_MC) {
     const int64_t rows = std::min(AMX_MC, M - m0);
-    const int64_t steps = (rows + 2 * AMX_TOKENS - 1) / (2 * AMX_TOKENS);
+    const int64_t steps = amx_steps(rows);
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* blk = w + (g * nb + b) * GROUP * bb;
@@ -1820,8 +1823,8 @@ void groups_amx(const uint8_t* w, const int8_t* parts, const float* units,
             const int32_t* tile = sums + (r / AMX_TOKENS) * 512 + 16 * (r % AMX_TOKENS);
             Vec dot = Lanes::zero();
             for (int p = X_PARTS - 1; p >= 0; --p) {  // smallest part first
-              const __m512i lo = _mm512_load_si512(tile + 1024 * p);
-              const __m512i hi = _mm512_load_si512(tile + 1024 * p + 256);
+              const __m512i lo = _mm512_load_si512(tile + 4 * 256 * p);  // amx_tile_sums
+              const __m512i hi = _mm512_load_si512(tile + 4 * 256 * p + 256);
               __m512i part = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
               if constexpr (T == Q6_K)
                 part = _mm512_sub_epi32(part, _mm512_set1_epi32(4096 * part_sums[at + p]));
@@ -1858,10 +1861,9 @@ constexpr int64_t AMX_BLOCK_TOKENS = 512;
 bool gemm_amx(int64_t qtype, const uint8_t* w, const float* x, int64_t M, int64_t K, float* y,
               int64_t N) {
   if ((qtype != Q4_K && qtype != Q6_K) || !amx_granted()) return false;
-  const int64_t Mp = amx_rows(std::min(M, AMX_BLOCK_TOKENS));
-  int8_t* parts = reinterpret_cast<int8_t*>(
-      scratch(APARTS, (Mp / (2 * AMX_TOKENS) * (K / QK_K) * AMX_A + 64) / 4));
-  parts += (64 - reinterpret_cast<uintptr_t>(parts) % 64) % 64;
+  const int64_t steps = amx_steps(std::min(M, AMX_BLOCK_TOKENS));
+  const int64_t Mp = 2 * AMX_TOKENS * steps;
+  int8_t* parts = aligned_scratch<int8_t>(APARTS, steps * (K / QK_K) * AMX_A);
   float* units = scratch(AUNITS, Mp * (K / QK_K) * X_PARTS);
   float* xsums = scratch(ASUMS, Mp * (K / QK));
   int32_t* part_sums = reinterpret_cast<int32_t*>(scratch(APSUMS, Mp * (K / QK_K) * X_PARTS));
