@@ -242,13 +242,79 @@ def test_decode_after_eviction(make_tiny_engine, scorer):
     assert result.n_kv_final == n_kv + 9
 
 
-def test_evict_twice_fails(make_tiny_engine):
-    """A second eviction of the same prefill is refused."""
+def _keys(engine, state):
+    return [engine.layer_kv(state, idx)[0].clone() for idx in range(engine.n_layers)]
+
+
+@pytest.mark.parametrize('scorer', ['snapkv', 'knorm'])
+def test_a_second_eviction_keeps_the_best_of_the_first(make_tiny_engine, scorer):
+    """Evicting 0.5 then 0.7 keeps what evicting 0.7 at once keeps; 0.5 again is a no-op."""
+    engine = make_tiny_engine(scorer=scorer)
+    ids = engine.encode(PROMPT)
+    twice = engine.prefill(ids, StopCriteria())
+    engine.evict(twice, 0.5)
+    n_kv = engine.evict(twice, 0.7)
+    once = engine.prefill(ids, StopCriteria())
+    assert engine.evict(once, 0.7) == n_kv == twice.n_prompt_kv
+    for a, b in zip(_keys(engine, twice), _keys(engine, once)):
+        assert torch.equal(a, b)
+    assert engine.evict(twice, 0.5) == n_kv
+
+
+def test_an_eviction_needs_the_scorer_inputs(make_tiny_engine):
+    """Without its prefill's scorer inputs (released) a first eviction is refused."""
     engine = make_tiny_engine()
     state = engine.prefill(engine.encode(PROMPT), StopCriteria())
-    engine.evict(state, 0.5)
-    with pytest.raises(RuntimeError):
+    engine.evict(state, 0.0)  # keeps everything and releases the inputs
+    with pytest.raises(RuntimeError, match='scorer inputs'):
         engine.evict(state, 0.5)
+
+
+@pytest.mark.parametrize('first_alpha', [0.0, 0.3])
+def test_an_eviction_while_decoding_keeps_the_answer(make_tiny_engine, first_alpha):
+    """A checkpoint evicting at token 5 keeps tokens 1-5 and the KV of the answer so far.
+
+    Tokens 1-5 and that KV are those of a run that never evicts past ``first_alpha``.
+    With nothing evicted before decoding (first_alpha 0) the join keeps the scorer inputs;
+    the prompt positions kept are those an eviction right after the prefill keeps.
+    """
+    engine = make_tiny_engine()
+    ids = engine.encode(PROMPT)
+    full = engine.prefill(ids, StopCriteria())
+    n_first = engine.evict(full, first_alpha)
+    reference = engine.decode(full, 10, StopCriteria())
+    reference_keys = _keys(engine, full)
+    state = engine.prefill(ids, StopCriteria())
+    engine.evict(state, first_alpha, keep_inputs=True)
+    seen = []
+
+    def checkpoint(n_generated):
+        seen.append(n_generated)
+        if n_generated == 5:
+            engine.evict(state, 0.6)
+        return None
+
+    out = engine.decode(state, 10, StopCriteria(), checkpoint=checkpoint)
+    assert seen == list(range(1, 10))
+    assert out.token_ids[:5] == reference.token_ids[:5]
+    n_keep = state.n_x - round(0.6 * state.n_x)
+    assert state.n_prompt_kv == n_keep and out.n_kv_final == n_keep + 9
+    at_once = engine.prefill(ids, StopCriteria())
+    engine.evict(at_once, 0.6)
+    for idx, keys in enumerate(_keys(engine, state)):
+        assert torch.equal(keys[:, :, :n_keep], _keys(engine, at_once)[idx])
+        # Tokens 1-4 were fed before the eviction: their KV is the full-cache run's.
+        assert torch.allclose(keys[:, :, n_keep:n_keep + 4],
+                              reference_keys[idx][:, :, n_first:n_first + 4])
+
+
+def test_a_checkpoint_reason_ends_the_answer(make_tiny_engine):
+    """A stop reason from the checkpoint ends the goal with it, the tokens so far kept."""
+    engine = make_tiny_engine()
+    state = engine.prefill(engine.encode(PROMPT), StopCriteria())
+    out = engine.decode(state, 10, StopCriteria(),
+                        checkpoint=lambda n: 'deadline' if n == 3 else None)
+    assert out.stop_reason == 'deadline' and len(out.token_ids) == 3
 
 
 @pytest.mark.parametrize('alpha', [-0.5, 1.0, 2.0])

@@ -890,3 +890,23 @@ class _Recording:
     def compile(self, text, timeout_s=None):
         self.calls.append(text)
         raise ValueError('not compiled in this test')
+
+
+def test_checkpoints_are_on_the_result(make_service):
+    """budget.checkpoint_tokens = 4: a re-decision at tokens 5, 9 and 13 of 16, on record."""
+    from timebill_ros.config import BudgetConfig
+    service = make_service(budget=BudgetConfig(checkpoint_tokens=4))
+    result = submit(service, GoalRequest('Plan a path to the dock.', budget_s=LONG)).wait()
+    assert result.status == status.COMPLETED, result.message
+    assert result.response_tokens == 16
+    assert result.checkpoint_tokens == (5, 9, 13)
+    assert result.checkpoint_ratios == (0.0, 0.0, 0.0) and result.eviction_ratio == 0.0
+    assert len(result.checkpoint_wcet_s) == 3 and all(w > 0 for w in result.checkpoint_wcet_s)
+    # The fallback predictor: N^ = N^_W = N_max, so at token 13 it expects exactly 3 more.
+    assert result.rest_error_tokens == 0
+
+
+def test_a_goal_without_checkpoints_has_none_on_record(make_service):
+    service = make_service()
+    result = submit(service, GoalRequest('Plan a path to the dock.', budget_s=LONG)).wait()
+    assert result.checkpoint_tokens == () and result.rest_error_tokens == 0

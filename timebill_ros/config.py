@@ -303,6 +303,12 @@ class BudgetConfig:
         their cache at 0.3-0.6 of the Vanilla time all missed where alpha = 0.95 completed
         some, and skip_next goals that kept it ran late and skipped half the stream
         (docs/benchmark.md).
+    checkpoint_tokens: m, tokens: with mode ``timebill``, 0 decides alpha* once after the
+        prefill (the paper); m > 0 decides again every m tokens while the answer decodes
+        (timebill-online, timing/checkpoint.py): each decision is the smallest alpha for
+        which m more tokens, then an eviction to alpha_max, then the rest of the length
+        bound still fit the time left, and the bound of the rest is re-predicted from the
+        length distribution given the tokens so far (docs/deadlines.md).
     """
 
     pessimistic_factor: float = 5.0
@@ -312,9 +318,14 @@ class BudgetConfig:
     fixed_alpha: float = 0.0
     expected_fallback: bool = True
     keep_cache_when_hopeless: bool = True
+    checkpoint_tokens: int = 0
 
     def __post_init__(self):
         check_positive('budget.pessimistic_factor', self.pessimistic_factor)
+        if not isinstance(self.checkpoint_tokens, int) or isinstance(
+                self.checkpoint_tokens, bool) or self.checkpoint_tokens < 0:
+            raise ValueError(f'budget.checkpoint_tokens must be an int >= 0, got '
+                             f'{self.checkpoint_tokens!r}')
         if self.pessimistic_factor < 1:
             raise ValueError(
                 f'budget.pessimistic_factor must be >= 1, got {self.pessimistic_factor!r}')

@@ -80,6 +80,7 @@ class _Row:
     start_s: float
     tokens: list
     sampler: Optional[Callable] = None
+    checkpoint: Optional[Callable[[int], Optional[str]]] = None
 
 
 class DecodeBatch:
@@ -97,7 +98,7 @@ class DecodeBatch:
 
     def join(self, state, n_max: int, stop: StopCriteria,
              on_tokens: Optional[Callable[[int, str], None]] = None, feedback_every: int = 4,
-             interrupt: Optional[StopCriteria] = None, sampler=None) -> int:
+             interrupt: Optional[StopCriteria] = None, sampler=None, checkpoint=None) -> int:
         """Add a prefilled (and evicted) goal; return its row id.
 
         As ``LlmEngine.decode``: token 1 is ``state.first_token``; ``stop`` is checked before
@@ -105,7 +106,10 @@ class DecodeBatch:
         ``n_max`` tokens and the model's context end it with MAX_TOKENS; ``on_tokens``
         gets new text every ``feedback_every`` tokens and once at the end. sampler
         (engine.sampling.Sampler): picks this goal's tokens, token 1 from the prefill's
-        logits too; None: greedy.
+        logits too; None: greedy. checkpoint(n_generated) -> stop reason or None: runs
+        before each of this goal's steps once ``stop`` let it go on, and may evict more of
+        its cache (timebill-online; it keeps the prefill's scorer inputs, which a goal
+        without one releases here); a reason ends the goal as ``stop``'s would.
         """
         for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -114,7 +118,8 @@ class DecodeBatch:
         if len(self._rows) >= forward.max_batch:
             raise ValueError(f'the {forward.name} forward decodes at most {forward.max_batch} '
                              f'goal(s) per step')
-        state.scorer_inputs = None
+        if checkpoint is None:
+            state.scorer_inputs = None
         # The last token is never fed: its position may be context_tokens at most.
         limit = min(n_max, self.engine.context_tokens - state.n_x + 1)
         stream = _TextStream(self.engine.tokenizer, on_tokens, feedback_every)
@@ -123,7 +128,8 @@ class DecodeBatch:
             first = sampler(state.logits)
         hooks = PassHooks(interrupt, wait=self.engine.forward.layer_wait())
         self.engine.synchronize()  # decode_s starts once the prefill's work is done
-        row = _Row(state, limit, stop, stream, hooks, self.engine.clock(), [first], sampler)
+        row = _Row(state, limit, stop, stream, hooks, self.engine.clock(), [first], sampler,
+                   checkpoint)
         stream.after_token(row.tokens)
         row_id, self._next_id = self._next_id, self._next_id + 1
         self._rows[row_id] = row
@@ -139,6 +145,8 @@ class DecodeBatch:
             reason = row.stop.check(len(row.tokens), row.tokens[-1])
             if reason is None and len(row.tokens) >= row.limit:
                 reason = MAX_TOKENS
+            if reason is None and row.checkpoint is not None:
+                reason = row.checkpoint(len(row.tokens))
             if reason is not None:
                 finished.append((row_id, self._finish(row_id, reason)))
         if not self._rows:

@@ -41,7 +41,7 @@ from timebill_ros.engine.forward import (Forward, HiddenPool, Interrupted, PassH
 from timebill_ros.engine.hf_forward import TransformersForward
 from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
 from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
-from timebill_ros.engine.eviction import keep_indices, make_scorer, n_keep_for
+from timebill_ros.engine.eviction import keep_indices, make_scorer, n_keep_for, windowed
 from timebill_ros.engine.prefix_store import PrefixMatch, PrefixStore
 from timebill_ros.engine.probe import Probe
 from timebill_ros.engine.stopping import StepTimer, StopCriteria
@@ -79,6 +79,10 @@ class PrefillState:
     pooled: the outputs of the engine's ``pool_layers`` pooled over the prompt
     (engine.forward.HiddenPool: [last, mean] of the unit-RMS rows, layer by layer),
     (1, 2 x layers x hidden) fp32; what the length readout reads.
+    n_prompt_kv: prompt tokens still cached per layer (N_x until an eviction).
+    prompt_scores: per layer index, the scorer's scores of the prompt tokens still cached,
+    (1, H, n_prompt_kv) (the observation window +inf), once an eviction has scored them; a
+    later eviction (during decoding) keeps the best of these.
     """
 
     cache: object
@@ -90,6 +94,12 @@ class PrefillState:
     pooled: Optional[torch.Tensor] = None
     n_cached: int = 0
     logits: Optional[torch.Tensor] = None
+    n_prompt_kv: Optional[int] = None
+    prompt_scores: Optional[dict] = None
+
+    def __post_init__(self):
+        if self.n_prompt_kv is None:
+            self.n_prompt_kv = self.n_x
 
     @property
     def n_kv(self) -> int:
@@ -537,33 +547,46 @@ class LlmEngine:
         return self.prefix_store.held_tokens(head)
 
     def evict(self, state: PrefillState, alpha: float,
-              interrupt: Optional[StopCriteria] = None) -> int:
-        """Evict round(alpha N_x) prompt tokens per layer and KV head; return tokens kept.
+              interrupt: Optional[StopCriteria] = None, keep_inputs: bool = False) -> int:
+        """Evict prompt KV until round(alpha N_x) prompt tokens are gone; return tokens kept.
 
-        At least ``window_size`` tokens (the observation window, always kept) and at most N_x
-        are kept, in their original order. alpha == 0 (or a short prompt) evicts nothing.
-        Must run after :meth:`prefill` and before :meth:`decode`. Releases the captured
-        scorer inputs. ``interrupt`` is checked before each layer; a stop reason raises
+        Per layer and KV head, at least ``window_size`` prompt tokens (the observation
+        window, always kept) and at most those still cached are kept, in their original
+        order; the answer's tokens are always kept. alpha no more than what is evicted
+        already evicts nothing. After :meth:`prefill`, and also during decoding (a
+        checkpoint of timebill-online): the first eviction scores the prompt with the
+        captured scorer inputs; a later one keeps the best of those scores. Releases the
+        scorer inputs unless ``keep_inputs`` (a later, first eviction during decoding needs
+        them). ``interrupt`` is checked before each layer; a stop reason raises
         :class:`GenerationStopped` and leaves the cache partly evicted (discard it).
+        Returns the tokens now cached per layer.
         """
         n_keep = n_keep_for(state.n_x, alpha, self.eviction_config.window_size)
-        inputs, state.scorer_inputs = state.scorer_inputs, None
-        if n_keep >= state.n_x:
+        if n_keep >= state.n_prompt_kv:
+            if not keep_inputs:
+                state.scorer_inputs = None
             return state.n_kv
-        if inputs is None or state.n_kv != state.n_x:
-            raise RuntimeError('evict() runs once, after prefill() and before decode()')
+        inputs, state.scorer_inputs = state.scorer_inputs, None
+        scores = state.prompt_scores
+        if scores is None and inputs is None:
+            raise RuntimeError('evict() needs the scorer inputs of the prefill (released by '
+                               'an earlier evict(keep_inputs=False) or a join)')
+        state.prompt_scores = scores = {} if scores is None else scores
         with torch.inference_mode():
             for layer_idx in range(self.n_layers):
                 reason = None if interrupt is None else interrupt.check(0, None)
                 if reason is not None:
                     raise GenerationStopped(reason)
-                self._evict_layer(state.cache, layer_idx, inputs[layer_idx], n_keep)
+                self._evict_layer(state, layer_idx,
+                                  None if inputs is None else inputs[layer_idx], n_keep)
+        state.n_prompt_kv = n_keep
         return state.n_kv
 
     def decode(self, state: PrefillState, n_max: int, stop: StopCriteria,
                on_tokens: Optional[Callable[[int, str], None]] = None,
                feedback_every: int = 4,
-               interrupt: Optional[StopCriteria] = None, sampler=None) -> DecodeResult:
+               interrupt: Optional[StopCriteria] = None, sampler=None,
+               checkpoint=None) -> DecodeResult:
         """Generate greedily after the prompt; return the answer.
 
         Token 1 is ``state.first_token``. ``stop.check(n_generated, last_token_id)`` runs
@@ -573,9 +596,11 @@ class LlmEngine:
         far. ``on_tokens(n_generated, new_text)`` gets the text produced since its previous
         call every ``feedback_every`` tokens, and once more at the end if text is left.
         sampler: an engine.sampling.Sampler choosing each token (None: greedy).
+        checkpoint: see :meth:`DecodeBatch.join` (None: the cache stays as it is).
         """
         batch = DecodeBatch(self)
-        batch.join(state, n_max, stop, on_tokens, feedback_every, interrupt, sampler)
+        batch.join(state, n_max, stop, on_tokens, feedback_every, interrupt, sampler,
+                   checkpoint)
         while True:
             finished = batch.step()
             if finished:
@@ -654,12 +679,26 @@ class LlmEngine:
         self.n_forward_passes += 1
         return self.forward.run(token_ids, position, cache, step)
 
-    def _evict_layer(self, cache, layer_idx: int, inputs, n_keep: int) -> None:
-        """Score one layer's prompt KV and keep its best ``n_keep`` positions per KV head."""
+    def _evict_layer(self, state, layer_idx: int, inputs, n_keep: int) -> None:
+        """Keep the best ``n_keep`` prompt positions of one layer per KV head, and the answer.
+
+        The prompt's scores are computed from ``inputs`` the first time (the scorer sees only
+        the prompt's KV) and kept, gathered, in ``state.prompt_scores`` for a later eviction.
+        """
+        cache, n_prompt = state.cache, state.n_prompt_kv
         keys, values = self.forward.layer_kv(cache, layer_idx)
-        scores = self.scorer.score(inputs.module, inputs.hidden_states, keys, values,
-                                   inputs.kwargs, n_keep=n_keep)
-        keep = keep_indices(scores, n_keep, self.eviction_config.window_size)
+        scores = state.prompt_scores.get(layer_idx)
+        if scores is None:
+            scores = windowed(self.scorer.score(
+                inputs.module, inputs.hidden_states, keys[:, :, :n_prompt],
+                values[:, :, :n_prompt], inputs.kwargs, n_keep=n_keep),
+                self.eviction_config.window_size)
+        keep = keep_indices(scores, n_keep, 0)
+        state.prompt_scores[layer_idx] = scores.gather(-1, keep)
+        n_answer = keys.shape[2] - n_prompt
+        if n_answer:
+            answer = torch.arange(n_prompt, n_prompt + n_answer, device=keep.device)
+            keep = torch.cat([keep, answer.expand(*keep.shape[:2], -1)], dim=-1)
         self.forward.keep(cache, layer_idx, keep)
 
     def _check_ids(self, input_ids) -> list:

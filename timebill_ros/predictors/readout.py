@@ -124,3 +124,31 @@ class OutputFormat:
         upper = (None if not q or self.kind == 'regression'
                  else self.to_tokens(output, n_max, self.level(q)))
         return self.to_tokens(output, n_max), upper
+
+    def rest_bounds(self, output, n_max: int, n_done: int, q: float) -> Optional[tuple]:
+        """Return (N^_rem, N^_rem,q), tokens still to come after ``n_done``, or None.
+
+        The length distribution conditioned on the answer being longer than ``n_done``
+        tokens (it has not ended yet): each bucket's probability times the share of its
+        lengths above ``n_done`` (uniform within a bucket); N^_rem reads the median, N^_rem,q
+        the calibrated level of ``q``; the top bucket reads N_max. None for a regression
+        output or when no probability is left above ``n_done``: the caller's fallback.
+        """
+        if self.kind == 'regression' or not 0 < q < 1:
+            return None
+        probs = np.diff(np.concatenate([[0.0], bucket_cdf(output)]))
+        tokens = self.bucket_tokens
+        lower = np.arange(len(probs)) * tokens
+        above = np.clip((lower + tokens - n_done) / tokens, 0.0, 1.0)
+        above[-1] = 1.0 if n_done < n_max else 0.0  # ">= N_model": up to N_max
+        weights = probs * above
+        if weights.sum() <= 0:
+            return None
+        cdf = np.cumsum(weights / weights.sum())
+
+        def rest(level):
+            bucket = int(np.searchsorted(cdf, level - 1e-12))
+            end = n_max if bucket == len(probs) - 1 else min(n_max, (bucket + 1) * tokens)
+            return max(1, end - n_done)
+
+        return rest(0.5), rest(self.level(q))

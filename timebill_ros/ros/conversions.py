@@ -72,6 +72,8 @@ def request_from_goal(goal, goal_id, ros_now_s, mono_now_s) -> GoalRequest:
 # How a message field's value is made from a JobResult attribute, by the field's ROS type.
 _CASTS = {'boolean': bool, 'string': str, 'float': float, 'double': float, 'uint8': int,
           'uint16': int, 'uint32': int, 'uint64': int, 'int32': int, 'int64': int}
+_CASTS.update({f'sequence<{kind}>': (lambda cast: lambda values: [cast(v) for v in values])(cast)
+               for kind, cast in tuple(_CASTS.items()) if kind != 'string'})
 DURATION = 'builtin_interfaces/Duration'
 
 

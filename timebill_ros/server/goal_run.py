@@ -11,8 +11,11 @@ import concurrent.futures
 from timebill_ros.engine import GenerationStopped
 from timebill_ros.engine import stopping
 from timebill_ros.server import outcome, status
+from timebill_ros.server.checkpoints import GoalCheckpoints, RestLength
 from timebill_ros.server.goal_criteria import answer_criteria, sampler_for
 from timebill_ros.server.goals import Feedback
+from timebill_ros.timing.budget import upper_tokens
+from timebill_ros.timing.checkpoint import CacheNow
 from timebill_ros.timing.chunks import chunk_sizes, planned
 from timebill_ros.timing.goal_budget import GoalBudget
 from timebill_ros.timing.online import EXPECTED, LEAST
@@ -43,6 +46,9 @@ class GoalRun:
         self.job = job
         self.result = result
         self.n_upper = None  # N^_q of the prediction, tokens (budget.upper_quantile)
+        self.length_output = None  # the readout's raw output (its length distribution)
+        self.rest = None  # server.checkpoints.RestLength of timebill-online, else None
+        self.checkpoints = None
         self.phase = 'prefill'
         self.interrupt = stopping.StopCriteria(
             [stopping.CancelStop(job.cancel_event)]
@@ -102,12 +108,12 @@ class GoalRun:
             n_hat = self._await_prediction(prediction, prefill_end, early)
         if n_hat is None:
             return None
-        decision = self._decide(n_hat)
+        alpha = self._decide(n_hat)
         self.phase = 'eviction'
-        if not self._evict(state, decision.alpha):
+        if not self._evict(state, alpha):
             return None
         self.phase = 'decode'
-        return state, decision.alpha
+        return state, alpha
 
     def _find_prefix(self):
         """Return the prefix store's match for the prompt, or None when the goal ended.
@@ -221,6 +227,8 @@ class GoalRun:
             if not 0 <= n_hat <= job.n_max:
                 raise ValueError(f'predicted {n_hat} tokens, outside [0, {job.n_max}]')
             result.predictor = readout.name
+            if self.runner.config.budget.checkpoint_tokens:  # its distribution, for the rest
+                self.length_output = (readout.format, readout.run(state.pooled))
         except Exception as exc:
             result.predictor = f'fallback (readout error: {type(exc).__name__}: {exc})'
             n_hat, n_upper = job.n_max, None
@@ -241,14 +249,36 @@ class GoalRun:
             else None
 
     def _decide(self, n_hat):
-        """Choose alpha* for the time left; fill the budget fields of the result."""
-        decision, wcet_s = self.budget.decide(self.clock(), n_hat, self.job.n_max,
-                                              self.runner.config.budget, self.n_upper)
-        self.result.predicted_tokens = decision.n_hat
-        self.result.pessimistic_tokens = decision.n_w
-        self.result.eviction_ratio = decision.alpha
+        """Return alpha* for the time left; fill the budget fields of the result.
+
+        timebill-online (``budget.checkpoint_tokens`` > 0): the rescue rule's alpha for the
+        rest of N^_W (timing/checkpoint.py), decided again at each checkpoint.
+        """
+        cfg, job = self.runner.config.budget, self.job
+        if cfg.mode != 'timebill' or not cfg.checkpoint_tokens:
+            decision, wcet_s = self.budget.decide(self.clock(), n_hat, job.n_max, cfg,
+                                                  self.n_upper)
+            n_w, alpha = decision.n_w, decision.alpha
+        else:
+            n_w = upper_tokens(n_hat, cfg.pessimistic_factor, job.n_max, self.n_upper)
+            self.rest = RestLength(n_hat, n_w, job.n_max, self._rest_bounds())
+            plan = self.budget.decide_rest(self.clock(), CacheNow(job.n_x, job.n_x, 0, 0.0),
+                                           max(0, n_w - 1), cfg)
+            alpha, wcet_s = plan.alpha, self.budget.wcet_head_s + self.budget.wait_s \
+                + plan.rest_s
+        self.result.predicted_tokens = n_hat
+        self.result.pessimistic_tokens = n_w
+        self.result.eviction_ratio = alpha
         self.result.predicted_wcet_s = wcet_s
-        return decision
+        return alpha
+
+    def _rest_bounds(self):
+        """Return n -> (N^_rem, N^_rem,q) from the readout's distribution, or None."""
+        if self.length_output is None:
+            return None
+        output_format, output = self.length_output
+        n_max, q = self.job.n_max, self.runner.config.budget.upper_quantile
+        return lambda n_done: output_format.rest_bounds(output, n_max, n_done, q)
 
     def _evict(self, state, alpha):
         """Evict ``alpha`` of the prompt KV under the interrupts; return False if stopped."""
@@ -259,7 +289,8 @@ class GoalRun:
         try:
             if reason is not None:
                 raise GenerationStopped(reason)
-            n_kv = self.engine.evict(state, alpha, interrupt=self.interrupt)
+            n_kv = self.engine.evict(state, alpha, interrupt=self.interrupt,
+                                     keep_inputs=self.rest is not None)
         except GenerationStopped as stop:
             self._stopped(stop.reason)
             return False
@@ -272,7 +303,8 @@ class GoalRun:
         stop, on_tokens = self._decode_criteria(state, alpha)
         out = self.engine.decode(state, self.job.n_max, stop, on_tokens,
                                  self.runner.config.engine.feedback_every_tokens,
-                                 interrupt=self.interrupt, sampler=self._sampler())
+                                 interrupt=self.interrupt, sampler=self._sampler(),
+                                 checkpoint=self.checkpoints)
         self.decoded(out)
 
     def join(self, batch, state, alpha):
@@ -280,7 +312,8 @@ class GoalRun:
         stop, on_tokens = self._decode_criteria(state, alpha)
         return batch.join(state, self.job.n_max, stop, on_tokens,
                           self.runner.config.engine.feedback_every_tokens,
-                          interrupt=self.interrupt, sampler=self._sampler())
+                          interrupt=self.interrupt, sampler=self._sampler(),
+                          checkpoint=self.checkpoints)
 
     def _sampler(self):
         """Return the goal's token picker (goal_criteria.sampler_for), None: greedy."""
@@ -289,7 +322,9 @@ class GoalRun:
     def _decode_criteria(self, state, alpha):
         """Return (stop criteria, feedback callback) of the decoding phase."""
         job = self.job
-        self.n_kv_first = n_kv_first = state.n_kv
+        self.n_kv_first = state.n_kv
+        if self.rest is not None:
+            self.checkpoints = GoalCheckpoints(self, state, self.rest, alpha)
         self.timer = stopping.StepTimer(self.clock, sync=self.engine.synchronize)
         # The timer first: check() returns at the first criterion that fires, and the
         # boundary after the last step must still be recorded.
@@ -298,15 +333,16 @@ class GoalRun:
             + answer_criteria(job, self.engine, self.runner.config.engine) \
             + list(self.interrupt.criteria)
         if job.policy.stops_early:
-            def next_step_s(n_generated):
-                return self.budget.next_step_s(n_kv_first + n_generated - 1)
+            def next_step_s(n_generated):  # the cache as it is (a checkpoint may evict)
+                return self.budget.next_step_s(state.n_kv)
 
             criteria.append(stopping.NextStepCannotFinish(job.deadline_s, next_step_s,
                                                           self.clock))
         self._feedback(status.PHASE_DECODE, alpha=alpha)
 
         def on_tokens(n_generated, text):
-            self._feedback(status.PHASE_DECODE, n_generated, text, alpha)
+            now_alpha = alpha if self.checkpoints is None else self.checkpoints.alpha
+            self._feedback(status.PHASE_DECODE, n_generated, text, now_alpha)
 
         return stopping.StopCriteria(criteria), on_tokens
 
@@ -315,8 +351,15 @@ class GoalRun:
         result = self.result
         # The model learns the step without the mask (its cost is the start-up figure).
         steps = [step / self.budget.mask_scale for step in self.timer.step_durations_s()]
+        if self.checkpoints is not None:
+            segments = self.checkpoints.segments(self.n_kv_first, steps)
+            steps = [step for _, segment in segments for step in segment]
+            self._record_checkpoints(len(out.token_ids))
+        else:
+            segments = [(self.n_kv_first, steps)]
         if self.budget.step_scale == 1.0:  # the online model learns a goal's step alone
-            self.model.observe_decode(self.n_kv_first, len(steps), sum(steps))
+            for n_kv, segment in segments:
+                self.model.observe_decode(n_kv, len(segment), sum(segment))
         elif steps:  # the batch scale learns how much slower its step was in the batch
             alone_s = self.model.step_s(self.n_kv_first + len(steps) // 2, EXPECTED)
             if alone_s > 0:
@@ -325,6 +368,16 @@ class GoalRun:
         result.decode_time_s = out.decode_s
         result.response_tokens = len(out.token_ids)
         self._decoded(out)
+
+    def _record_checkpoints(self, n_tokens):
+        """Put the re-decisions on the result; the last one's N^_rem error (tokens)."""
+        result, done = self.result, self.checkpoints.redecisions
+        result.eviction_ratio = self.checkpoints.alpha
+        result.checkpoint_tokens = tuple(r.n_generated for r in done)
+        result.checkpoint_ratios = tuple(r.alpha for r in done)
+        result.checkpoint_wcet_s = tuple(r.wcet_s for r in done)
+        if done:
+            result.rest_error_tokens = done[-1].rest_tokens - (n_tokens - done[-1].n_generated)
 
     # --- outcomes (server/outcome.py) -----------------------------------------------------
     def _decoded(self, out):

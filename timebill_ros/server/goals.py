@@ -79,6 +79,12 @@ class JobResult:
     canceled).
     max_tokens_sent: a remote goal's request max_tokens, tokens (timing/remote.py
     decide_max_tokens); 0 when it ran locally or sent no request.
+    checkpoint_tokens, checkpoint_ratios, checkpoint_wcet_s: timebill-online
+    (``budget.checkpoint_tokens``): at each re-decision while it decoded, the tokens
+    generated, alpha after it (share of the prompt KV evicted) and t^_WCET of the run then
+    (seconds, queue excluded); empty without checkpoints. eviction_ratio is then the last
+    alpha. rest_error_tokens: the last checkpoint's N^_rem minus the tokens that came after
+    it (0 without a checkpoint).
     """
 
     status: int
@@ -114,6 +120,10 @@ class JobResult:
     finish_reason: str = ''
     error_code: int = 0
     max_tokens_sent: int = 0
+    checkpoint_tokens: tuple = ()
+    checkpoint_ratios: tuple = ()
+    checkpoint_wcet_s: tuple = ()
+    rest_error_tokens: int = 0
 
     @property
     def status_name(self) -> str:

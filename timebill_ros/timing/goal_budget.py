@@ -7,6 +7,7 @@ plain numbers.
 
 from timebill_ros.timing.batch import ScaledSteps
 from timebill_ros.timing.budget import decide_remaining
+from timebill_ros.timing.checkpoint import RestPlan, plan_rest, plan_s
 from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, WORST
 
 
@@ -83,3 +84,24 @@ class GoalBudget:
             fallback_bound=EXPECTED if cfg.expected_fallback and late_kept else None,
             keep_cache_when_hopeless=cfg.keep_cache_when_hopeless and late_kept)
         return decision, self.wcet_head_s + self.wait_s + decision.remaining_s
+
+    def decide_rest(self, now_s, cache, n_rest, budget_config):
+        """Return the checkpoint's timing.checkpoint.RestPlan for the time left at ``now_s``.
+
+        cache: timing.checkpoint.CacheNow. n_rest: the bound of the tokens still to come.
+        Solved at DECIDE, reported at WORST (t^_WCET's rest). When not even alpha_max fits,
+        a goal whose late answer still arrives (Partial, ``keep_cache_when_hopeless``)
+        evicts nothing more; Kill and Skip-Next take alpha_max (as :meth:`decide`).
+        """
+        cfg = budget_config
+        time_left_s = self.deadline_s - now_s - self.wait_s
+        plan = plan_rest(self.decode_model, time_left_s, cache, n_rest, cfg.checkpoint_tokens,
+                         cfg.alpha_max, DECIDE, report_bound=WORST)
+        if plan.fits or self.policy.clamps_alpha or not cfg.keep_cache_when_hopeless:
+            return plan
+        if plan_rest(self.decode_model, time_left_s, cache, n_rest, cfg.checkpoint_tokens,
+                     cfg.alpha_max, EXPECTED).fits:
+            return plan
+        keep_s = plan_s(self.decode_model, cache, cache.alpha_now, n_rest,
+                        cfg.checkpoint_tokens, cfg.alpha_max, WORST)
+        return RestPlan(alpha=cache.alpha_now, rest_s=keep_s, fits=False, evicts=False)

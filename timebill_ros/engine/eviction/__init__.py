@@ -3,7 +3,7 @@
 from timebill_ros.checks import choose
 from timebill_ros.config import EvictionConfig
 from timebill_ros.engine.eviction.base import (EvictionScorer, gather_positions, keep_indices,
-                                               n_keep_for)
+                                               n_keep_for, windowed)
 from timebill_ros.engine.eviction.knorm import KnormScorer
 from timebill_ros.engine.eviction.snapkv import SnapKVScorer
 from timebill_ros.engine.eviction.streaming_llm import StreamingLLMScorer
@@ -12,7 +12,7 @@ from timebill_ros.engine.eviction.streaming_llm import StreamingLLMScorer
 SCORERS = {cls.name: cls for cls in (SnapKVScorer, StreamingLLMScorer, KnormScorer)}
 
 __all__ = ['EvictionScorer', 'KnormScorer', 'SnapKVScorer', 'StreamingLLMScorer', 'SCORERS',
-           'gather_positions', 'keep_indices', 'make_scorer', 'n_keep_for']
+           'gather_positions', 'keep_indices', 'make_scorer', 'n_keep_for', 'windowed']
 
 
 def make_scorer(eviction_config: EvictionConfig) -> EvictionScorer:

@@ -64,10 +64,15 @@ def keep_indices(scores: torch.Tensor, n_keep: int, window_size: int) -> torch.T
     if not isinstance(n_keep, int) or not min(window_size, n_x) <= n_keep <= n_x:
         raise ValueError(f'n_keep must be an int in [{min(window_size, n_x)}, {n_x}], '
                          f'got {n_keep!r}')
+    return windowed(scores, window_size).topk(n_keep, dim=-1).indices.sort(dim=-1).values
+
+
+def windowed(scores: torch.Tensor, window_size: int) -> torch.Tensor:
+    """Return a copy of ``scores`` (B, H, N) with the last ``window_size`` positions at +inf."""
     scores = scores.clone()
     if window_size > 0:
         scores[..., -window_size:] = float('inf')
-    return scores.topk(n_keep, dim=-1).indices.sort(dim=-1).values
+    return scores
 
 
 def gather_positions(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

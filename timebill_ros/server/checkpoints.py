@@ -1,0 +1,121 @@
+"""A goal's checkpoints while it decodes: re-predict the rest, re-decide the eviction.
+
+timebill-online (``budget.checkpoint_tokens`` = m > 0). The decode loop calls the goal's
+:class:`GoalCheckpoints` before each step (engine.DecodeBatch's ``checkpoint``); every m
+tokens it bounds the tokens still to come (:class:`RestLength`), asks the goal's budget for
+the rescue rule's alpha (timing/checkpoint.py) and evicts more of the prompt's KV when that
+alpha is more than what is evicted already. Each re-decision is recorded for the result.
+"""
+
+import dataclasses
+
+from timebill_ros.engine import GenerationStopped
+from timebill_ros.engine import stopping
+from timebill_ros.timing.checkpoint import CacheNow
+from timebill_ros.timing.online import LEAST
+
+
+class RestLength:
+    """The bound of the tokens still to come after n were generated, tokens.
+
+    n_hat, n_w: N^ and N^_W of the prediction; n_max: N_max. rest_bounds: None, or
+    ``n -> (N^_rem, N^_rem,q) or None`` from the predictor's length distribution
+    conditioned on the answer not having ended by token n
+    (predictors.readout.OutputFormat.rest_bounds). Without it (or where it gives None) the
+    rest is N^_W - n, and N_max - n once the answer has run past N^_W.
+    """
+
+    def __init__(self, n_hat, n_w, n_max, rest_bounds=None):
+        self.n_hat, self.n_w, self.n_max = n_hat, n_w, n_max
+        self.rest_bounds = rest_bounds
+        self.source = 'length distribution' if rest_bounds is not None else 'N^_W - n'
+
+    def bounds(self, n_generated):
+        """Return (N^_rem, N^_rem,q) after ``n_generated`` tokens, each in [0, N_max - n]."""
+        left = max(0, self.n_max - n_generated)
+        read = None if self.rest_bounds is None else self.rest_bounds(n_generated)
+        if read is None:
+            upper = self.n_w - n_generated if n_generated < self.n_w else left
+            point = self.n_hat - n_generated if n_generated < self.n_hat else upper
+            read = (point, upper)
+        point, upper = read
+        return min(max(0, point), left), min(max(0, upper, point), left)
+
+
+@dataclasses.dataclass(frozen=True)
+class Redecision:
+    """One checkpoint: tokens generated, alpha after it, N^_rem / N^_rem,q, t^_WCET (s)."""
+
+    n_generated: int
+    alpha: float
+    rest_tokens: int
+    rest_upper_tokens: int
+    wcet_s: float
+
+
+class GoalCheckpoints:
+    """Called before each decoding step of one goal; acts every ``every`` tokens.
+
+    run: the goal's GoalRun (engine, budget, clock, job). state: its engine PrefillState.
+    rest: a :class:`RestLength`. alpha: the share of the prompt evicted after the prefill.
+    """
+
+    def __init__(self, run, state, rest, alpha):
+        self.run, self.state, self.rest = run, state, rest
+        self.every = run.runner.config.budget.checkpoint_tokens
+        self.alpha = alpha
+        self.redecisions = []
+        self.evictions = []  # (n_generated, seconds, cached tokens after)
+
+    def __call__(self, n_generated):
+        """Return a stop reason or None; re-decide at tokens m + 1, 2m + 1, ..."""
+        if n_generated <= 1 or (n_generated - 1) % self.every:
+            return None
+        run, state = self.run, self.state
+        job = run.job
+        point, upper = self.rest.bounds(n_generated)
+        cache = CacheNow(n_x=state.n_x, n_prompt_kv=state.n_prompt_kv,
+                         n_answer_kv=state.n_kv - state.n_prompt_kv, alpha_now=self.alpha)
+        now = run.clock()
+        plan = run.budget.decide_rest(now, cache, upper, run.runner.config.budget)
+        self.redecisions.append(Redecision(n_generated, plan.alpha, point, upper,
+                                           now - job.started_s + plan.rest_s))
+        if not plan.evicts:
+            return None
+        return self._evict(n_generated, plan.alpha)
+
+    def _evict(self, n_generated, alpha):
+        """Evict to ``alpha``; return a stop reason when the goal stopped instead."""
+        run, state = self.run, self.state
+        if run.job.policy.stops_early and run.budget.cannot_decode(
+                run.clock(), run.model.evict_s(state.n_prompt_kv, LEAST)):
+            return stopping.CANNOT_FINISH
+        first = state.prompt_scores is None
+        n_prompt = state.n_prompt_kv
+        start = run.runner.timed_now()
+        try:
+            run.engine.evict(state, alpha, interrupt=run.interrupt, keep_inputs=True)
+        except GenerationStopped as stop:
+            return stop.reason
+        took_s = run.runner.timed_now() - start
+        if first:  # a first eviction scores the prompt: what the time model's phase is
+            run.model.observe_evict(n_prompt, took_s)
+        self.alpha = alpha
+        self.evictions.append((n_generated, took_s, state.n_kv))
+        return None
+
+    def segments(self, n_kv_first, step_durations_s):
+        """Return [(cached tokens at its first step, [step seconds])] between evictions.
+
+        The eviction's seconds are taken out of the step they ran in (before its forward).
+        """
+        steps = list(step_durations_s)
+        out, begin, n_kv = [], 0, n_kv_first
+        for n_generated, took_s, n_kv_after in self.evictions:
+            index = n_generated - 1  # the step from token n to n + 1
+            if index < len(steps):
+                steps[index] = max(0.0, steps[index] - took_s)
+            out.append((n_kv, steps[begin:index]))
+            begin, n_kv = index, n_kv_after
+        out.append((n_kv, steps[begin:]))
+        return [(kv, seg) for kv, seg in out if seg]

@@ -1,0 +1,155 @@
+"""Deciding the eviction again while the answer decodes: the rescue rule (timebill-online).
+
+TimeBill's Eq. 11 evicts once, after the prefill, for the worst length N^_W. With
+checkpoints every m tokens (``budget.checkpoint_tokens``) the eviction can wait: a decision
+only has to keep the deadline *reachable*. The plan judged at each checkpoint is
+
+    evict to alpha now (if alpha is more than what is evicted already)
+    -> s = min(m, R) steps at that cache
+    -> evict to alpha_max (if more) -> the other R - s steps at that cache,
+
+where R is the upper bound of the tokens still to come (N^_W - n at first; a re-prediction
+later). The decision is the smallest alpha whose plan fits the time left. As long as the time
+model and R bound what happens, the next checkpoint can always take the plan's own rescue (to
+alpha_max at once), which then fits what is left; so no checkpoint finds the deadline out of
+reach that the one-shot decision would have kept (docs/deadlines.md). What the wait buys:
+answers that end before the rescue is needed keep their whole cache for longer, and every
+token decoded before an eviction is the full-cache answer's token.
+
+Units: seconds and tokens. ``time_model`` is a timing.online.TimeModel (or a ScaledSteps of
+one): ``decode_coefficients(bound)`` (Eq. 4b: p s/token, q s) and ``evict_s(n, bound)``.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class RestPlan:
+    """A checkpoint's decision.
+
+    alpha: share of the prompt's N_x KV tokens evicted once it is applied (>= the share
+    evicted already). rest_s: seconds of the whole plan (evictions and R steps) at the
+    report bound. fits: rest_s <= the time left. evicts: alpha is more than evicted already.
+    """
+
+    alpha: float
+    rest_s: float
+    fits: bool
+    evicts: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheNow:
+    """The goal's cache at a checkpoint, tokens.
+
+    n_x: prompt tokens (what alpha is a share of). n_prompt_kv: prompt tokens still cached.
+    n_answer_kv: answer tokens cached (generated tokens already fed back). alpha_now: share
+    of the prompt evicted so far.
+    """
+
+    n_x: int
+    n_prompt_kv: int
+    n_answer_kv: int
+    alpha_now: float
+
+    def __post_init__(self):
+        for name in ('n_x', 'n_prompt_kv', 'n_answer_kv'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f'{name} must be an int >= 0, got {value!r}')
+        if not 0 <= self.alpha_now < 1:
+            raise ValueError(f'alpha_now must be in [0, 1), got {self.alpha_now!r}')
+
+    def kv_at(self, alpha: float) -> float:
+        """Return the cached tokens once ``alpha`` of the prompt is evicted (never more)."""
+        if alpha <= self.alpha_now:
+            return float(self.n_prompt_kv + self.n_answer_kv)
+        return float(kept_prompt(self.n_x, alpha) + self.n_answer_kv)
+
+
+def kept_prompt(n_x: int, alpha: float) -> int:
+    """Return the prompt tokens an eviction to ``alpha`` keeps, as the engine rounds them."""
+    return n_x - round(alpha * n_x)
+
+
+def steps_s(coefficients, n_kv: float, n_steps: int) -> float:
+    """Return the seconds of ``n_steps`` decoding steps from ``n_kv`` cached tokens.
+
+    Eq. 4b summed while the cache grows by one token a step: n (p n_kv + q) + p n (n-1) / 2.
+    """
+    if n_steps <= 0:
+        return 0.0
+    return n_steps * (coefficients.p * n_kv + coefficients.q) \
+        + coefficients.p * n_steps * (n_steps - 1) / 2.0
+
+
+def plan_s(time_model, cache: CacheNow, alpha: float, n_rest: int, segment: int,
+           alpha_max: float, bound: str) -> float:
+    """Return the seconds of the plan that evicts to ``alpha`` now (module docstring).
+
+    n_rest: R, tokens still to come at most. segment: m, tokens until the next checkpoint.
+    """
+    co = time_model.decode_coefficients(bound)
+    now_s = time_model.evict_s(cache.n_prompt_kv, bound) if alpha > cache.alpha_now else 0.0
+    first = min(segment, n_rest)
+    kv = cache.kv_at(alpha)
+    total = now_s + steps_s(co, kv, first)
+    if n_rest > first:
+        later = max(alpha, cache.alpha_now)
+        if alpha_max > later:  # the rescue: evict to alpha_max after the segment
+            # Bounded by the prompt cached now (the eviction's cost grows with it).
+            total += time_model.evict_s(cache.n_prompt_kv, bound)
+            kv = kept_prompt(cache.n_x, alpha_max) + cache.n_answer_kv
+        total += steps_s(co, kv + first, n_rest - first)
+    return total
+
+
+def plan_rest(time_model, time_left_s: float, cache: CacheNow, n_rest: int, segment: int,
+              alpha_max: float, bound: str, report_bound: str = None) -> RestPlan:
+    """Return the smallest alpha in [alpha_now, alpha_max] whose plan fits ``time_left_s``.
+
+    alpha is solved at ``bound`` (DECIDE), ``rest_s`` / ``fits`` given at ``report_bound``
+    (WORST; None = ``bound``). When not even alpha_max now fits, alpha_max (the paper's
+    clamp; the caller decides whether to keep the cache instead). time_left_s: deadline -
+    now, seconds. n_rest, segment: tokens (:func:`plan_s`).
+    """
+    if not isinstance(segment, int) or segment < 1:
+        raise ValueError(f'segment must be an int >= 1 token, got {segment!r}')
+    if not isinstance(n_rest, int) or n_rest < 0:
+        raise ValueError(f'n_rest must be an int >= 0 tokens, got {n_rest!r}')
+    alpha = _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound)
+    report = bound if report_bound is None else report_bound
+    rest_s = plan_s(time_model, cache, alpha, n_rest, segment, alpha_max, report)
+    fits = rest_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
+    return RestPlan(alpha=alpha, rest_s=rest_s, fits=fits, evicts=alpha > cache.alpha_now)
+
+
+def _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound) -> float:
+    """Return the plan's alpha (see :func:`plan_rest`)."""
+    def fits(alpha):
+        return plan_s(time_model, cache, alpha, n_rest, segment, alpha_max,
+                      bound) <= time_left_s
+    keep = cache.alpha_now
+    if keep >= alpha_max or fits(keep):
+        return keep
+    co = time_model.decode_coefficients(bound)
+    first = min(segment, n_rest)
+    if co.p <= 0 or first <= 0:  # steps do not depend on the cache: eviction buys nothing
+        return keep
+    # For keep < alpha < alpha_max the plan is linear in the cache kv kept now: the
+    # segment costs first (p kv + q) + p first (first - 1) / 2; the evictions and the rest
+    # after the rescue do not depend on alpha.
+    fixed = time_model.evict_s(cache.n_prompt_kv, bound)
+    if n_rest > first:
+        fixed += time_model.evict_s(cache.n_prompt_kv, bound) + steps_s(
+            co, kept_prompt(cache.n_x, alpha_max) + cache.n_answer_kv + first, n_rest - first)
+    kv = (time_left_s - fixed - first * co.q - co.p * first * (first - 1) / 2.0) \
+        / (co.p * first)
+    alpha = 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)
+    alpha = min(alpha_max, max(keep, alpha))
+    # The engine keeps whole tokens: step up a token or two before taking alpha_max.
+    for extra in (0, 1, 2):
+        candidate = min(alpha_max, alpha + extra / max(cache.n_x, 1))
+        if fits(candidate):
+            return candidate
+    return alpha_max
