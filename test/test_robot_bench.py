@@ -50,7 +50,10 @@ def _args(**kw):
 def test_the_servers_of_fig_7_and_of_the_k_sweep(tmp_path):
     names = [name for name, _ in robot_bench._method_servers(_args())]
     assert names == ['vanilla', 'alpha=0.25', 'alpha=0.5', 'alpha=0.75', 'alpha=0.95',
-                     'timebill']
+                     'timebill', 'timebill-online']
+    online = dict(robot_bench._method_servers(_args()))['timebill-online']
+    assert online['budget.checkpoint_tokens'] == 16 and online['predictor.kind'] == 'rlp'
+    write_params(tmp_path, 'timebill-online', online, robot_bench.N_MAX)
     sweep = robot_bench._method_servers(_args(k_sweep=True))
     assert [name for name, _ in sweep] == ['vanilla'] + [f'timebill-k{k}' for k in range(1, 9)]
     for name, flat in sweep:  # every server's parameters are accepted as the node reads them
