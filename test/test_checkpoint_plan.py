@@ -53,13 +53,27 @@ def test_the_first_decision_waits_where_the_one_shot_evicts():
     assert plan.alpha == 0.0 and plan.fits
 
 
-def test_the_alpha_is_the_smallest_that_fits():
+def test_without_a_planned_rest_the_alpha_is_the_smallest_that_fits():
     model = fixed_model()
     budget_s = 0.36 * full_cache_s(N_W)  # alpha_max at once fits 0.33 of it
-    plan = plan_rest(model, budget_s, start(), N_W - 1, SEGMENT, ALPHA_MAX, EXPECTED)
+    plan = plan_rest(model, budget_s, start(), N_W - 1, SEGMENT, ALPHA_MAX, EXPECTED,
+                     n_rest_plan=0)
     assert 0 < plan.alpha < ALPHA_MAX and plan.evicts and plan.fits
     assert plan_s(model, start(), plan.alpha - 0.01, N_W - 1, SEGMENT, ALPHA_MAX,
                   EXPECTED) > budget_s
+
+
+def test_an_eviction_is_sized_for_the_planned_rest():
+    """Once it evicts, it evicts what the planned rest needs on one cache: no second one."""
+    model = fixed_model()
+    budget_s = 0.4 * full_cache_s(N_W)
+    least = plan_rest(model, budget_s, start(), N_W - 1, SEGMENT, ALPHA_MAX, EXPECTED,
+                      n_rest_plan=0)
+    sized = plan_rest(model, budget_s, start(), N_W - 1, SEGMENT, ALPHA_MAX, EXPECTED)
+    assert 0 < least.alpha < sized.alpha < ALPHA_MAX
+    flat = decide_remaining(model, budget_s, N_X, N_W, N_W, 1.0,
+                            ALPHA_MAX, bound=EXPECTED)
+    assert sized.alpha == pytest.approx(flat.alpha, abs=2 / N_X)  # Eq. 11 for the rest
 
 
 def simulate(budget_s, n_tokens, n_rest_bound=N_W):

@@ -791,6 +791,24 @@ def test_continuous_batching_lets_waiting_goals_join_between_steps(make_service)
         assert single.response == batched.response  # fp32, alpha* = 0: identical
 
 
+def test_continuous_batching_with_checkpoints_answers_as_alone(make_service):
+    """Checkpoints run per row of the batch; on a roomy budget they evict nothing."""
+    from timebill_ros.config import BudgetConfig, SchedulerConfig
+    online = BudgetConfig(checkpoint_tokens=4)
+    service = make_service(predictor=PromptLengthPredictor(), decode_weights='float32',
+                           scheduler=SchedulerConfig(continuous=True, batch_size=4),
+                           budget=online)
+    prompts = ['Count to 5.', 'Count to 14.']
+    order, results = _run_in_order(service, prompts)
+    assert [r.batch_size for r in results] == [3, 3]
+    alone = make_service(predictor=PromptLengthPredictor(), decode_weights='float32')
+    for prompt, batched in zip(prompts, results):
+        assert batched.status == status.COMPLETED, batched.message
+        assert batched.checkpoint_tokens and set(batched.checkpoint_ratios) == {0.0}
+        single = submit(alone, GoalRequest(prompt, budget_s=LONG)).wait()
+        assert single.response == batched.response
+
+
 def test_continuous_batching_with_consolidation_admits_only_similar_lengths(make_service):
     from timebill_ros.config import SchedulerConfig
     service = make_service(predictor=PromptLengthPredictor(), decode_weights='float32',

@@ -77,7 +77,7 @@ class GoalCheckpoints:
         cache = CacheNow(n_x=state.n_x, n_prompt_kv=state.n_prompt_kv,
                          n_answer_kv=state.n_kv - state.n_prompt_kv, alpha_now=self.alpha)
         now = run.clock()
-        plan = run.budget.decide_rest(now, cache, upper, run.runner.config.budget)
+        plan = run.budget.decide_rest(now, cache, upper, run.runner.config.budget, point)
         self.redecisions.append(Redecision(n_generated, plan.alpha, point, upper,
                                            now - job.started_s + plan.rest_s))
         if not plan.evicts:

@@ -263,7 +263,7 @@ class GoalRun:
             n_w = upper_tokens(n_hat, cfg.pessimistic_factor, job.n_max, self.n_upper)
             self.rest = RestLength(n_hat, n_w, job.n_max, self._rest_bounds())
             plan = self.budget.decide_rest(self.clock(), CacheNow(job.n_x, job.n_x, 0, 0.0),
-                                           max(0, n_w - 1), cfg)
+                                           max(0, n_w - 1), cfg, max(0, n_hat - 1))
             alpha, wcet_s = plan.alpha, self.budget.wcet_head_s + self.budget.wait_s \
                 + plan.rest_s
         self.result.predicted_tokens = n_hat

@@ -105,19 +105,30 @@ def plan_s(time_model, cache: CacheNow, alpha: float, n_rest: int, segment: int,
 
 
 def plan_rest(time_model, time_left_s: float, cache: CacheNow, n_rest: int, segment: int,
-              alpha_max: float, bound: str, report_bound: str = None) -> RestPlan:
-    """Return the smallest alpha in [alpha_now, alpha_max] whose plan fits ``time_left_s``.
+              alpha_max: float, bound: str, report_bound: str = None,
+              n_rest_plan: int = None) -> RestPlan:
+    """Return the checkpoint's alpha in [alpha_now, alpha_max] and its plan's time.
 
+    Keeps what is evicted when its plan fits ``time_left_s``. Otherwise it evicts now, to
+    the larger of the smallest alpha whose plan fits and the alpha at which the next
+    ``n_rest_plan`` tokens fit without another eviction (None: ``n_rest``; 0: none): once an
+    eviction is paid for, it is sized for the rest expected, not only for the next segment
+    (the smallest alpha alone evicts a little at each checkpoint and leaves the tail on
+    alpha_max's cache). When not even alpha_max now fits, alpha_max (the paper's clamp; the
+    caller decides whether to keep the cache instead).
     alpha is solved at ``bound`` (DECIDE), ``rest_s`` / ``fits`` given at ``report_bound``
-    (WORST; None = ``bound``). When not even alpha_max now fits, alpha_max (the paper's
-    clamp; the caller decides whether to keep the cache instead). time_left_s: deadline -
-    now, seconds. n_rest, segment: tokens (:func:`plan_s`).
+    (WORST; None = ``bound``). time_left_s: deadline - now, seconds. n_rest, segment,
+    n_rest_plan: tokens (:func:`plan_s`).
     """
     if not isinstance(segment, int) or segment < 1:
         raise ValueError(f'segment must be an int >= 1 token, got {segment!r}')
-    if not isinstance(n_rest, int) or n_rest < 0:
-        raise ValueError(f'n_rest must be an int >= 0 tokens, got {n_rest!r}')
+    for name, value in (('n_rest', n_rest), ('n_rest_plan', n_rest_plan)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ValueError(f'{name} must be an int >= 0 tokens, got {value!r}')
     alpha = _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound)
+    if alpha > cache.alpha_now:
+        planned = n_rest if n_rest_plan is None else min(n_rest_plan, n_rest)
+        alpha = max(alpha, _flat(time_model, time_left_s, cache, planned, alpha_max, bound))
     report = bound if report_bound is None else report_bound
     rest_s = plan_s(time_model, cache, alpha, n_rest, segment, alpha_max, report)
     fits = rest_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
@@ -153,3 +164,18 @@ def _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound) ->
         if fits(candidate):
             return candidate
     return alpha_max
+
+
+def _flat(time_model, time_left_s, cache, n_steps, alpha_max, bound) -> float:
+    """Return the smallest alpha (<= alpha_max) for an eviction now and ``n_steps`` steps.
+
+    That is, for the time ``time_left_s``: the one-shot decision (Eq. 11) for the rest; 0 for
+    no steps.
+    """
+    co = time_model.decode_coefficients(bound)
+    if n_steps <= 0 or co.p <= 0:
+        return 0.0
+    left = time_left_s - time_model.evict_s(cache.n_prompt_kv, bound)
+    kv = (left - n_steps * co.q - co.p * n_steps * (n_steps - 1) / 2.0) / (co.p * n_steps)
+    alpha = 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)
+    return min(alpha_max, max(0.0, alpha + 1.0 / max(cache.n_x, 1)))  # whole tokens

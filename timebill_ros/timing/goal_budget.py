@@ -85,10 +85,11 @@ class GoalBudget:
             keep_cache_when_hopeless=cfg.keep_cache_when_hopeless and late_kept)
         return decision, self.wcet_head_s + self.wait_s + decision.remaining_s
 
-    def decide_rest(self, now_s, cache, n_rest, budget_config):
+    def decide_rest(self, now_s, cache, n_rest, budget_config, n_rest_plan=None):
         """Return the checkpoint's timing.checkpoint.RestPlan for the time left at ``now_s``.
 
-        cache: timing.checkpoint.CacheNow. n_rest: the bound of the tokens still to come.
+        cache: timing.checkpoint.CacheNow. n_rest: the bound of the tokens still to come;
+        n_rest_plan: those expected (an eviction is sized for them; None: ``n_rest``).
         Solved at DECIDE, reported at WORST (t^_WCET's rest). When not even alpha_max fits,
         a goal whose late answer still arrives (Partial, ``keep_cache_when_hopeless``)
         evicts nothing more; Kill and Skip-Next take alpha_max (as :meth:`decide`).
@@ -96,11 +97,11 @@ class GoalBudget:
         cfg = budget_config
         time_left_s = self.deadline_s - now_s - self.wait_s
         plan = plan_rest(self.decode_model, time_left_s, cache, n_rest, cfg.checkpoint_tokens,
-                         cfg.alpha_max, DECIDE, report_bound=WORST)
+                         cfg.alpha_max, DECIDE, report_bound=WORST, n_rest_plan=n_rest_plan)
         if plan.fits or self.policy.clamps_alpha or not cfg.keep_cache_when_hopeless:
             return plan
         if plan_rest(self.decode_model, time_left_s, cache, n_rest, cfg.checkpoint_tokens,
-                     cfg.alpha_max, EXPECTED).fits:
+                     cfg.alpha_max, EXPECTED, n_rest_plan=n_rest_plan).fits:
             return plan
         keep_s = plan_s(self.decode_model, cache, cache.alpha_now, n_rest,
                         cfg.checkpoint_tokens, cfg.alpha_max, WORST)
