@@ -67,7 +67,8 @@ def run_refusals(out):
     """Check that the formats that would crash on a GPU are refused with a ValueError."""
     gpu = torch.cuda.get_device_name(0) if _device() == 'cuda' else 'no GPU (a dry run)'
     rows = [{'what': 'env', 'torch': torch.__version__, 'cuda': torch.version.cuda,
-             'gpu': gpu, 'python': platform.python_version()}]
+             'gpu': gpu, 'python': platform.python_version(), 'host': platform.node(),
+             'cpus': os.cpu_count(), 'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}]
     # Refused when the config is built, before any device is touched: checked on any machine.
     for name, kwargs in (('decode_weights gguf on cuda', {'decode_weights': 'gguf'}),
                          ('a .gguf model_path on cuda, decode_weights float32 in float16',
@@ -390,11 +391,15 @@ def _parts(out):
 def report(out):
     """Write ``gpu_check.md`` from ``gpu_check.jsonl``."""
     rows = [json.loads(line) for line in open(out / 'gpu_check.jsonl', encoding='utf-8')]
-    lines = ['# The CUDA path', '']
+    lines = ['# The CUDA path', '',
+             f'Recompute: `python benchmarks/gpu_check.py report --out {out}` (reads only '
+             'gpu_check.jsonl beside this file, and parts.tsv where there is one).', '']
     for row in rows:
         if row.get('what') == 'env':
+            where = (f" Host {row['host']} ({row['cpus']} CPUs), {row['date']}."
+                     if 'date' in row else ' Host and date: not in these rows.')
             lines.append(f"{row['gpu']}, torch {row['torch']} (CUDA {row['cuda']}), Python "
-                         f"{row['python']}.")
+                         f"{row['python']}.{where}")
     lines += _parts(out)
     lines += ['', '## Refused formats', '', '| configuration | refused | message |',
               '|---|---|---|']
@@ -416,7 +421,7 @@ def report(out):
     goals = [r for r in rows if r['what'] == 'goal']
     if goals:
         params = next((r.get('params', '') for r in rows if r['what'] == 'start-up'), '')
-        lines += ['', f'## The demo goals ({params})', '']
+        lines += ['', f'## The demo goals ({params or "params file: not in these rows"})', '']
         lines += [f"Start-up {r['seconds']:.1f} s, decode_weights {r['decode_weights']} on "
                   f"{r['device']}, CPU offload executor "
                   f"{'on' if r.get('offload', True) else 'off'}."
@@ -428,9 +433,30 @@ def report(out):
                          f"{_num(r.get('total_s'))} | {_num(r.get('wcet_s'))} | "
                          f"{_num(r.get('execution_s'))} | {_ms(r.get('kill_latency_s'))} | "
                          f"{r.get('tokens', '-')} | {r.get('deadline_met', '-')} |")
+        lines += ['', *_demo_counts(goals)]
     lines += _probe_lines(rows)
     (out / 'gpu_check.md').write_text('\n'.join(lines) + '\n', encoding='utf-8')
     print('\n'.join(lines))
+
+
+def _demo_counts(goals):
+    """Return the lines that count the demo's goals by status and against their t^_WCET.
+
+    Ran: COMPLETED or KILLED with a t^_WCET made. Over t^_WCET by the execution time (the
+    run, queue excluded: what t^_WCET bounds) and by the total time (the queue included).
+    """
+    statuses = collections.Counter(r['status'] for r in goals)
+    met = sum(r['status'] == 'COMPLETED' and bool(r.get('deadline_met')) for r in goals)
+    ran = [r for r in goals if r['status'] in ('COMPLETED', 'KILLED') and r.get('wcet_s')]
+    over = {key: [r for r in ran if r[key] > r['wcet_s']] for key in ('execution_s', 'total_s')}
+    names = '; '.join(f"{r['label']} {r['execution_s']:.3f} s (total {r['total_s']:.3f}) > "
+                      f"{r['wcet_s']:.3f} s" for r in over['execution_s'])
+    return [f"- goals: {len(goals)}; " + ', '.join(f'{name} {n}' for name, n in sorted(
+                statuses.items())) + f' ({met} COMPLETED with deadline_met).',
+            f"- over t^_WCET, of the {len(ran)} that ran (COMPLETED or KILLED): "
+            f"{len(over['execution_s'])} by their execution time (queue excluded, what t^_WCET "
+            f"bounds){': ' + names if names else ''}; {len(over['total_s'])} by their total "
+            'time (queue included).']
 
 
 def _probe_lines(rows):

@@ -15,7 +15,10 @@ state, and sends, from a planner-like client over ROS:
    their phase-1 execution time. The overshoot of a KILLED goal is its total time minus the
    budget, in its own decoding steps (its phase-1 decode time per token after the first).
 
-Writes DIR/<model key>.md and .json; the server log goes to log/.
+Writes DIR/<model key>.md and .json; the server log goes to log/. The JSON keeps the rows and
+what the figures need besides them (the constant mean, each test prompt's decoding steps in
+the collection), so ``--report DIR/<model key>_<tag>.json`` recomputes the .md and the JSON's
+summary from that file alone, both from one :func:`summarize` (no node, no model file).
 """
 
 import argparse
@@ -92,7 +95,8 @@ def summarize(unseen, kills, constant_tokens, steps=None):
     """
     from timebill_ros.server.status import COMPLETED, KILLED
     done = [r for r in unseen if r['status'] == COMPLETED]
-    covered = [r for r in done if r['exec_s'] <= r['wcet_s']]
+    covered = [r for r in done if r['exec_s'] <= r['wcet_s']]  # the run: what t^_WCET bounds
+    covered_queue = [r for r in done if r['total_s'] <= r['wcet_s']]  # the queue wait included
     mae = statistics.mean(abs(r['n_hat'] - r['n']) for r in done)
     constant = statistics.mean(abs(min(constant_tokens, N_MAX) - r['n']) for r in done)
     labelled = [r for r in done if steps and r['name'] in steps]
@@ -109,7 +113,9 @@ def summarize(unseen, kills, constant_tokens, steps=None):
     steps = [max(0.0, r['total_s'] - r['budget_s']) / step_s[r['name']]
              for r in killed if r['name'] in step_s]
     return {'unseen': len(unseen), 'completed': len(done), 'covered': len(covered),
-            'coverage': len(covered) / len(done), 'n_hat_mae': mae, 'constant_mae': constant,
+            'coverage': len(covered) / len(done), 'covered_with_queue': len(covered_queue),
+            'coverage_with_queue': len(covered_queue) / len(done),
+            'n_hat_mae': mae, 'constant_mae': constant,
             'mae_ratio': mae / constant, 'constant_tokens': constant_tokens,
             'predictors': sorted({r['predictor'] for r in unseen}),
             'kill_goals': len(kills), 'killed': len(killed),
@@ -120,29 +126,38 @@ def summarize(unseen, kills, constant_tokens, steps=None):
                                     for r in killed) if killed else None, **by_steps}
 
 
-def _report(key, summary, command):
+def _report(key, summary, saved, json_path):
+    """Return the .md of a run: ``summary`` of ``saved`` (the JSON at ``json_path``)."""
     s = summary
     overshoot = ('-' if s['overshoot_steps_max'] is None else
                  f"max {s['overshoot_steps_max']:.2f} steps ({s['overshoot_ms_max']:.0f} ms), "
                  f"median {s['overshoot_steps_p50']:.2f}")
+    where = (f"host {saved['host']}, {saved['date']}" if 'date' in saved else
+             'host and date: not kept in the JSON')
+    steps_row = ([f"| against the decoding steps each answer took in the collection (before the "
+                  f"loop guard's cut; {s['labelled']} test prompts): N^ MAE / constant MAE | "
+                  f"{s['n_hat_mae_steps']:.1f} / {s['constant_mae_steps']:.1f} = "
+                  f"{s['n_hat_mae_steps'] / s['constant_mae_steps']:.0%} |"]
+                 if 'labelled' in s else
+                 ['| against the decoding steps each answer took in the collection | not '
+                  "recomputable: the JSON does not keep the collection's steps |"])
     return '\n'.join([
         f'# Deadlines on {key}, through the node', '',
-        f'Command: `{command}`; host {platform.node()} ({platform.machine()}), '
-        f'{time.strftime("%Y-%m-%d %H:%M", time.gmtime())} UTC.', '',
+        f"Command: `{saved['command']}`; {where}.", '',
+        f'Recompute: `python benchmarks/own_model_deadlines.py --report {json_path}` (reads only '
+        'that JSON: its rows and the constant mean; rewrites this file and its summary).', '',
         '| figure | value |', '|---|---|',
         f"| unseen goals (test split + robot logs), COMPLETED | {s['completed']} of "
         f"{s['unseen']} |",
-        f"| t^_WCET covers the execution time | {s['covered']} of {s['completed']} "
-        f"({s['coverage']:.1%}) |",
+        f"| t^_WCET covers the execution time (total - queue: the run, what it bounds) | "
+        f"{s['covered']} of {s['completed']} ({s['coverage']:.1%}) |",
+        f"| t^_WCET covers the total time (the queue wait included) | "
+        f"{s['covered_with_queue']} of {s['completed']} ({s['coverage_with_queue']:.1%}) |",
         f"| N^ MAE (tokens) | {s['n_hat_mae']:.1f} |",
         f"| constant mean MAE (tokens; mean {s['constant_tokens']:.1f} capped at {N_MAX}) | "
         f"{s['constant_mae']:.1f} |",
         f"| N^ MAE / constant mean MAE | {s['mae_ratio']:.0%} |",
-        *([f"| against the decoding steps each answer took in the collection (before the "
-           f"loop guard's cut; {s['labelled']} test prompts): N^ MAE / constant MAE | "
-           f"{s['n_hat_mae_steps']:.1f} / {s['constant_mae_steps']:.1f} = "
-           f"{s['n_hat_mae_steps'] / s['constant_mae_steps']:.0%} |"]
-          if 'labelled' in s else []),
+        *steps_row,
         f"| Kill goals (half their unseen execution time) KILLED | {s['killed']} of "
         f"{s['kill_goals']} |",
         f'| Kill overshoot (total - budget) | {overshoot} |',
@@ -151,7 +166,7 @@ def _report(key, summary, command):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--model', required=True, help='the .gguf file')
+    parser.add_argument('--model', help='the .gguf file (required but with --report)')
     parser.add_argument('--out', default='benchmarks/results/own_predictor')
     parser.add_argument('--goals', type=int, default=10_000, help='at most N test prompts')
     parser.add_argument('--kills', type=int, default=30, help='at most N Kill goals')
@@ -160,9 +175,14 @@ def main(argv=None):
     parser.add_argument('--upper-quantile', type=float, default=None,
                         help='budget.upper_quantile (default: the parameter\'s default)')
     parser.add_argument('--tag', default='deadlines', help='output name: <model key>_<tag>')
-    parser.add_argument('--report-only', action='store_true',
-                        help='rewrite the report from the saved JSON (no node)')
+    parser.add_argument('--report', metavar='JSON', default='',
+                        help="rewrite a run's .md and its JSON's summary from that JSON alone "
+                        '(no node, no model file)')
     args = parser.parse_args(argv)
+    if args.report:
+        return rewrite(pathlib.Path(args.report))
+    if not args.model:
+        parser.error('--model is required (or --report JSON)')
     from timebill_ros.bench.server_process import served
     from timebill_ros.cli.predictor_build import lengths_path
     from timebill_ros.engine import model_source
@@ -178,12 +198,6 @@ def main(argv=None):
     constant_tokens = statistics.mean(e.n_tokens for e in splits['train'])
     steps = {e.prompt_id: e.n_tokens for e in splits['test']}
     out = pathlib.Path(args.out)
-    if args.report_only:
-        saved = json.loads((out / f'{key}_{args.tag}.json').read_text())
-        summary = summarize(saved['unseen'], saved['kills'], constant_tokens, steps)
-        (out / f'{key}_{args.tag}.md').write_text(_report(key, summary, saved['command']))
-        print(_report(key, summary, saved['command']))
-        return 0
     goals = _goals(args.goals)
     with served(params_file, pathlib.Path('log') / 'own_model_deadlines_server.log',
                 wait_s=1800.0) as client:
@@ -192,13 +206,45 @@ def main(argv=None):
         long = long[:args.kills]
         kills = _run(client, [g for g, _ in long], POLICY_KILL,
                      [round(r['exec_s'] / 2, 3) for _, r in long], 'kill')
-    summary = summarize(unseen, kills, constant_tokens, steps)
-    command = 'python benchmarks/own_model_deadlines.py ' + ' '.join(sys.argv[1:])
-    text = _report(key, summary, command)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f'{key}_{args.tag}.md').write_text(text)
-    (out / f'{key}_{args.tag}.json').write_text(json.dumps(
-        {'command': command, 'summary': summary, 'unseen': unseen, 'kills': kills}, indent=1))
+    saved = {'command': 'python benchmarks/own_model_deadlines.py ' + ' '.join(sys.argv[1:]),
+             'key': key, 'host': f'{platform.node()} ({platform.machine()})',
+             'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+             'constant_tokens': constant_tokens,
+             'steps': {name: n for name, n in steps.items()
+                       if name in {r['name'] for r in unseen}},
+             'unseen': unseen, 'kills': kills}
+    return rewrite(out / f'{key}_{args.tag}.json', saved)
+
+
+def _tag(command):
+    """Return the --tag of a run's command line (its files' names end with it)."""
+    words = command.split()
+    return words[words.index('--tag') + 1] if '--tag' in words[:-1] else 'deadlines'
+
+
+def rewrite(json_path, saved=None):
+    """Write the .md and the JSON (rows, inputs and the summary) of a run from one summary.
+
+    saved: the run (None: read ``json_path``). Its ``constant_tokens`` and ``steps`` are
+    what the figures need besides the rows; a JSON written before they were kept has the
+    constant in its old summary and no steps (the steps row then says it cannot be rebuilt).
+    """
+    json_path = pathlib.Path(json_path)
+    if saved is None:
+        saved = json.loads(json_path.read_text())
+    saved.setdefault('constant_tokens', saved.get('summary', {}).get('constant_tokens'))
+    tag = '_' + _tag(saved['command'])
+    key = saved.get('key') or (json_path.stem[:-len(tag)] if json_path.stem.endswith(tag)
+                               else json_path.stem)
+    summary = summarize(saved['unseen'], saved['kills'], saved['constant_tokens'],
+                        saved.get('steps'))
+    text = _report(key, summary, saved, json_path)
+    rows = {name: saved[name] for name in ('unseen', 'kills')}
+    head = {name: value for name, value in saved.items()
+            if name not in ('summary', 'unseen', 'kills')}
+    json_path.with_suffix('.md').write_text(text)
+    json_path.write_text(json.dumps({**head, 'summary': summary, **rows}, indent=1))
     print(text)
     return 0
 

@@ -112,18 +112,18 @@ def test_a_timebill_method_without_its_trained_predictor_is_refused(tmp_path):
     robot_bench.require_predictor(fixed, config)  # no TimeBill method: nothing needed
 
 
-def _job(method, item, alpha, n_hat, wcet_s, total_s, status=1, met=True):
+def _job(method, item, alpha, n_hat, wcet_s, total_s, status=1, met=True, queue_s=0.0):
     return {'method': method, 'policy': 'kill', 'fraction': 0.6, 'item': item,
             'alpha': alpha, 'decided': wcet_s > 0, 'predicted_tokens': n_hat,
-            'predicted_wcet_s': wcet_s, 'total_s': total_s, 'status': status,
-            'deadline_met': met, 'response': 'x', 'predictor': 'rlp (onnx)'}
+            'predicted_wcet_s': wcet_s, 'total_s': total_s, 'queue_s': queue_s,
+            'status': status, 'deadline_met': met, 'response': 'x', 'predictor': 'rlp (onnx)'}
 
 
 def test_the_diagnostics_compare_each_decision_with_the_vanilla_truth():
     vanilla = {'a': {'tokens': 100, 'seconds': 2.0}, 'b': {'tokens': 200, 'seconds': 4.0},
                'c': {'tokens': 50, 'seconds': 1.0}}
     rows = [_job('timebill', 'a', 0.0, 150, 3.0, 1.9),
-            _job('timebill', 'b', 0.5, 100, 2.0, 2.5),  # completed, outran its t^_WCET
+            _job('timebill', 'b', 0.5, 100, 2.0, 2.5, queue_s=0.4),  # its run 2.1 s > 2.0 s
             _job('timebill', 'c', 0.0, 0, 0.0, 0.0, status=4, met=False),  # refused
             _job('alpha=0.5', 'a', 0.5, 256, 5.0, 1.0)]
     (line,) = robot_bench.timebill_diagnostics(rows, vanilla)
@@ -132,11 +132,23 @@ def test_the_diagnostics_compare_each_decision_with_the_vanilla_truth():
     assert line['n_ratio'] == pytest.approx((1.5 + 0.5) / 2)
     assert line['n_mae'] == pytest.approx(75.0)
     assert line['wcet_ratio'] == pytest.approx((1.5 + 0.5) / 2)
-    assert line['coverage'] == 0.5
+    assert line['coverage'] == 0.5 and line['coverage_with_queue'] == 0.5
     assert line['refused'] == pytest.approx(1 / 3)
     table = robot_bench.diagnostics_lines([line])
     assert table[-1] == ('| kill | 0.60 | timebill | 2 | 0.33 | 0.50 | 0.25 | rlp | 1.00 | '
-                         '75.0 | 1.00 | 0.50 |')
+                         '75.0 | 1.00 | 0.50 | 0.50 |')
+    waited = [dict(row, queue_s=0.6) if row['item'] == 'b' else row for row in rows]
+    (line,) = robot_bench.timebill_diagnostics(waited, vanilla)  # run 1.9 s: within 2.0 s
+    assert line['coverage'] == 1.0 and line['coverage_with_queue'] == 0.5
+    old_rows = [{k: v for k, v in row.items() if k != 'queue_s'} for row in rows]
+    (line,) = robot_bench.timebill_diagnostics(old_rows, vanilla)  # rows without queue_s
+    assert line['coverage'] is None and line['coverage_with_queue'] == 0.5
+
+
+def test_the_selection_names_the_short_items_and_the_cap():
+    vanilla = {f'i{n}': {'tokens': tokens} for n, tokens in enumerate((10, 70, 80, 90, 63))}
+    assert robot_bench.selection_text(vanilla, ['i1', 'i2']) == (
+        '2 of 5 items kept: 2 answered in fewer than 64 tokens left out, 1 more cut by --items')
 
 
 class ScriptedClient:

@@ -9,11 +9,15 @@ follow-up goals (questions over a few robot fleet logs) go
   do today: the client streams and closes the connection when the time is up.
 
 Each goal's budget is a fraction of its own free-run time (the answer sent straight, no
-limit, on the quiet server). Per budget fraction the report gives: goals answered on time,
-the share of the free answer's tokens those answers hold, the server's wasted time and
+limit, on the quiet server). Per budget fraction the report gives: goals answered on time
+(both methods on the client's clock: send to the whole answer within the budget; the node's
+own ``deadline_met``, counted from the goal's receipt, beside it), the share of the free
+answer's tokens those answers hold and their token counts, the server's wasted time and
 tokens (a goal that missed: everything the server did for it), the node's refusal latency
-(send to REJECTED result, over ROS) and kill latency, and t^_WCET's coverage
-(:func:`run_goals` says how the goals are played).
+(send to REJECTED result, over ROS) and kill latency, and t^_WCET's coverage of the run
+(queue excluded, what it bounds) and of send to result (queue and ROS included)
+(:func:`run_goals` says how the goals are played). ``--report RAW.json`` rewrites the table,
+the plot and the JSON's ``table`` from the JSON's rows alone.
 """
 
 import contextlib
@@ -169,6 +173,27 @@ def _play(method, url, model, ros_client, context, question, fraction, index, fr
                0.0 if on_time else seconds, 0 if on_time else tokens, seconds)
 
 
+def on_time(row):
+    """Return whether the whole answer reached the client within the budget, on its clock.
+
+    A client row's ``on_time`` is already that. A node row's is the node's ``deadline_met``
+    (from the goal's receipt); its answer counts here only if the client also had it by the
+    budget (``wall_s``: send to result over ROS), the clock the client method is judged on.
+    """
+    return row.on_time and row.wall_s <= row.budget_s
+
+
+def wasted(row):
+    """Return (server seconds, tokens) spent on a goal that missed, on the client's clock.
+
+    The row's own figures, plus a node answer the node counted on time that reached the
+    client after the budget: its run and tokens, as for any late answer.
+    """
+    if row.on_time and not on_time(row) and row.max_tokens_sent > 0:
+        return row.wasted_s + row.execution_s, row.wasted_tokens + row.tokens
+    return row.wasted_s, row.wasted_tokens
+
+
 def summarize(rows):
     """Return one dict per (fraction, method): the report's figures."""
     table = []
@@ -177,17 +202,22 @@ def summarize(rows):
             mine = [r for r in rows if r.fraction == fraction and r.method == method]
             if not mine:
                 continue
-            done = [r for r in mine if r.on_time]
+            done = [r for r in mine if on_time(r)]
             refused = [r for r in mine if r.status == 'REJECTED']
             killed = [r for r in mine if r.status == 'KILLED']
             ran = [r for r in mine if r.status == 'COMPLETED' and r.method == 'node']
+            tokens = sorted(r.tokens for r in done)
             table.append({
                 'fraction': fraction, 'method': method, 'goals': len(mine),
                 'on_time': len(done),
+                'deadline_met': (sum(r.on_time for r in mine) if method == 'node' else None),
+                'on_time_tokens': ((tokens[0], statistics.median(tokens), tokens[-1])
+                                   if tokens else None),
+                'on_time_one_token': sum(t == 1 for t in tokens),
                 'token_share': (statistics.mean(min(1.0, r.tokens / max(r.free_tokens, 1))
                                                 for r in done) if done else 0.0),
-                'wasted_s': sum(r.wasted_s for r in mine),
-                'wasted_tokens': sum(r.wasted_tokens for r in mine),
+                'wasted_s': sum(wasted(r)[0] for r in mine),
+                'wasted_tokens': sum(wasted(r)[1] for r in mine),
                 'refused': len(refused),
                 'refusal_ms_max': max((r.wall_s * 1e3 for r in refused), default=0.0),
                 'killed': len(killed),
@@ -195,33 +225,50 @@ def summarize(rows):
                                         default=0.0),
                 'wcet_coverage': (sum(r.wcet_s >= r.execution_s for r in ran) / len(ran)
                                   if ran else None),
+                'wcet_coverage_send_to_result': (sum(r.wcet_s >= r.wall_s for r in ran)
+                                                 / len(ran) if ran else None),
                 'capped': sum(0 < r.max_tokens_sent < N_MAX for r in mine)})
     return table
 
 
 def report(table, meta):
     """Return the Markdown report of ``table``."""
+    again = ([f'Recompute: `{meta["report_command"]}` (reads only the rows of the JSON beside '
+              'this file)  '] if meta.get('report_command') else [])
     lines = ['# Remote backend: the node against client-side timeouts', '',
-             f'Command: `{meta["command"]}`  ', f'Host: {meta["host"]}; date {meta["date"]}; '
+             f'Command: `{meta["command"]}`  ', *again,
+             f'Host: {meta["host"]}; date {meta["date"]}; '
              f'{meta["goals"]} goals, N_max {N_MAX}, llama-cpp-python {meta["llama"]} on '
              f'loopback ({meta["threads"]} threads), the embedded SmolLM2-135M Q4_1.', '',
              'Budget = fraction x the goal\'s free-run time. On time: a whole answer (node: '
-             'possibly cut at the max_tokens it chose) by the deadline. Token share: tokens '
-             'of the on-time answers over the free answer\'s. Wasted: server seconds and '
-             'tokens spent on goals that missed. Refusal: send to REJECTED over ROS (max).',
-             '', '| budget | method | on time | token share | wasted s | wasted tokens | '
-             'refused (max ms) | killed (max late ms) | max_tokens capped | t^_WCET '
-             'coverage |', '|---|---|---|---|---|---|---|---|---|---|']
+             'possibly cut at the max_tokens it chose) by the deadline on the client\'s clock, '
+             'send to the answer\'s end, for both methods. Node deadline_met: on time by the '
+             'node\'s own clock, from the goal\'s receipt (a goal can meet it and still reach '
+             'the client after the budget). Tokens: min / median / max of the on-time '
+             'answers, and how many of them are 1 token. Token share: tokens of the on-time '
+             'answers over the free answer\'s. Wasted: server seconds and tokens spent on '
+             'goals that missed. Refusal: send to REJECTED over ROS (max). t^_WCET coverage, '
+             'completed node goals: t^_WCET >= the run (queue excluded, what it bounds) / '
+             '>= send to result on the client (queue and ROS included).',
+             '', '| budget | method | on time | node deadline_met | tokens (1-token) | '
+             'token share | wasted s | wasted tokens | refused (max ms) | killed (max late '
+             'ms) | max_tokens capped | t^_WCET coverage: run / send to result |',
+             '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for row in table:
-        coverage = '-' if row['wcet_coverage'] is None else f'{row["wcet_coverage"]:.2f}'
+        coverage = ('-' if row['wcet_coverage'] is None else
+                    f'{row["wcet_coverage"]:.2f} / {row["wcet_coverage_send_to_result"]:.2f}')
         refused = (f'{row["refused"]} ({row["refusal_ms_max"]:.1f})' if row['refused']
                    else '0')
         killed = (f'{row["killed"]} ({row["kill_late_ms_max"]:.1f})' if row['killed']
                   else '0')
+        met = '-' if row['deadline_met'] is None else f'{row["deadline_met"]}/{row["goals"]}'
+        tokens = ('-' if row['on_time_tokens'] is None else
+                  '{} / {:g} / {}'.format(*row['on_time_tokens'])
+                  + f' ({row["on_time_one_token"]})')
         lines.append(f'| {row["fraction"]:.2f} t_free | {row["method"]} | {row["on_time"]}/'
-                     f'{row["goals"]} | {row["token_share"]:.2f} | {row["wasted_s"]:.1f} | '
-                     f'{row["wasted_tokens"]} | {refused} | {killed} | {row["capped"]} | '
-                     f'{coverage} |')
+                     f'{row["goals"]} | {met} | {tokens} | {row["token_share"]:.2f} | '
+                     f'{row["wasted_s"]:.1f} | {row["wasted_tokens"]} | {refused} | {killed} | '
+                     f'{row["capped"]} | {coverage} |')
     return '\n'.join(lines) + '\n'
 
 
@@ -262,6 +309,8 @@ def node_params(folder, url, overrides):
 
 def run_remotebench(args):
     """Run the benchmark; write remote.md, remote.json and remote.png under ``args.out``."""
+    if getattr(args, 'report', ''):
+        return report_from(args.report)
     import platform
     from importlib.metadata import version
 
@@ -282,13 +331,20 @@ def run_remotebench(args):
         ros_client = stack.enter_context(served(node_params(logs, server.url, args.set),
                                                 logs / 'node.log', node_name='remote_node'))
         free, rows = run_goals(server.url, model, ros_client, items, print)
-    table = summarize(rows)
     flags = f'--out {args.out} --goals {args.goals}'
     meta = {'command': f'timebill remotebench {flags}',
             'host': f'{platform.node()} ({os.cpu_count()} CPUs)',
             'date': time.strftime('%Y-%m-%d'), 'goals': len(items),
             'llama': version('llama_cpp_python'), 'threads': args.threads,
             'minutes': round((time.monotonic() - start) / 60, 1)}
+    return write_outputs(out, meta, free, rows)
+
+
+def write_outputs(out, meta, free, rows):
+    """Write remote.json (the rows and the table made of them), remote.md and remote.png."""
+    out = pathlib.Path(out)
+    table = summarize(rows)
+    meta = dict(meta, report_command=f'timebill remotebench --report {out / "remote.json"}')
     (out / 'remote.json').write_text(json.dumps(
         {'meta': meta, 'free': free, 'rows': [dataclasses.asdict(r) for r in rows],
          'table': table}, indent=1))
@@ -296,6 +352,14 @@ def run_remotebench(args):
     plot(table, out / 'remote.png')
     print(report(table, meta))
     return 0
+
+
+def report_from(raw_path):
+    """Rewrite remote.md, remote.png and the table of ``raw_path`` from its rows alone."""
+    raw_path = pathlib.Path(raw_path)
+    raw = json.loads(raw_path.read_text())
+    rows = [Row(**row) for row in raw['rows']]
+    return write_outputs(raw_path.parent, raw['meta'], raw['free'], rows)
 
 
 def add_arguments(parser):
@@ -306,3 +370,6 @@ def add_arguments(parser):
     parser.add_argument('--threads', type=int, default=2, help="the llama server's threads")
     parser.add_argument('--set', action='append', default=[], metavar='GROUP.FIELD=VALUE',
                         help="override a node parameter (repeatable)")
+    parser.add_argument('--report', metavar='RAW.json', default='',
+                        help='rewrite the table, the plot and the JSON\'s table from a '
+                        'remote.json\'s rows (no run)')

@@ -78,16 +78,18 @@ def missed(record):
     return record['status'] in (KILLED, SKIPPED) or not record.get('deadline_met', False)
 
 
-def wcet_covered(record):
+def wcet_covered(record, with_queue=False):
     """Return whether a completed goal's run (total - queue, s) stayed within predicted_wcet.
 
     None when the result has no predicted_wcet (0). predicted_wcet bounds the run, the
-    queue excluded (action/Instruct.action), so the queue time is taken off the total.
+    queue excluded (action/Instruct.action), so the queue time is taken off the total;
+    ``with_queue`` compares the whole total (receipt to result, the queue wait included).
     """
     wcet = record.get('predicted_wcet_s') or 0.0
     if wcet <= 0:
         return None
-    return record['total_s'] - record.get('queue_s', 0.0) <= wcet
+    queue_s = 0.0 if with_queue else record.get('queue_s', 0.0)
+    return record['total_s'] - queue_s <= wcet
 
 
 def status_column(record):
@@ -121,8 +123,9 @@ def window_stats(records, start_s, stop_s, end_s, grace_s):
     refusal = [r['ended_s'] - r['sent_s'] for r in sent
                if r.get('ended_s') is not None and r['status'] == REJECTED]
     ran = [r for r in ended if r['status'] in RAN]
-    covered = [c for c in (wcet_covered(r) for r in ended if r['status'] == COMPLETED)
-               if c is not None]
+    completed = [r for r in ended if r['status'] == COMPLETED]
+    covered = [c for c in (wcet_covered(r) for r in completed) if c is not None]
+    covered_queue = [c for c in (wcet_covered(r, True) for r in completed) if c is not None]
     row = {'sent': len(sent), 'lost': states.count('lost') + states.count('unanswered'),
            'pending': states.count('pending'),
            'inactive': sum(r['status'] == REJECTED and r.get('error_code') == ERROR_INACTIVE
@@ -130,7 +133,8 @@ def window_stats(records, start_s, stop_s, end_s, grace_s):
            'response_p50_ms': _ms(response, 0.5), 'response_p99_ms': _ms(response, 0.99),
            'refusal_p50_ms': _ms(refusal, 0.5), 'refusal_p99_ms': _ms(refusal, 0.99),
            'miss_rate': _ratio(sum(missed(r) for r in ran), len(ran)), 'ran': len(ran),
-           'wcet_coverage': _ratio(sum(covered), len(covered))}
+           'wcet_coverage': _ratio(sum(covered), len(covered)),
+           'wcet_coverage_with_queue': _ratio(sum(covered_queue), len(covered_queue))}
     for name in list(STATUS_NAMES.values()) + ['other']:
         row[name] = sum(status_column(r) == name for r in ended)
     return row
@@ -248,7 +252,8 @@ def summarize(run):
         'response_p99_ms': (early['response_p99_ms'], late['response_p99_ms']),
         'refusal_p99_ms': (early['refusal_p99_ms'], late['refusal_p99_ms']),
         'miss_rate': load['miss_rate'], 'ran': load['ran'],
-        'wcet_coverage': load['wcet_coverage']}
+        'wcet_coverage': load['wcet_coverage'],
+        'wcet_coverage_with_queue': load['wcet_coverage_with_queue']}
     summary['failures'] = failures(run, summary)
     summary['ok'] = not summary['failures']
     return summary
@@ -290,7 +295,8 @@ def _pair(values, digits=0, unit=''):
 
 TABLE_HEAD = ('| min | sent | COMPLETED | KILLED | SKIPPED | REJECTED (INACTIVE) | CANCELED | '
               'FAILED | other | lost | pending | RSS MB | threads | fds | response p50 / p99 ms'
-              ' | refusal p50 / p99 ms | miss rate | WCET coverage |')
+              ' | refusal p50 / p99 ms | miss rate | WCET coverage | WCET coverage, queue'
+              ' included |')
 
 
 def table_lines(rows):
@@ -305,7 +311,8 @@ def table_lines(rows):
             f"{_fmt(row['threads'])} | {_fmt(row['fds'])} | "
             f"{_fmt(row['response_p50_ms'], 1)} / {_fmt(row['response_p99_ms'], 1)} | "
             f"{_fmt(row['refusal_p50_ms'], 1)} / {_fmt(row['refusal_p99_ms'], 1)} | "
-            f"{_fmt(row['miss_rate'], 2)} | {_fmt(row['wcet_coverage'], 2)} |")
+            f"{_fmt(row['miss_rate'], 2)} | {_fmt(row['wcet_coverage'], 2)} | "
+            f"{_fmt(row['wcet_coverage_with_queue'], 2)} |")
     return lines
 
 
@@ -334,7 +341,9 @@ def summary_lines(run, summary):
         f"{last[1] / 60:.1f} min); refusal p99: {_pair(summary['refusal_p99_ms'], 1)} ms",
         f"- deadline miss rate of the {summary['ran']} goals that ran: "
         f"{_fmt(summary['miss_rate'], 3)}; WCET coverage of completed goals: "
-        f"{_fmt(summary['wcet_coverage'], 3)}"]
+        f"{_fmt(summary['wcet_coverage'], 3)} (run = total - queue, what predicted_wcet "
+        f"bounds); {_fmt(summary['wcet_coverage_with_queue'], 3)} with the queue wait "
+        f"included (total)"]
     lines += [f"- {event_text(event)}" for event in run.get('events', [])]
     lines += [f'- node log: `{line}`' for line in run.get('swap_log', [])]
     if run.get('node_pid') is not None:
@@ -369,12 +378,18 @@ def event_text(event):
     return f"{event['event']} at {at}" + (f" (code {event['code']})" if 'code' in event else '')
 
 
-def render_markdown(run, rows, summary):
-    """Return soak.md's text: command, host, date, duration, the summary and the table."""
+def render_markdown(run, rows, summary, out=None):
+    """Return soak.md's text: command, host, date, duration, the summary and the table.
+
+    out: the folder the run is kept in; the text then names the command that recomputes it.
+    """
+    again = [] if out is None else [
+        f'Recompute: `timebill soak --report-only --out {out}` (reads only {RUN_FILE}, '
+        f'{GOALS_FILE} and {SAMPLES_FILE} beside this file)', '']
     return '\n'.join([
         '# Soak: the node under mixed load, per minute', '',
         f"Command: `{run.get('command', 'timebill soak')}` (seed {run.get('seed')}, "
-        f"{_fmt(run.get('rate'), 2)} goals/s plus bursts)", '',
+        f"{_fmt(run.get('rate'), 2)} goals/s plus bursts)", ''] + again + [
         f"Host: {run.get('host', platform.node())}, {run.get('cpus', os.cpu_count())} CPUs; "
         f"date {run.get('date', '-')}; load {run['duration_s'] / 60:.1f} min, then "
         f"{max(run['end_s'] - run['duration_s'], 0.0):.0f} s waiting for the last results. Node "
@@ -386,7 +401,8 @@ def render_markdown(run, rows, summary):
         f"result within budget + {run['grace_s']:.0f} s. Response: send -> goal response; "
         'refusal: send -> REJECTED result. Miss rate: KILLED, SKIPPED and late COMPLETED '
         'over the goals that ran (those three). WCET coverage: completed goals whose run '
-        '(total - queue) stayed within predicted_wcet. RSS, threads, fds: the `timebill serve` '
+        '(total - queue) stayed within predicted_wcet; queue included: whose whole total '
+        '(receipt to result) did. RSS, threads, fds: the `timebill serve` '
         "process's last sample of the minute. `+`: after the load.", ''] + table_lines(rows)) \
         + '\n'
 
@@ -436,7 +452,7 @@ def write_outputs(run, out, keep_run=True):
     run.setdefault('date', datetime.datetime.now().isoformat(timespec='seconds'))
     rows = minute_rows(run)
     summary = summarize(run)
-    text = render_markdown(run, rows, summary)
+    text = render_markdown(run, rows, summary, out)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'soak.md'), 'w', encoding='utf-8') as stream:
         stream.write(text)
