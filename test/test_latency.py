@@ -14,7 +14,7 @@ import pytest
 from timebill_ros.latency import evaluate as ev
 from timebill_ros.timing import selection
 from timebill_ros.timing.design import GridDesign
-from timebill_ros.timing.few_shot import few_shot_probes, few_shot_profile
+from timebill_ros.timing.few_shot import few_shot_probes, few_shot_profile, range_first
 from timebill_ros.latency.grid import GridRun, LatencyGrid
 from timebill_ros.latency.harness import measure_grid
 from timebill_ros.latency.hardware import Hardware
@@ -344,13 +344,28 @@ def test_few_shot_profile_respects_its_time_limit():
     """Probes expected to overrun are skipped; too few prompt lengths is a RuntimeError."""
     engine = FakeProbeEngine()
     calibration = few_shot_profile(engine, clock=engine.clock, time_limit_s=4.0)
-    # Warm-up and the probes at 16, 64, 128 tokens take 3.2 s; 512 and 2048 would overrun.
-    assert [n for n, _ in calibration.prefill_points] == [16, 64, 128] and engine.now <= 4.0
+    # Warm-up and the probes at 16, 128, 64 tokens take 3.2 s; 2048 and 512 would overrun.
+    assert [n for n, _ in calibration.prefill_points] == [16, 128, 64] and engine.now <= 4.0
     short = FakeProbeEngine()
     with pytest.raises(RuntimeError, match='3 prompt lengths'):
         few_shot_profile(short, clock=short.clock, time_limit_s=0.5)
     with pytest.raises(ValueError, match='time_limit_s'):
         few_shot_profile(FakeProbeEngine(), time_limit_s=0.0)
+
+
+def test_a_short_time_limit_keeps_the_long_end():
+    """The range's ends are measured first: 12 s keeps the 2048-token probe, not 64 / 512.
+
+    Shortest first, the probes at 16, 64, 128 and 512 tokens (5.2 s) left too little for
+    the 2048-token one (6.9 s), and the fit had no prompt past 512 tokens.
+    """
+    assert range_first([(64, 8), (16, 8), (2048, 8), (512, 8), (128, 8)]) == [
+        (16, 8), (128, 8), (2048, 8), (512, 8), (64, 8)]
+    engine = FakeProbeEngine()
+    calibration = few_shot_profile(engine, clock=engine.clock, time_limit_s=12.0)
+    assert [n for n, _ in calibration.prefill_points] == [16, 128, 2048]
+    assert engine.now <= 12.0
+    assert calibration.coefficients.prefill_s(4096) == pytest.approx(EQ4.prefill_s(4096))
 
 
 def test_few_shot_profile_on_the_real_engine(make_tiny_engine):

@@ -89,13 +89,30 @@ def _estimate_s(seen, n_in, n_out):
     return (1.0 + ESTIMATE_MARGIN) * (prefill + (n_out - 1) * step)
 
 
-def _measure(engine, probes, warm_up, time_limit_s, clock, start, say):
-    """Measure ``probes`` shortest first; skip those whose estimate exceeds the time left.
+def range_first(probes):
+    """Return ``probes`` in the order they are measured: the range's ends first.
 
-    ``warm_up`` (a Probe) informs the estimates only; it is not returned.
+    The shortest, the middle one, then the longest, then the others longest first: when the
+    time limit cuts the calibration short, it drops probes inside the range measured, not
+    the long end (a 0.5B model on 2 cores skipped its 2048-token probe measured last, and
+    the fit on prompts up to 512 tokens over-estimated a 9k-token prefill 4x). The middle
+    probe before the longest lets its estimate extrapolate from two lengths a decade apart.
+    """
+    ordered = sorted(probes)
+    if len(ordered) <= 2:
+        return ordered
+    head = [ordered[0], ordered[len(ordered) // 2], ordered[-1]]
+    return head + sorted((p for p in ordered if p not in head), reverse=True)
+
+
+def _measure(engine, probes, warm_up, time_limit_s, clock, start, say):
+    """Measure ``probes`` in :func:`range_first` order; skip those that would overrun.
+
+    A probe is skipped when its estimate exceeds the time left. ``warm_up`` (a Probe)
+    informs the estimates only; it is not returned. Returns the probes measured.
     """
     measured = []
-    for n_in, n_out in sorted(probes):
+    for n_in, n_out in range_first(probes):
         left = None if time_limit_s is None else time_limit_s - (clock() - start)
         if left is not None and _estimate_s([warm_up] + measured, n_in, n_out) > left:
             say(f'skipped probe n_in={n_in}, n_out={n_out}: would exceed '
