@@ -77,7 +77,8 @@ K_SWEEP = (1, 2, 3, 4, 5, 6, 7, 8)
 K_SWEEP_BOUND = {'budget.upper_quantile': 0.0}
 RESULT_COLUMNS = ('prompt_tokens', 'predicted_tokens', 'pessimistic_tokens', 'response_tokens',
                   'predicted_wcet_s', 'deadline_met', 'truncated', 'message', 'prefill_s',
-                  'decode_s', 'total_s', 'queue_s', 'predictor')
+                  'decode_s', 'total_s', 'queue_s', 'predictor', 'checkpoint_tokens',
+                  'checkpoint_ratios', 'checkpoint_wcet_s', 'rest_error_tokens')
 
 
 def select_items(items, vanilla, n_items=0, min_tokens=MIN_ANSWER_TOKENS):

@@ -31,7 +31,11 @@ def result_fields(result):
             'schedule_s': duration_to_s(result.schedule_time),
             'predict_s': duration_to_s(result.predict_time),
             'prefill_s': duration_to_s(result.prefill_time),
-            'decode_s': duration_to_s(result.decode_time)}
+            'decode_s': duration_to_s(result.decode_time),
+            'checkpoint_tokens': [int(n) for n in result.checkpoint_tokens],
+            'checkpoint_ratios': [float(a) for a in result.checkpoint_ratios],
+            'checkpoint_wcet_s': [float(w) for w in result.checkpoint_wcet_s],
+            'rest_error_tokens': int(result.rest_error_tokens)}
 
 
 def pick(fields, names):
