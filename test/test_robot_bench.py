@@ -1,6 +1,7 @@
 """The robot-context benchmark's plan: items kept, runs interleaved, servers."""
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -188,3 +189,42 @@ def test_the_skip_next_stream_elides_only_idle_time():
     # a ends at 0.05: b is released then; b is busy past c's release (0.45), so c keeps
     # its period; c ends at 0.70 (after b), before d's release at 0.85: d goes at once.
     assert gaps(elided) == pytest.approx([0.05, 0.4, 0.25], abs=0.03)
+
+
+def _online_run(online_answer):
+    """Return a run of 4 items at two budgets: Vanilla, TimeBill (a b) and timebill-online."""
+    items = ['i1', 'i2', 'i3', 'i4']
+    vanilla = {i: {'response': 'a b c d', 'tokens': 80, 'seconds': 1.0} for i in items}
+    rows = []
+    for fraction in (0.95, 1.25):
+        for method, answer in (('vanilla', 'a b c d'), ('timebill', 'a b'),
+                               ('timebill-online', online_answer)):
+            for item in items:
+                rows.append({'method': method, 'policy': 'kill', 'fraction': fraction,
+                             'item': item, 'status': 1, 'deadline_met': True,
+                             'response': answer, 'alpha': 0.0, 'decided': True,
+                             'predicted_wcet_s': 1.5, 'total_s': 1.2, 'queue_s': 0.2,
+                             'checkpoint_wcet_s': [1.5, 1.1]})
+    return {'rows': rows, 'vanilla': vanilla, 'items': items}
+
+
+def test_the_repeats_check_and_paired_difference_of_timebill_online(tmp_path):
+    from timebill_ros.bench import robot_repeats
+    similarity = robot_repeats._rouge_l_scorer()
+    good, bad = _online_run('a b c d'), _online_run('a b')
+    verdict = robot_repeats.online_check(robot_repeats.score_lines(good, similarity))
+    assert [v['holds'] for v in verdict] == [True, True]
+    assert verdict[-1]['vanilla_gap'] == 0.0 and verdict[0]['vanilla_gap'] is None
+    verdict = robot_repeats.online_check(robot_repeats.score_lines(bad, similarity))
+    assert [v['holds'] for v in verdict] == [False, False]  # below Vanilla's [1, 1]
+    (_, _, mean, low, high), _ = robot_repeats.paired_differences(good, similarity)
+    assert mean == pytest.approx(1 - 2 / 3) and low == high == mean  # 'a b' scores 2/3
+    (line, _) = robot_repeats.wcet_lines(good)
+    assert line[2:] == (4, 1.0, 1.5, 1.1)  # run = 1.2 - 0.2 s
+    paths = []
+    for name, run in (('r1', good), ('r2', bad)):
+        paths.append(tmp_path / f'{name}.json')
+        paths[-1].write_text(json.dumps(run))
+    text = robot_repeats.report(paths, tmp_path / 'out')
+    assert '| kill | 0.95 | timebill-online | 1.000 [1.000, 1.000] | 0.667 [0.667, 0.667] | '\
+        '0.333 | 1.00 / 1.00 |' in text

@@ -411,6 +411,10 @@ def run_robot_bench(args):
     from timebill_ros.timing.profiler import format_report
     if args.report:
         return report_from(args.report)
+    if getattr(args, 'repeats', None):
+        from timebill_ros.bench.robot_repeats import report
+        report(args.repeats, args.out)
+        return 0
     require_predictor(_method_servers(args))
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -505,5 +509,8 @@ def add_arguments(parser):
                              'of running one, so Fig. 8 has the same budgets')
     parser.add_argument('--policies', default='kill,skip_next',
                         help='robot-context: comma list of overrun policies to run')
+    parser.add_argument('--repeats', metavar='RAW_JSON', nargs='+',
+                        help='robot-context: only write repeats.md (spread between repeats, '
+                             "timebill-online's check) from these runs' raw rows")
     parser.add_argument('--report', metavar='RAW_JSON',
                         help='robot-context: only rewrite the tables and plot of a run')

@@ -1,0 +1,165 @@
+"""Robot-context runs repeated on independently calibrated servers: spread and the online check.
+
+``timebill bench --workload robot-context --repeats RAW.json RAW.json ... --out DIR`` reads
+the raw rows of runs made by separate ``timebill bench --workload robot-context`` commands
+(each its own start-up calibration, Vanilla pass and servers) and writes ``repeats.md``:
+
+* per policy, budget and method: the mean score of each repeat with its 95 % bootstrap
+  interval over items, and the spread between the repeats (max - min of the means), so a
+  difference between methods can be set against both;
+* timebill-online's check per repeat: within the interval of the best method wherever some
+  method completes >= 50 % of the jobs, and >= Vanilla - 0.01 at the largest budget;
+* the paired difference timebill-online - TimeBill per item (same items, same budget) with
+  its bootstrap interval, per repeat;
+* t^_WCET against the run (total - queue) of completed jobs: coverage and the median ratio
+  at admission and at the last checkpoint.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+
+from timebill_ros.bench import scores
+from timebill_ros.bench.timebill import _rouge_l_scorer
+
+ONLINE, ONE_SHOT, VANILLA = 'timebill-online', 'timebill', 'vanilla'
+VANILLA_SLACK = 0.01  # the check at the largest budget: >= Vanilla - this
+
+
+def score_lines(raw, similarity):
+    """Return scores.summarize's lines of one run (every policy it ran)."""
+    vanilla = raw['vanilla']
+    refs = {item: vanilla[item]['response'] for item in raw['items']}
+    lines = []
+    for policy in sorted({row['policy'] for row in raw['rows']}):
+        rows = [row for row in raw['rows'] if row['policy'] == policy]
+        lines += scores.summarize(rows, refs, similarity)
+    return lines
+
+
+def online_check(lines):
+    """Return the check's verdict per (policy, fraction) of one run.
+
+    Each entry: policy, fraction, counted (some method completes >= 50 %), best (online's
+    mean >= the best method's interval low), vanilla_gap (online - Vanilla, at the largest
+    budget only, else None), holds.
+    """
+    best = scores.best_within_interval(lines, ONLINE)
+    out = []
+    for policy in sorted({line['policy'] for line in lines}):
+        fractions = sorted({line['fraction'] for line in lines if line['policy'] == policy})
+        for fraction in fractions:
+            here = {line['method']: line for line in lines
+                    if (line['policy'], line['fraction']) == (policy, fraction)}
+            if ONLINE not in here:
+                continue
+            counted = max(line['completion'][0] for line in here.values()) >= 0.5
+            gap = None
+            if fraction == fractions[-1] and VANILLA in here:
+                gap = here[ONLINE]['score'][0] - here[VANILLA]['score'][0]
+            holds = ((not counted or best[(policy, fraction)])
+                     and (gap is None or gap >= -VANILLA_SLACK))
+            out.append({'policy': policy, 'fraction': fraction, 'counted': counted,
+                        'best': best[(policy, fraction)], 'vanilla_gap': gap, 'holds': holds})
+    return out
+
+
+def paired_differences(raw, similarity, method=ONLINE, other=ONE_SHOT):
+    """Return [(policy, fraction, mean, low, high)]: per-item ``method`` - ``other`` scores."""
+    vanilla = raw['vanilla']
+    by_key = {}
+    for row in raw['rows']:
+        by_key[(row['policy'], row['fraction'], row['method'], row['item'])] = row
+    items = sorted(raw['items'])
+    draws = scores.bootstrap_draws(len(items))
+    out = []
+    for policy, fraction in sorted({(r['policy'], r['fraction']) for r in raw['rows']}):
+        pairs = [(by_key.get((policy, fraction, method, item)),
+                  by_key.get((policy, fraction, other, item))) for item in items]
+        if any(a is None or b is None for a, b in pairs):
+            continue
+        diffs = [scores.job_score(a, similarity, vanilla[a['item']]['response'])
+                 - scores.job_score(b, similarity, vanilla[b['item']]['response'])
+                 for a, b in pairs]
+        out.append((policy, fraction, *scores.bootstrap_interval(diffs, draws)))
+    return out
+
+
+def wcet_lines(raw, method=ONLINE):
+    """Return [(policy, fraction, n, coverage, median at admission, median at the last)].
+
+    Over completed jobs of ``method``; the run is total - queue (what t^_WCET bounds). The
+    last checkpoint's ratio is (its t^_WCET) / run; None where no job had a checkpoint.
+    """
+    out = []
+    rows = [r for r in raw['rows'] if r['method'] == method and scores.completed(r)
+            and r.get('predicted_wcet_s', 0) > 0]
+    for policy, fraction in sorted({(r['policy'], r['fraction']) for r in rows}):
+        done = [r for r in rows if (r['policy'], r['fraction']) == (policy, fraction)]
+        run = [r['total_s'] - r.get('queue_s', 0.0) for r in done]
+        admission = [r['predicted_wcet_s'] / t for r, t in zip(done, run)]
+        last = [r['checkpoint_wcet_s'][-1] / t for r, t in zip(done, run)
+                if r.get('checkpoint_wcet_s')]
+        out.append((policy, fraction, len(done),
+                    float(np.mean([a >= 1.0 for a in admission])),
+                    float(np.median(admission)), float(np.median(last)) if last else None))
+    return out
+
+
+def report(raw_paths, out_dir):
+    """Write ``repeats.md`` for the runs' raw JSON files; return its lines."""
+    similarity = _rouge_l_scorer()
+    runs = [json.loads(pathlib.Path(p).read_text(encoding='utf-8')) for p in raw_paths]
+    lines = [score_lines(raw, similarity) for raw in runs]
+    text = [f'# Robot contexts, {len(runs)} repeats on independently calibrated servers', '',
+            'Rebuilt from the raw rows by `timebill bench --workload robot-context --repeats '
+            + ' '.join(str(p) for p in raw_paths) + ' --out DIR`.', '']
+    text += _score_table(lines) + ['']
+    text += ['## The check of timebill-online, per repeat', '',
+             '| repeat | policy | T / t_v | counted | best within CI | - Vanilla | holds |',
+             '|---|---|---|---|---|---|---|']
+    for index, run_lines in enumerate(lines, 1):
+        for v in online_check(run_lines):
+            gap = '-' if v['vanilla_gap'] is None else f"{v['vanilla_gap']:+.3f}"
+            text.append(f"| {index} | {v['policy']} | {v['fraction']:.2f} | {v['counted']} | "
+                        f"{v['best']} | {gap} | {v['holds']} |")
+    text += ['', '## Paired difference timebill-online - TimeBill (per item), per repeat', '',
+             '| repeat | policy | T / t_v | mean [95 % CI] |', '|---|---|---|---|']
+    for index, raw in enumerate(runs, 1):
+        for policy, fraction, mean, low, high in paired_differences(raw, similarity):
+            text.append(f'| {index} | {policy} | {fraction:.2f} | {mean:+.3f} '
+                        f'[{low:+.3f}, {high:+.3f}] |')
+    text += ['', '## t^_WCET of completed timebill-online jobs against their run', '',
+             '| repeat | policy | T / t_v | jobs | coverage | median t^_WCET / run at '
+             'admission | ... at the last checkpoint |', '|---|---|---|---|---|---|---|']
+    for index, raw in enumerate(runs, 1):
+        for policy, fraction, n, cover, admission, last in wcet_lines(raw):
+            last_text = '-' if last is None else f'{last:.2f}'
+            text.append(f'| {index} | {policy} | {fraction:.2f} | {n} | {cover:.3f} | '
+                        f'{admission:.2f} | {last_text} |')
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'repeats.md').write_text('\n'.join(text) + '\n', encoding='utf-8')
+    print('\n'.join(text))
+    return text
+
+
+def _score_table(lines):
+    """Return the table of each repeat's mean score [interval] and the spread of the means."""
+    keys = sorted({(l_['policy'], l_['fraction'], l_['method']) for run in lines
+                   for l_ in run})
+    head = ' | '.join(f'repeat {i}' for i in range(1, len(lines) + 1))
+    text = ['## Score (ROUGE-L against the full-cache answer) and completion', '',
+            f'| policy | T / t_v | method | {head} | spread of the means | completion |',
+            '|---|---|---|' + '---|' * len(lines) + '---|---|']
+    for key in keys:
+        found = [next((l_ for l_ in run if (l_['policy'], l_['fraction'], l_['method']) == key),
+                      None) for run in lines]
+        cells = ['-' if f is None else f"{f['score'][0]:.3f} [{f['score'][1]:.3f}, "
+                 f"{f['score'][2]:.3f}]" for f in found]
+        means = [f['score'][0] for f in found if f is not None]
+        done = ' / '.join(f"{f['completion'][0]:.2f}" for f in found if f is not None)
+        text.append(f'| {key[0]} | {key[1]:.2f} | {key[2]} | ' + ' | '.join(cells)
+                    + f' | {max(means) - min(means):.3f} | {done} |')
+    return text
