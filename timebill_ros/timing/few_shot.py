@@ -105,14 +105,14 @@ def range_first(probes):
     return head + sorted((p for p in ordered if p not in head), reverse=True)
 
 
-def _measure(engine, probes, warm_up, time_limit_s, clock, start, say):
-    """Measure ``probes`` in :func:`range_first` order; skip those that would overrun.
+def _measure(engine, probes, warm_up, time_limit_s, clock, start, say, order=range_first):
+    """Measure ``probes`` in ``order`` (:func:`range_first`); skip those that would overrun.
 
     A probe is skipped when its estimate exceeds the time left. ``warm_up`` (a Probe)
     informs the estimates only; it is not returned. Returns the probes measured.
     """
     measured = []
-    for n_in, n_out in range_first(probes):
+    for n_in, n_out in order(probes):
         left = None if time_limit_s is None else time_limit_s - (clock() - start)
         if left is not None and _estimate_s([warm_up] + measured, n_in, n_out) > left:
             say(f'skipped probe n_in={n_in}, n_out={n_out}: would exceed '
@@ -127,13 +127,16 @@ def _measure(engine, probes, warm_up, time_limit_s, clock, start, say):
 
 def few_shot_profile(engine, *, engine_config=None, k=PROBES, max_tokens=MAX_TOKENS, seed=0,
                      time_limit_s=None, clock: Callable[[], float] = time.monotonic,
-                     progress: Optional[Callable[[str], None]] = None):
+                     progress: Optional[Callable[[str], None]] = None,
+                     order: Callable = range_first):
     """Calibrate Eq. 4 from k probes on ``engine``; return a :class:`Calibration`.
 
     engine: offers ``measure_probe(n_in, n_out)`` and ``context_tokens``. time_limit_s:
     seconds; a probe expected to overrun it is skipped (RuntimeError if fewer than 3 prompt
-    lengths remain). The MAPEs in the file are those of a fit on 3 of the 5 probes, scored on
-    the other 2 (indices 1 and 4), as :func:`timebill_ros.timing.profiler.profile` holds out.
+    lengths remain). order: probes -> the order they are measured in (:func:`range_first`;
+    ``sorted``: shortest first, as before). The MAPEs in the file are those of a fit on 3 of
+    the 5 probes, scored on the other 2 (indices 1 and 4), as
+    :func:`timebill_ros.timing.profiler.profile` holds out.
     """
     if time_limit_s is not None and (not math.isfinite(time_limit_s) or time_limit_s <= 0):
         raise ValueError(f'time_limit_s must be finite and > 0, got {time_limit_s!r}')
@@ -142,7 +145,7 @@ def few_shot_profile(engine, *, engine_config=None, k=PROBES, max_tokens=MAX_TOK
     start = clock()
     say(f'few-shot calibration: {len(probes)} probes (n_in, n_out) {list(probes)}')
     warm_up = timed_probe(engine, *WARM_UP)
-    measured = _measure(engine, probes, warm_up, time_limit_s, clock, start, say)
+    measured = _measure(engine, probes, warm_up, time_limit_s, clock, start, say, order)
     if len({p.n_in for p in measured}) < 3:
         raise RuntimeError(f'few-shot calibration measured {len(measured)} probe(s) within '
                            f'time_limit_s={time_limit_s}; the prefill fit needs 3 prompt '
