@@ -7,7 +7,8 @@ ENV := source scripts/env.sh
 # Folders that git may not have yet (empty) are left out rather than failing flake8.
 LINT_PATHS := $(wildcard timebill_ros test launch benchmarks examples) setup.py scripts/timebill
 
-.PHONY: venv venv-dev llama build test lint run bench bench-deps predictor fuzz soak gpu-check clean
+.PHONY: venv venv-dev llama build test lint run bench bench-deps predictor fuzz soak reports \
+  gpu-check clean
 
 # venv: what the node, the demo and the predictor build need; venv-dev adds the tests',
 # benchmarks' and linters' packages (requirements-dev.txt).
@@ -48,6 +49,13 @@ SOAK_OUT ?= log/soak_$(SOAK_MINUTES)min
 endif
 soak: build venv-dev
 	$(ENV) && timebill soak --minutes $(SOAK_MINUTES) --out $(SOAK_OUT)
+
+# Rebuild every results table docs/benchmark.md and docs/reliability.md cite from the raw rows
+# committed beside it, with each table's own generator (timebill_ros/bench/reports.py; plots
+# are redrawn too); it lists the tables no generator can rebuild from committed rows.
+# CHECK=1: rebuild into a temporary folder only, list the tables that differ, exit 1 if one does.
+reports: venv-dev
+	$(ENV) && python -m timebill_ros.bench.reports $(if $(CHECK),--check)
 
 lint: venv-dev
 	$(ENV) && flake8 $(LINT_PATHS)

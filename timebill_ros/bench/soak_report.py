@@ -441,18 +441,19 @@ def _line(axis, minutes, rows, key, label):
     axis.plot([m for m, _ in points], [v for _, v in points], marker='.', label=label)
 
 
-def write_outputs(run, out, keep_run=True):
+def write_outputs(run, out, keep_run=True, named=None):
     """Write soak.md and soak.png into ``out`` and print soak.md; return the summary.
 
     With ``keep_run``, also keep the run there: the CSV rows and soak_run.json (its other
-    fields; figures are recomputed from these, never stored).
+    fields; figures are recomputed from these, never stored). named: the folder soak.md's
+    recompute command names (default ``out``; another when rebuilt elsewhere to compare).
     """
     run.setdefault('host', platform.node())
     run.setdefault('cpus', os.cpu_count())
     run.setdefault('date', datetime.datetime.now().isoformat(timespec='seconds'))
     rows = minute_rows(run)
     summary = summarize(run)
-    text = render_markdown(run, rows, summary, out)
+    text = render_markdown(run, rows, summary, out if named is None else named)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'soak.md'), 'w', encoding='utf-8') as stream:
         stream.write(text)

@@ -332,6 +332,18 @@ def predictor_breakdown(raw, method='timebill', baseline='timebill-fallback', n_
     return out
 
 
+def breakdown_lines(table):
+    """Return the Markdown table of :func:`predictor_breakdown`'s groups, line by line."""
+    lines = ['| jobs | N^ | ROUGE-L rlp / fallback | on time rlp / fallback | '
+             'mean alpha* rlp / fallback |', '|---|---|---|---|---|']
+    for group, row in table.items():
+        label = 'N^ < N_max' if group == 'short' else 'N^ = N_max'
+        lines.append(f"| {row['jobs']} | {label} | {row['rouge_l'][0]:.3f} / "
+                     f"{row['rouge_l'][1]:.3f} | {row['done'][0]:.2f} / {row['done'][1]:.2f} | "
+                     f"{row['alpha'][0]:.2f} / {row['alpha'][1]:.2f} |")
+    return lines
+
+
 def add_arguments(parser):
     """Add the flags of ``timebill bench`` to the argparse ``parser``."""
     parser.add_argument('--out', default='benchmarks/results')

@@ -34,23 +34,31 @@ def cmd_bench(args, ros_args):
     from timebill_ros.bench.timebill import run_bench
     if args.breakdown:
         return _print_breakdown(args.breakdown)
+    if args.report:  # only rewrite a run's tables, whichever workload made it
+        return _report(args.report)
     if args.workload == 'robot-context':
         from timebill_ros.bench.robot_bench import run_robot_bench
         return run_robot_bench(args)
     return run_bench(args)
 
 
+def _report(raw_path):
+    """Rewrite the tables of the run whose raw rows are ``raw_path`` (either workload)."""
+    import json
+    import pathlib
+    raw = json.loads(pathlib.Path(raw_path).read_text(encoding='utf-8'))
+    if 'vanilla' in raw:  # a robot-context run (robot_bench_raw.json, robot_bench_k_raw.json)
+        from timebill_ros.bench.robot_bench import report_from
+        return report_from(raw_path)
+    from timebill_ros.bench.reports import prompt_bench_report
+    return prompt_bench_report(raw_path)
+
+
 def _print_breakdown(raw_path):
     import json
-    from timebill_ros.bench.timebill import predictor_breakdown
+    from timebill_ros.bench.timebill import breakdown_lines, predictor_breakdown
     table = predictor_breakdown(json.loads(open(raw_path, encoding='utf-8').read()))
-    print('| jobs | N^ | ROUGE-L rlp / fallback | on time rlp / fallback | '
-          'mean alpha* rlp / fallback |\n|---|---|---|---|---|')
-    for group, row in table.items():
-        label = 'N^ < N_max' if group == 'short' else 'N^ = N_max'
-        print(f"| {row['jobs']} | {label} | {row['rouge_l'][0]:.3f} / {row['rouge_l'][1]:.3f} | "
-              f"{row['done'][0]:.2f} / {row['done'][1]:.2f} | "
-              f"{row['alpha'][0]:.2f} / {row['alpha'][1]:.2f} |")
+    print('\n'.join(breakdown_lines(table)))
     return 0
 
 
