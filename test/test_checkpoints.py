@@ -132,3 +132,15 @@ def test_the_rest_is_read_from_the_distribution_given_the_tokens_so_far():
     assert fmt.rest_bounds(logits, 128, 70, 0.9) is None  # past every length it allows
     assert OutputFormat('regression', 16, 128, 'median').rest_bounds([0.5], 128, 0, 0.9) \
         is None
+
+
+@pytest.mark.parametrize('policy, alpha', [('kill', 0.95), ('skip_next', 0.95),
+                                           ('partial', 0.0)])
+def test_a_hopeless_checkpoint_follows_the_policy(policy, alpha):
+    """Not even alpha_max fits: Kill and Skip-Next take it, Partial keeps its cache."""
+    from timebill_ros.timing.checkpoint import CacheNow
+    model = TimeModel(COEFFICIENTS, OnlineSettings(enabled=False))
+    budget = GoalBudget(model, 100, 0.001, POLICIES[policy])
+    plan = budget.decide_rest(0.0, CacheNow(100, 100, 8, 0.0), 30,
+                              BudgetConfig(checkpoint_tokens=EVERY))
+    assert plan.alpha == alpha and not plan.fits
