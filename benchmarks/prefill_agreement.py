@@ -42,6 +42,36 @@ def agreement(path: pathlib.Path, n_prompts: int, n_tokens: int):
     return len(prompts), len(prompts) - len(differ), differ
 
 
+def chunk_plan_agreement(path: pathlib.Path, n_prompts: int, n_tokens: int,
+                         dtype: str = 'auto'):
+    """Return (prompts, equal to fp32's, equal between two chunk plans, dtype resolved).
+
+    The engine at ``engine.prefill_dtype`` ``dtype`` (the default: auto) prefills each prompt
+    in chunks of 512 (one chunk here) and in 16-token chunks (what a tight budget's time
+    model plans); both answers are set against the fp32 engine's (chunks of 512).
+    """
+    from timebill_ros.bench.timebill import rlp_test_prompts
+    from timebill_ros.config import EngineConfig, EvictionConfig
+    from timebill_ros.engine.llm_engine import LlmEngine, fixed_chunks
+    from timebill_ros.engine.models.weights import prefill_dtype
+    from timebill_ros.engine.stopping import StopCriteria
+
+    engine = LlmEngine(EngineConfig(model_path=str(path), prefill_dtype=dtype), EvictionConfig())
+    reference = LlmEngine(EngineConfig(model_path=str(path), prefill_dtype='float32'),
+                          EvictionConfig())
+    equal_fp32 = equal_plans = 0
+    prompts = rlp_test_prompts(n_prompts)
+    for _, prompt in prompts:
+        answers = []
+        for which, plan in ((engine, 512), (engine, 16), (reference, 512)):
+            state = which.prefill(which.encode(prompt), StopCriteria(),
+                                  chunk_plan=fixed_chunks(plan))
+            answers.append(which.decode(state, n_tokens, StopCriteria()).token_ids)
+        equal_plans += answers[0] == answers[1]
+        equal_fp32 += answers[0] == answers[2]
+    return len(prompts), equal_fp32, equal_plans, prefill_dtype(dtype)
+
+
 def main():
     """Run the comparison for each file; print and write a Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -50,7 +80,12 @@ def main():
     parser.add_argument('--tokens', type=int, default=32)
     parser.add_argument('--out', type=pathlib.Path,
                         default=pathlib.Path('benchmarks/results/own_model/prefill_agreement.md'))
+    parser.add_argument('--chunk-plans', action='store_true',
+                        help='instead: the default prefill (auto) in two chunk plans, each '
+                             "against fp32's answer")
     args = parser.parse_args()
+    if args.chunk_plans:
+        return chunk_plans_main(args)
     rows = []
     for path in args.files:
         start = time.monotonic()
@@ -71,6 +106,29 @@ def main():
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f'wrote {args.out}')
+
+
+def chunk_plans_main(args):
+    """Run :func:`chunk_plan_agreement` for each file; print and write a Markdown table."""
+    rows = []
+    for path in args.files:
+        n, fp32, plans, dtype = chunk_plan_agreement(path, args.prompts, args.tokens)
+        rows.append(f'| {path.name} | {dtype} | {fp32}/{n} | {plans}/{n} |')
+        print(rows[-1], flush=True)
+    text = '\n'.join([
+        '# Greedy answers of the default prefill: against fp32, and between two chunk plans',
+        '',
+        f'Command: `python benchmarks/prefill_agreement.py {" ".join(f.name for f in args.files)}'
+        f' --chunk-plans --prompts {args.prompts} --tokens {args.tokens} --out ...`; host '
+        f'{platform.node()} ({platform.machine()}), {datetime.date.today().isoformat()}. '
+        f'Prompts: the first {args.prompts} of the RLP test split, {args.tokens} tokens; '
+        'plans: chunks of 512 and of 16 tokens.', '',
+        '| file | auto resolved to | answers = fp32 (512) | answers equal, 512 vs 16 |',
+        '|---|---|---|---|', *rows, ''])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f'wrote {args.out}')
+    return 0
 
 
 if __name__ == '__main__':
