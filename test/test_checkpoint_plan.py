@@ -140,3 +140,31 @@ def test_a_bad_cache_is_refused():
         CacheNow(n_x=10, n_prompt_kv=-1, n_answer_kv=0, alpha_now=0.0)
     with pytest.raises(ValueError, match='alpha_now'):
         CacheNow(n_x=10, n_prompt_kv=10, n_answer_kv=0, alpha_now=1.0)
+
+
+def test_the_latest_end_is_the_whole_cache_or_the_deadline():
+    """t^_WCET's rest: the whole rest on this cache where it fits, else the time left."""
+    model = fixed_model()
+    roomy = plan_rest(model, 2 * full_cache_s(N_W), start(), N_W - 1, SEGMENT, ALPHA_MAX,
+                      EXPECTED)
+    assert roomy.latest_s == pytest.approx(full_cache_s(N_W))
+    budget_s = 0.6 * full_cache_s(N_W)
+    tight = plan_rest(model, budget_s, start(), N_W - 1, SEGMENT, ALPHA_MAX, EXPECTED)
+    assert tight.fits and tight.latest_s == pytest.approx(budget_s)
+    elapsed, _ = simulate(budget_s, N_W)
+    assert elapsed <= tight.latest_s + 1e-9
+
+
+def test_near_the_end_the_rest_is_kept_rather_than_rescued():
+    """Keep 20 tokens that fit on the whole cache, though the rescue plan would not fit.
+
+    The rescue plan (16 tokens on it, an eviction, 4 on alpha_max's cache): its eviction
+    costs more than it saves.
+    """
+    model = fixed_model()
+    rest_s = steps_s(COEFFICIENTS, N_X, 20)
+    rescue_s = steps_s(COEFFICIENTS, N_X, 16) + model.evict_s(N_X) + steps_s(
+        COEFFICIENTS, N_X - round(ALPHA_MAX * N_X) + 16, 4)
+    assert rescue_s > rest_s * 1.001
+    plan = plan_rest(model, rest_s * 1.001, start(), 20, SEGMENT, ALPHA_MAX, EXPECTED)
+    assert plan.alpha == 0.0 and plan.fits

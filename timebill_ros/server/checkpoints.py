@@ -79,7 +79,7 @@ class GoalCheckpoints:
         now = run.clock()
         plan = run.budget.decide_rest(now, cache, upper, run.runner.config.budget, point)
         self.redecisions.append(Redecision(n_generated, plan.alpha, point, upper,
-                                           now - job.started_s + plan.rest_s))
+                                           now - job.started_s + plan.latest_s))
         if not plan.evicts:
             return None
         return self._evict(n_generated, plan.alpha)

@@ -265,7 +265,7 @@ class GoalRun:
             plan = self.budget.decide_rest(self.clock(), CacheNow(job.n_x, job.n_x, 0, 0.0),
                                            max(0, n_w - 1), cfg, max(0, n_hat - 1))
             alpha, wcet_s = plan.alpha, self.budget.wcet_head_s + self.budget.wait_s \
-                + plan.rest_s
+                + plan.latest_s
         self.result.predicted_tokens = n_hat
         self.result.pessimistic_tokens = n_w
         self.result.eviction_ratio = alpha

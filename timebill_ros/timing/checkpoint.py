@@ -30,12 +30,17 @@ class RestPlan:
     alpha: share of the prompt's N_x KV tokens evicted once it is applied (>= the share
     evicted already). rest_s: seconds of the whole plan (evictions and R steps) at the
     report bound. fits: rest_s <= the time left. evicts: alpha is more than evicted already.
+    latest_s: the latest the rest ends, seconds from now, if every checkpoint keeps to the rule
+    (at the report bound): the whole rest on the cache as it is where that fits the time
+    left (the rule then never evicts), else the time left (the rule keeps a plan that fits
+    it at every checkpoint), or rest_s where not even alpha_max fits. What t^_WCET counts.
     """
 
     alpha: float
     rest_s: float
     fits: bool
     evicts: bool
+    latest_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +92,15 @@ def plan_s(time_model, cache: CacheNow, alpha: float, n_rest: int, segment: int,
            alpha_max: float, bound: str) -> float:
     """Return the seconds of the plan that evicts to ``alpha`` now (module docstring).
 
-    n_rest: R, tokens still to come at most. segment: m, tokens until the next checkpoint.
+    The cheaper of the plan with its rescue and of the whole rest on this cache (near the end
+    of an answer the rescue's eviction can cost more than it saves). n_rest: R, tokens still
+    to come at most. segment: m, tokens until the next checkpoint.
     """
     co = time_model.decode_coefficients(bound)
     now_s = time_model.evict_s(cache.n_prompt_kv, bound) if alpha > cache.alpha_now else 0.0
     first = min(segment, n_rest)
     kv = cache.kv_at(alpha)
+    without_rescue = now_s + steps_s(co, kv, n_rest)  # the whole rest on this cache
     total = now_s + steps_s(co, kv, first)
     if n_rest > first:
         later = max(alpha, cache.alpha_now)
@@ -101,7 +109,7 @@ def plan_s(time_model, cache: CacheNow, alpha: float, n_rest: int, segment: int,
             total += time_model.evict_s(cache.n_prompt_kv, bound)
             kv = kept_prompt(cache.n_x, alpha_max) + cache.n_answer_kv
         total += steps_s(co, kv + first, n_rest - first)
-    return total
+    return min(total, without_rescue)
 
 
 def plan_rest(time_model, time_left_s: float, cache: CacheNow, n_rest: int, segment: int,
@@ -132,7 +140,11 @@ def plan_rest(time_model, time_left_s: float, cache: CacheNow, n_rest: int, segm
     report = bound if report_bound is None else report_bound
     rest_s = plan_s(time_model, cache, alpha, n_rest, segment, alpha_max, report)
     fits = rest_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
-    return RestPlan(alpha=alpha, rest_s=rest_s, fits=fits, evicts=alpha > cache.alpha_now)
+    keep_s = steps_s(time_model.decode_coefficients(report), cache.kv_at(cache.alpha_now),
+                     n_rest)
+    latest_s = min(keep_s, max(time_left_s, rest_s)) if fits else rest_s
+    return RestPlan(alpha=alpha, rest_s=rest_s, fits=fits, evicts=alpha > cache.alpha_now,
+                    latest_s=latest_s)
 
 
 def _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound) -> float:
@@ -156,13 +168,16 @@ def _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound) ->
             co, kept_prompt(cache.n_x, alpha_max) + cache.n_answer_kv + first, n_rest - first)
     kv = (time_left_s - fixed - first * co.q - co.p * first * (first - 1) / 2.0) \
         / (co.p * first)
-    alpha = 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)
-    alpha = min(alpha_max, max(keep, alpha))
-    # The engine keeps whole tokens: step up a token or two before taking alpha_max.
-    for extra in (0, 1, 2):
-        candidate = min(alpha_max, alpha + extra / max(cache.n_x, 1))
-        if fits(candidate):
-            return candidate
+    rescued = min(alpha_max, max(keep, 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)))
+    # The plan without the rescue: Eq. 11 for the whole rest; the smaller one that fits.
+    flat = min(alpha_max, max(keep, _flat(time_model, time_left_s, cache, n_rest, alpha_max,
+                                          bound)))
+    for alpha in sorted((rescued, flat)):
+        # The engine keeps whole tokens: step up a token or two.
+        for extra in (0, 1, 2):
+            candidate = min(alpha_max, alpha + extra / max(cache.n_x, 1))
+            if candidate > keep and fits(candidate):
+                return candidate
     return alpha_max
 
 

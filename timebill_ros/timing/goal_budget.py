@@ -105,4 +105,5 @@ class GoalBudget:
             return plan
         keep_s = plan_s(self.decode_model, cache, cache.alpha_now, n_rest,
                         cfg.checkpoint_tokens, cfg.alpha_max, WORST)
-        return RestPlan(alpha=cache.alpha_now, rest_s=keep_s, fits=False, evicts=False)
+        return RestPlan(alpha=cache.alpha_now, rest_s=keep_s, fits=False, evicts=False,
+                        latest_s=keep_s)
