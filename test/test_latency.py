@@ -344,8 +344,9 @@ def test_few_shot_profile_respects_its_time_limit():
     """Probes expected to overrun are skipped; too few prompt lengths is a RuntimeError."""
     engine = FakeProbeEngine()
     calibration = few_shot_profile(engine, clock=engine.clock, time_limit_s=4.0)
-    # Warm-up and the probes at 16, 128, 64 tokens take 3.2 s; 2048 and 512 would overrun.
-    assert [n for n, _ in calibration.prefill_points] == [16, 128, 64] and engine.now <= 4.0
+    # The probes at 16 and 128 tokens, then 256 (prefill and one step) for the long end:
+    # 2048 would overrun, and 512 and 64 no longer fit after it.
+    assert [n for n, _ in calibration.prefill_points] == [16, 128, 256] and engine.now <= 4.0
     short = FakeProbeEngine()
     with pytest.raises(RuntimeError, match='3 prompt lengths'):
         few_shot_profile(short, clock=short.clock, time_limit_s=0.5)
@@ -354,7 +355,7 @@ def test_few_shot_profile_respects_its_time_limit():
 
 
 def test_a_short_time_limit_keeps_the_long_end():
-    """The range's ends are measured first: 12 s keeps the 2048-token probe, not 64 / 512.
+    """The range's ends are measured first: 12 s keeps the 2048-token probe.
 
     Shortest first, the probes at 16, 64, 128 and 512 tokens (5.2 s) left too little for
     the 2048-token one (6.9 s), and the fit had no prompt past 512 tokens.
@@ -363,9 +364,14 @@ def test_a_short_time_limit_keeps_the_long_end():
         (16, 8), (128, 8), (2048, 8), (512, 8), (64, 8)]
     engine = FakeProbeEngine()
     calibration = few_shot_profile(engine, clock=engine.clock, time_limit_s=12.0)
-    assert [n for n, _ in calibration.prefill_points] == [16, 128, 2048]
+    assert [n for n, _ in calibration.prefill_points] == [16, 128, 2048, 64]
     assert engine.now <= 12.0
     assert calibration.coefficients.prefill_s(4096) == pytest.approx(EQ4.prefill_s(4096))
+    # 8 s: 2048 would overrun; the longest length whose prefill and one step fit stands in.
+    engine = FakeProbeEngine()
+    calibration = few_shot_profile(engine, clock=engine.clock, time_limit_s=8.0)
+    assert [n for n, _ in calibration.prefill_points] == [16, 128, 1536, 64]
+    assert engine.calls[-2] == (1536, 2) and engine.now <= 8.0
 
 
 def test_few_shot_profile_on_the_real_engine(make_tiny_engine):

@@ -71,10 +71,11 @@ def few_shot_probes(context_tokens, k=PROBES, max_tokens=MAX_TOKENS, seed=0,
 def _estimate_s(seen, n_in, n_out):
     """Return an upper estimate, seconds, of a probe from the probes ``seen`` so far.
 
-    The prefill of the longest prompt seen scales by (n_in / m)^e, e the growth exponent
+    Past the longest prompt seen, its prefill scales by (n_in / m)^e, e the growth exponent
     between the two longest prompts seen, clamped to [1, 2] (2 with only one seen: prefill
-    grows at most quadratically). Decoding steps cost at most the slowest step seen. Plus
-    ESTIMATE_MARGIN; 0 before any probe.
+    grows at most quadratically). Between two prompts seen, the chord between their
+    prefills (Eq. 4a is convex: it lies below). Decoding steps cost at most the slowest step
+    seen. Plus ESTIMATE_MARGIN; 0 before any probe.
     """
     if not seen:
         return 0.0
@@ -85,6 +86,11 @@ def _estimate_s(seen, n_in, n_out):
         (m0, t_0) = by_length[-2]
         exponent = min(2.0, max(1.0, math.log(t_m / t_0) / math.log(m / m0)))
     prefill = t_m * max(1.0, n_in / m) ** exponent
+    below = [(n, t) for n, t in by_length if n <= n_in]
+    above = [(n, t) for n, t in by_length if n >= n_in]
+    if below and above and n_in < m:
+        (lo, t_lo), (hi, t_hi) = below[-1], above[0]
+        prefill = t_hi if hi == lo else t_lo + (t_hi - t_lo) * (n_in - lo) / (hi - lo)
     step = max((max(p.step_s) for p in seen if p.step_s), default=0.0)
     return (1.0 + ESTIMATE_MARGIN) * (prefill + (n_out - 1) * step)
 
@@ -105,19 +111,36 @@ def range_first(probes):
     return head + sorted((p for p in ordered if p not in head), reverse=True)
 
 
-def _measure(engine, probes, warm_up, time_limit_s, clock, start, say, order=range_first):
+LONG_END_N_OUT = 2  # a stand-in for the longest probe: its prefill and one step
+
+
+def _measure(engine, probes, warm_up, time_limit_s, clock, start, say, order=range_first,
+             lengths=()):
     """Measure ``probes`` in ``order`` (:func:`range_first`); skip those that would overrun.
 
-    A probe is skipped when its estimate exceeds the time left. ``warm_up`` (a Probe)
-    informs the estimates only; it is not returned. Returns the probes measured.
+    A probe is skipped when its estimate exceeds the time left; the longest one is then
+    replaced by the longest of ``lengths`` (prompt tokens) below it whose prefill and one
+    step fit, so the fit still reaches as far as the time allows (skipped outright, a 0.5B
+    model's 2048-token probe left a fit on prompts up to 512 tokens that over-estimated an
+    8k-token prefill 2.8x). ``warm_up`` (a Probe) informs the estimates only; it is not
+    returned. Returns the probes measured.
     """
     measured = []
+    longest = max(n for n, _ in probes)
     for n_in, n_out in order(probes):
         left = None if time_limit_s is None else time_limit_s - (clock() - start)
         if left is not None and _estimate_s([warm_up] + measured, n_in, n_out) > left:
             say(f'skipped probe n_in={n_in}, n_out={n_out}: would exceed '
                 f'time_limit_s={time_limit_s:g}')
-            continue
+            if n_in != longest:
+                continue
+            seen = {n for n, _ in probes}
+            fits = [n for n in lengths if n < n_in and n not in seen and _estimate_s(
+                [warm_up] + measured, n, LONG_END_N_OUT) <= left]
+            if not fits:
+                continue
+            n_in, n_out = max(fits), LONG_END_N_OUT
+            say(f'the long end instead: probe n_in={n_in}, n_out={n_out}')
         probe = timed_probe(engine, n_in, n_out)
         measured.append(probe)
         say(f'[{len(measured)}/{len(probes)}] probe n_in={n_in}, n_out={n_out}: ttft '
@@ -145,7 +168,9 @@ def few_shot_profile(engine, *, engine_config=None, k=PROBES, max_tokens=MAX_TOK
     start = clock()
     say(f'few-shot calibration: {len(probes)} probes (n_in, n_out) {list(probes)}')
     warm_up = timed_probe(engine, *WARM_UP)
-    measured = _measure(engine, probes, warm_up, time_limit_s, clock, start, say, order)
+    lengths = tuple(n for n in GridDesign().id_n_in if n <= max(n for n, _ in probes))
+    measured = _measure(engine, probes, warm_up, time_limit_s, clock, start, say, order,
+                        lengths)
     if len({p.n_in for p in measured}) < 3:
         raise RuntimeError(f'few-shot calibration measured {len(measured)} probe(s) within '
                            f'time_limit_s={time_limit_s}; the prefill fit needs 3 prompt '
