@@ -120,9 +120,15 @@ def _robot_bench(committed, out):
 
 
 def _responsiveness(committed, out):
-    """Rebuild responsiveness.md (``benchmarks/responsiveness.py --report JSON``)."""
+    """Rebuild responsiveness.md's table (``benchmarks/responsiveness.py --report JSON``).
+
+    The notes written under the table by hand (a run's history) stay.
+    """
     blocks = _json(committed.with_suffix('.json'))
-    out.write_text(_script('responsiveness')._report(blocks))
+    table = [line for line in _script('responsiveness')._report(blocks).split('\n')
+             if line.startswith('|')]
+    out.write_text(splice_table(committed.read_text(encoding='utf-8'), table),
+                   encoding='utf-8')
 
 
 def _rlp_call_memory(committed, out):

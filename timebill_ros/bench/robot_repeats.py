@@ -43,7 +43,8 @@ def online_check(lines):
 
     Each entry: policy, fraction, counted (some method completes >= 50 %), best (online's
     mean >= the best method's interval low), vanilla_gap (online - Vanilla, at the largest
-    budget only, else None), holds.
+    budget only, else None), holds: best (or not counted) below the largest budget,
+    vanilla_gap >= -0.01 at it.
     """
     best = scores.best_within_interval(lines, ONLINE)
     out = []
@@ -58,8 +59,11 @@ def online_check(lines):
             gap = None
             if fraction == fractions[-1] and VANILLA in here:
                 gap = here[ONLINE]['score'][0] - here[VANILLA]['score'][0]
-            holds = ((not counted or best[(policy, fraction)])
-                     and (gap is None or gap >= -VANILLA_SLACK))
+            # At the largest budget the best method is Vanilla itself, whose interval is
+            # [1, 1] (it is the reference): any one evicted goal leaves that interval, so the
+            # issue's check there is >= Vanilla - 0.01; "best" is reported beside it.
+            holds = (gap >= -VANILLA_SLACK if gap is not None
+                     else not counted or best[(policy, fraction)])
             out.append({'policy': policy, 'fraction': fraction, 'counted': counted,
                         'best': best[(policy, fraction)], 'vanilla_gap': gap, 'holds': holds})
     return out
