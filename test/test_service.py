@@ -776,10 +776,17 @@ def test_goals_routed_to_the_offload_executor_never_join_a_batch(make_service):
     assert held.wait().status == status.COMPLETED
 
 
-def test_continuous_batching_lets_waiting_goals_join_between_steps(make_service):
-    from timebill_ros.config import SchedulerConfig
+@pytest.mark.parametrize('checkpoint_tokens', [0, 4])
+def test_continuous_batching_lets_waiting_goals_join_between_steps(make_service,
+                                                                   checkpoint_tokens):
+    """Waiting goals join between steps; with checkpoints (4) each row re-decides on its own.
+
+    On a roomy budget the checkpoints evict nothing: the answers are those of a goal alone.
+    """
+    from timebill_ros.config import BudgetConfig, SchedulerConfig
     service = make_service(predictor=PromptLengthPredictor(), decode_weights='float32',
-                           scheduler=SchedulerConfig(continuous=True, batch_size=4))
+                           scheduler=SchedulerConfig(continuous=True, batch_size=4),
+                           budget=BudgetConfig(checkpoint_tokens=checkpoint_tokens))
     prompts = ['Count to 5.', 'Count to 14.']
     order, results = _run_in_order(service, prompts)
     # fifo + continuous batching: any waiting goal joins the running one (no length cut).
@@ -787,26 +794,10 @@ def test_continuous_batching_lets_waiting_goals_join_between_steps(make_service)
     alone = make_service(predictor=PromptLengthPredictor(), decode_weights='float32')
     for prompt, batched in zip(prompts, results):
         assert batched.status == status.COMPLETED, batched.message
+        assert bool(batched.checkpoint_tokens) == bool(checkpoint_tokens)
+        assert set(batched.checkpoint_ratios) <= {0.0}
         single = submit(alone, GoalRequest(prompt, budget_s=LONG)).wait()
         assert single.response == batched.response  # fp32, alpha* = 0: identical
-
-
-def test_continuous_batching_with_checkpoints_answers_as_alone(make_service):
-    """Checkpoints run per row of the batch; on a roomy budget they evict nothing."""
-    from timebill_ros.config import BudgetConfig, SchedulerConfig
-    online = BudgetConfig(checkpoint_tokens=4)
-    service = make_service(predictor=PromptLengthPredictor(), decode_weights='float32',
-                           scheduler=SchedulerConfig(continuous=True, batch_size=4),
-                           budget=online)
-    prompts = ['Count to 5.', 'Count to 14.']
-    order, results = _run_in_order(service, prompts)
-    assert [r.batch_size for r in results] == [3, 3]
-    alone = make_service(predictor=PromptLengthPredictor(), decode_weights='float32')
-    for prompt, batched in zip(prompts, results):
-        assert batched.status == status.COMPLETED, batched.message
-        assert batched.checkpoint_tokens and set(batched.checkpoint_ratios) == {0.0}
-        single = submit(alone, GoalRequest(prompt, budget_s=LONG)).wait()
-        assert single.response == batched.response
 
 
 def test_continuous_batching_with_consolidation_admits_only_similar_lengths(make_service):
