@@ -20,6 +20,7 @@ import difflib
 import importlib.util
 import io
 import json
+import os
 import pathlib
 import re
 import sys
@@ -119,6 +120,18 @@ def _robot_bench(committed, out):
     robot_bench.write_report(raw, out.parent, committed.stem)
 
 
+def _repeats(committed, out):
+    """Rebuild a robot-context repeats.md (``timebill bench --repeats RAW...``).
+
+    The raw rows: the folder's own robot_bench_raw.json, else each ``repeat*/`` one's.
+    """
+    from timebill_ros.bench import robot_repeats
+    own = committed.with_name('robot_bench_raw.json')
+    raws = [own] if own.is_file() else sorted(committed.parent.glob('repeat*/'
+                                                                    'robot_bench_raw.json'))
+    robot_repeats.report([os.path.relpath(raw) for raw in raws], out.parent)
+
+
 def _responsiveness(committed, out):
     """Rebuild responsiveness.md's table (``benchmarks/responsiveness.py --report JSON``).
 
@@ -156,11 +169,17 @@ def _under_load_table(committed, out):
 
 
 ROBOT = f'{RESULTS}/robot_context'
+ONLINE = f'{RESULTS}/robot_context_online'
 NO_PREFILLS = ('prefills every item through the model and reads readout ONNX files '
                'from the cache; neither the pooled prefill states nor the readouts are committed')
 TABLES = (
     Table(f'{ROBOT}/robot_bench.md', (f'{ROBOT}/robot_bench_raw.json',), _robot_bench,
           also=(f'{ROBOT}/robot_bench.png',)),
+    Table(f'{ONLINE}/repeat1/robot_bench.md', (f'{ONLINE}/repeat1/robot_bench_raw.json',),
+          _robot_bench, also=(f'{ONLINE}/repeat1/robot_bench.png',)),
+    Table(f'{ONLINE}/repeats.md', (f'{ONLINE}/repeat1/robot_bench_raw.json',), _repeats),
+    Table(f'{ONLINE}/wcet_check/repeats.md', (f'{ONLINE}/wcet_check/robot_bench_raw.json',),
+          _repeats),
     Table(f'{ROBOT}/robot_bench_k.md', (f'{ROBOT}/robot_bench_k_raw.json',), _robot_bench,
           also=(f'{ROBOT}/robot_bench_k.png',)),
     Table(f'{ROBOT}/readout_resolution.md', (f'{ROBOT}/robot_bench_raw.json',),
