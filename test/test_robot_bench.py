@@ -212,10 +212,10 @@ def test_the_repeats_check_and_paired_difference_of_timebill_online(tmp_path):
     from timebill_ros.bench import robot_repeats
     similarity = robot_repeats._rouge_l_scorer()
     good, bad = _online_run('a b c d'), _online_run('a b')
-    verdict = robot_repeats.online_check(robot_repeats.score_lines(good, similarity))
+    verdict = robot_repeats.online_check(robot_bench.score_lines(good, similarity)[0])
     assert [v['holds'] for v in verdict] == [True, True]
     assert verdict[-1]['vanilla_gap'] == 0.0 and verdict[0]['vanilla_gap'] is None
-    verdict = robot_repeats.online_check(robot_repeats.score_lines(bad, similarity))
+    verdict = robot_repeats.online_check(robot_bench.score_lines(bad, similarity)[0])
     # 0.95: below Vanilla's [1, 1]; 1.25: 0.333 below Vanilla, not within 0.01.
     assert [v['holds'] for v in verdict] == [False, False]
     (_, _, mean, low, high), _ = robot_repeats.paired_differences(good, similarity)

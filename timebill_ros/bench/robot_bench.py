@@ -411,10 +411,6 @@ def run_robot_bench(args):
     from timebill_ros.timing.profiler import format_report
     if args.report:
         return report_from(args.report)
-    if getattr(args, 'repeats', None):
-        from timebill_ros.bench.robot_repeats import report
-        report(args.repeats, args.out)
-        return 0
     require_predictor(_method_servers(args))
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -451,16 +447,23 @@ def run_robot_bench(args):
     return write_report(raw, out_dir, stem)
 
 
-def write_report(raw, out_dir, stem):
-    """Score a run's raw rows; write ``<stem>.md`` (tables, the issue's check) and the PNG."""
+def score_lines(raw, similarity):
+    """Return (scores.summarize's lines, ['<policy> <items>', ...]) of a run's raw rows."""
     vanilla = raw['vanilla']
     refs = {item: vanilla[item]['response'] for item in raw['items']}
-    similarity, lines, counts = _rouge_l_scorer(), [], []
+    lines, counts = [], []
     for policy in sorted({row['policy'] for row in raw['rows']}):
         # Each policy is scored over the items it ran (a stopped run: fewer under the last).
         rows = [row for row in raw['rows'] if row['policy'] == policy]
         lines += scores.summarize(rows, refs, similarity, raw.get('references'))
         counts.append(f"{policy} {len({row['item'] for row in rows})}")
+    return lines, counts
+
+
+def write_report(raw, out_dir, stem):
+    """Score a run's raw rows; write ``<stem>.md`` (tables, the issue's check) and the PNG."""
+    vanilla = raw['vanilla']
+    lines, counts = score_lines(raw, _rouge_l_scorer())
     text = report_lines(lines, f"items: {', '.join(counts)}; {raw['minutes']:.1f} min")
     text += ['', selection_text(vanilla, raw['items']) + '.']
     if 'alpha=0.95' in raw['methods']:

@@ -21,21 +21,11 @@ import pathlib
 import numpy as np
 
 from timebill_ros.bench import scores
+from timebill_ros.bench.robot_bench import score_lines
 from timebill_ros.bench.timebill import _rouge_l_scorer
 
 ONLINE, ONE_SHOT, VANILLA = 'timebill-online', 'timebill', 'vanilla'
 VANILLA_SLACK = 0.01  # the check at the largest budget: >= Vanilla - this
-
-
-def score_lines(raw, similarity):
-    """Return scores.summarize's lines of one run (every policy it ran)."""
-    vanilla = raw['vanilla']
-    refs = {item: vanilla[item]['response'] for item in raw['items']}
-    lines = []
-    for policy in sorted({row['policy'] for row in raw['rows']}):
-        rows = [row for row in raw['rows'] if row['policy'] == policy]
-        lines += scores.summarize(rows, refs, similarity)
-    return lines
 
 
 def online_check(lines):
@@ -115,7 +105,7 @@ def report(raw_paths, out_dir):
     """Write ``repeats.md`` for the runs' raw JSON files; return its lines."""
     similarity = _rouge_l_scorer()
     runs = [json.loads(pathlib.Path(p).read_text(encoding='utf-8')) for p in raw_paths]
-    lines = [score_lines(raw, similarity) for raw in runs]
+    lines = [score_lines(raw, similarity)[0] for raw in runs]
     text = [f'# Robot contexts, {len(runs)} repeats on independently calibrated servers', '',
             'Rebuilt from the raw rows by `timebill bench --workload robot-context --repeats '
             + ' '.join(str(p) for p in raw_paths) + ' --out DIR`.', '']

@@ -36,6 +36,10 @@ def cmd_bench(args, ros_args):
         return _print_breakdown(args.breakdown)
     if args.report:  # only rewrite a run's tables, whichever workload made it
         return _report(args.report)
+    if getattr(args, 'repeats', None):  # robot-context runs side by side
+        from timebill_ros.bench.robot_repeats import report
+        report(args.repeats, args.out)
+        return 0
     if args.workload == 'robot-context':
         from timebill_ros.bench.robot_bench import run_robot_bench
         return run_robot_bench(args)

@@ -222,13 +222,13 @@ class GoalRun:
         job, result = self.job, self.result
         start = self.clock()
         try:
-            n_hat, n_upper = readout.predict_bounds(state.pooled, job.n_max,
-                                                    self.runner.config.budget.upper_quantile)
+            output = readout.run(state.pooled)  # one call: N^ and, for the rest, its spread
+            n_hat, n_upper = readout.format.bounds(output, job.n_max,
+                                                   self.runner.config.budget.upper_quantile)
             if not 0 <= n_hat <= job.n_max:
                 raise ValueError(f'predicted {n_hat} tokens, outside [0, {job.n_max}]')
             result.predictor = readout.name
-            if self.runner.config.budget.checkpoint_tokens:  # its distribution, for the rest
-                self.length_output = (readout.format, readout.run(state.pooled))
+            self.length_output = (readout.format, output)
         except Exception as exc:
             result.predictor = f'fallback (readout error: {type(exc).__name__}: {exc})'
             n_hat, n_upper = job.n_max, None

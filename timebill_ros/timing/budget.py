@@ -110,15 +110,15 @@ def decide_remaining(time_model, time_left_s, n_x, n_hat, n_max, k, alpha_max,
         time_model, n_x, n_w, report_bound)[0]
     if fixed_alpha is not None:
         alpha = float(fixed_alpha)
-    elif not _fits(remaining(alpha), time_left_s):
+    elif not fits_in(remaining(alpha), time_left_s):
         last = remaining
         if fallback_bound is not None:
             alpha, last = _choose(time_model, time_left_s, n_x, n_w, alpha_max, fallback_bound)
-        if keep_cache_when_hopeless and not _fits(last(alpha), time_left_s):
+        if keep_cache_when_hopeless and not fits_in(last(alpha), time_left_s):
             alpha = 0.0
     need_s = report(alpha)
     return RemainingDecision(n_hat=n_hat, n_w=n_w, alpha=alpha, remaining_s=need_s,
-                             fits=_fits(need_s, time_left_s))
+                             fits=fits_in(need_s, time_left_s))
 
 
 def _remaining_at(time_model, n_x, n_w, bound):
@@ -148,6 +148,9 @@ def _choose(time_model, time_left_s, n_x, n_w, alpha_max, bound):
                       coefficients.q, alpha_max), remaining
 
 
-def _fits(need_s, time_left_s):
-    # alpha* solves need_s == time_left_s exactly: allow for the last bits of rounding.
+def fits_in(need_s, time_left_s):
+    """Return whether ``need_s`` seconds fit ``time_left_s``, up to the last bits of rounding.
+
+    alpha* solves need_s == time_left_s exactly, so an exact comparison would reject it.
+    """
     return need_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))

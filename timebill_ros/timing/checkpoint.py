@@ -22,6 +22,8 @@ one): ``decode_coefficients(bound)`` (Eq. 4b: p s/token, q s) and ``evict_s(n, b
 
 import dataclasses
 
+from timebill_ros.timing.budget import fits_in
+
 
 @dataclasses.dataclass(frozen=True)
 class RestPlan:
@@ -73,7 +75,11 @@ class CacheNow:
 
 
 def kept_prompt(n_x: int, alpha: float) -> int:
-    """Return the prompt tokens an eviction to ``alpha`` keeps, as the engine rounds them."""
+    """Return the prompt tokens an eviction to ``alpha`` keeps, as the engine rounds them.
+
+    engine.eviction.n_keep_for without its observation-window floor (the robot's timing
+    code does not import the engine's torch scorers for one rounding).
+    """
     return n_x - round(alpha * n_x)
 
 
@@ -139,7 +145,7 @@ def plan_rest(time_model, time_left_s: float, cache: CacheNow, n_rest: int, segm
         alpha = max(alpha, _flat(time_model, time_left_s, cache, planned, alpha_max, bound))
     report = bound if report_bound is None else report_bound
     rest_s = plan_s(time_model, cache, alpha, n_rest, segment, alpha_max, report)
-    fits = rest_s <= time_left_s + 1e-9 * max(1.0, abs(time_left_s))
+    fits = fits_in(rest_s, time_left_s)
     keep_s = steps_s(time_model.decode_coefficients(report), cache.kv_at(cache.alpha_now),
                      n_rest)
     latest_s = min(keep_s, max(time_left_s, rest_s)) if fits else rest_s
@@ -166,9 +172,7 @@ def _solve(time_model, time_left_s, cache, n_rest, segment, alpha_max, bound) ->
     if n_rest > first:
         fixed += time_model.evict_s(cache.n_prompt_kv, bound) + steps_s(
             co, kept_prompt(cache.n_x, alpha_max) + cache.n_answer_kv + first, n_rest - first)
-    kv = (time_left_s - fixed - first * co.q - co.p * first * (first - 1) / 2.0) \
-        / (co.p * first)
-    rescued = min(alpha_max, max(keep, 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)))
+    rescued = min(alpha_max, max(keep, _alpha_for(co, cache, time_left_s - fixed, first)))
     # The plan without the rescue: Eq. 11 for the whole rest; the smaller one that fits.
     flat = min(alpha_max, max(keep, _flat(time_model, time_left_s, cache, n_rest, alpha_max,
                                           bound)))
@@ -190,7 +194,16 @@ def _flat(time_model, time_left_s, cache, n_steps, alpha_max, bound) -> float:
     co = time_model.decode_coefficients(bound)
     if n_steps <= 0 or co.p <= 0:
         return 0.0
-    left = time_left_s - time_model.evict_s(cache.n_prompt_kv, bound)
-    kv = (left - n_steps * co.q - co.p * n_steps * (n_steps - 1) / 2.0) / (co.p * n_steps)
-    alpha = 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)
+    alpha = _alpha_for(co, cache, time_left_s - time_model.evict_s(cache.n_prompt_kv, bound),
+                       n_steps)
     return min(alpha_max, max(0.0, alpha + 1.0 / max(cache.n_x, 1)))  # whole tokens
+
+
+def _alpha_for(co, cache, left_s, n_steps) -> float:
+    """Return the alpha whose cache makes ``n_steps`` steps take ``left_s`` (unclamped).
+
+    :func:`steps_s` solved for its cache: kv = (left - n q - p n (n - 1) / 2) / (p n); p > 0,
+    n >= 1.
+    """
+    kv = (left_s - n_steps * co.q - co.p * n_steps * (n_steps - 1) / 2.0) / (co.p * n_steps)
+    return 1.0 - (kv - cache.n_answer_kv) / max(cache.n_x, 1)
