@@ -14,8 +14,10 @@ the same question of the bf16 prefill on more prompts (the fp32 prefill agreed t
 
 import argparse
 import datetime
+import json
 import pathlib
 import platform
+import sys
 import time
 
 
@@ -44,7 +46,7 @@ def agreement(path: pathlib.Path, n_prompts: int, n_tokens: int):
 
 def chunk_plan_agreement(path: pathlib.Path, n_prompts: int, n_tokens: int,
                          dtype: str = 'auto'):
-    """Return (prompts, equal to fp32's, equal between two chunk plans, dtype resolved).
+    """Return (rows, the dtype ``dtype`` resolved to): each prompt's three greedy answers.
 
     The engine at ``engine.prefill_dtype`` ``dtype`` (the default: auto) prefills each prompt
     in chunks of 512 (one chunk here) and in 16-token chunks (what a tight budget's time
@@ -59,17 +61,23 @@ def chunk_plan_agreement(path: pathlib.Path, n_prompts: int, n_tokens: int,
     engine = LlmEngine(EngineConfig(model_path=str(path), prefill_dtype=dtype), EvictionConfig())
     reference = LlmEngine(EngineConfig(model_path=str(path), prefill_dtype='float32'),
                           EvictionConfig())
-    equal_fp32 = equal_plans = 0
-    prompts = rlp_test_prompts(n_prompts)
-    for _, prompt in prompts:
+    rows = []
+    for prompt_id, prompt in rlp_test_prompts(n_prompts):
         answers = []
         for which, plan in ((engine, 512), (engine, 16), (reference, 512)):
             state = which.prefill(which.encode(prompt), StopCriteria(),
                                   chunk_plan=fixed_chunks(plan))
             answers.append(which.decode(state, n_tokens, StopCriteria()).token_ids)
-        equal_plans += answers[0] == answers[1]
-        equal_fp32 += answers[0] == answers[2]
-    return len(prompts), equal_fp32, equal_plans, prefill_dtype(dtype)
+        rows.append({'prompt_id': prompt_id, 'chunks_512': answers[0],
+                     'chunks_16': answers[1], 'fp32_512': answers[2]})
+    return rows, prefill_dtype(dtype)
+
+
+def chunk_plan_line(name, dtype, rows):
+    """Return the table line of one file's rows: answers equal to fp32's and between plans."""
+    fp32 = sum(row['chunks_512'] == row['fp32_512'] for row in rows)
+    plans = sum(row['chunks_512'] == row['chunks_16'] for row in rows)
+    return f'| {name} | {dtype} | {fp32}/{len(rows)} | {plans}/{len(rows)} |'
 
 
 def main():
@@ -110,11 +118,13 @@ def main():
 
 def chunk_plans_main(args):
     """Run :func:`chunk_plan_agreement` for each file; print and write a Markdown table."""
-    rows = []
+    rows, raw = [], {}
     for path in args.files:
-        n, fp32, plans, dtype = chunk_plan_agreement(path, args.prompts, args.tokens)
-        rows.append(f'| {path.name} | {dtype} | {fp32}/{n} | {plans}/{n} |')
+        answers, dtype = chunk_plan_agreement(path, args.prompts, args.tokens)
+        raw[path.name] = {'dtype': dtype, 'rows': answers}
+        rows.append(chunk_plan_line(path.name, dtype, answers))
         print(rows[-1], flush=True)
+    args.out.with_suffix('.json').write_text(json.dumps(raw, indent=1), encoding='utf-8')
     text = '\n'.join([
         '# Greedy answers of the default prefill: against fp32, and between two chunk plans',
         '',
@@ -122,7 +132,9 @@ def chunk_plans_main(args):
         f' --chunk-plans --prompts {args.prompts} --tokens {args.tokens} --out ...`; host '
         f'{platform.node()} ({platform.machine()}), {datetime.date.today().isoformat()}. '
         f'Prompts: the first {args.prompts} of the RLP test split, {args.tokens} tokens; '
-        'plans: chunks of 512 and of 16 tokens.', '',
+        'plans: chunks of 512 and of 16 tokens. Rows (each answer\'s token ids): '
+        f'{args.out.with_suffix(".json").name}; the table again from them: `python '
+        'benchmarks/prefill_agreement.py --chunk-plans-table JSON`.', '',
         '| file | auto resolved to | answers = fp32 (512) | answers equal, 512 vs 16 |',
         '|---|---|---|---|', *rows, ''])
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,4 +144,9 @@ def chunk_plans_main(args):
 
 
 if __name__ == '__main__':
+    if len(sys.argv) == 3 and sys.argv[1] == '--chunk-plans-table':
+        data = json.loads(pathlib.Path(sys.argv[2]).read_text(encoding='utf-8'))
+        print('\n'.join(chunk_plan_line(name, run['dtype'], run['rows'])
+                        for name, run in data.items()))
+        sys.exit(0)
     main()
