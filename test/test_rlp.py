@@ -89,6 +89,8 @@ def test_collect_is_resumable_and_detects_changed_prompts(make_tiny_engine, tmp_
     records = collect_mod.load_records(out)
     assert sorted(records) == sorted(it.prompt_id for it in items)
     assert all(1 <= r['n_tokens'] <= 6 and r['n_model'] == 6 for r in records.values())
+    assert all(len(r['answer_ids']) in (r['n_tokens'], r['n_tokens'] - 1)
+               for r in records.values())
     assert any('ETA' in line for line in logs)
     with pytest.raises(ValueError, match='n_model'):
         collect_mod.collect(engine, items, out, n_model=8, log=logs.append)
@@ -105,12 +107,14 @@ def test_batched_lengths_match_one_at_a_time_on_tiny_model(make_tiny_engine):
     encoded = {it.prompt_id: engine.encode(it.prompt) for it in items}
 
     def lengths(max_batch):
-        return {item.prompt_id: (n, capped) for item, n, capped, _ in
+        return {item.prompt_id: (n, capped, tuple(ids)) for item, n, capped, _, ids in
                 collect_mod.decode_lengths(engine, items, encoded, 7, max_batch)}
 
     alone = lengths(1)
     assert len(alone) == 5 and lengths(3) == alone
-    assert all(1 <= n <= 7 and capped == (n == 7) for n, capped in alone.values())
+    assert all(1 <= n <= 7 and capped == (n == 7) for n, capped, _ in alone.values())
+    # the answer's ids: n - 1 of them before an EOS, all 7 steps' when capped
+    assert all(len(ids) == (7 if capped else n - 1) for n, capped, ids in alone.values())
 
 
 def test_guarded_collection_counts_the_steps_until_the_loop_guard_fired(

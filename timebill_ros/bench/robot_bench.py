@@ -341,7 +341,8 @@ def plot(lines, path, methods):
 
 def _method_servers(args):
     """Return [(name, flat parameters)] of the run's servers (vanilla first)."""
-    extra = {'prefix_cache.max_mb': PREFIX_MB, 'engine.prefill_dtype': PREFILL_DTYPE}
+    extra = {'prefix_cache.max_mb': PREFIX_MB, 'engine.prefill_dtype': PREFILL_DTYPE,
+             'engine.model_path': getattr(args, 'model', '') or ''}
     if args.k_sweep:
         timebill = next(m for m in METHODS if m[0] == 'timebill')
         vanilla = [] if getattr(args, 'vanilla', None) else [
@@ -355,6 +356,12 @@ def _method_servers(args):
         raise ValueError(f'unknown method(s) {unknown}; known: {[m[0] for m in METHODS]}')
     return [(m[0], {**server_flat(m), **extra}) for m in METHODS
             if m[0] in wanted or m[0] == 'vanilla']
+
+
+def _served_config(model_path):
+    """Return the ServerConfig whose model the run serves (its predictor files count)."""
+    from timebill_ros.config import EngineConfig, ServerConfig
+    return ServerConfig(engine=EngineConfig(model_path=model_path))
 
 
 def require_predictor(methods, config=None):
@@ -411,11 +418,13 @@ def run_robot_bench(args):
     from timebill_ros.timing.profiler import format_report
     if args.report:
         return report_from(args.report)
-    require_predictor(_method_servers(args))
+    model_path = getattr(args, 'model', '') or ''
+    require_predictor(_method_servers(args), _served_config(model_path))
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    engine, calibration = fresh_calibration(N_MAX, PREFILL_DTYPE)
+    engine, calibration = fresh_calibration(N_MAX, PREFILL_DTYPE, model_path)
+    model_key = engine.model_key
     quick = {'kinds': KINDS[:2], 'sizes': CONTEXT_SIZES[:1]} if args.quick else {}
     items = build_workload(lambda text: len(engine.encode(text)),
                            **{'sizes': CONTEXT_SIZES, **quick})
@@ -442,7 +451,7 @@ def run_robot_bench(args):
     raw = {'rows': rows, 'vanilla': vanilla, 'items': [i.item_id for i in chosen],
            'references': {i.item_id: i.reference for i in chosen if i.reference},
            'methods': [name for name, _ in methods], 'minutes': minutes,
-           'phases': phases, 'calibration': format_report(calibration)}
+           'phases': phases, 'calibration': format_report(calibration), 'model': model_key}
     (out_dir / f'{stem}_raw.json').write_text(json.dumps(raw, indent=1), encoding='utf-8')
     return write_report(raw, out_dir, stem)
 
@@ -512,6 +521,9 @@ def add_arguments(parser):
                              'of running one, so Fig. 8 has the same budgets')
     parser.add_argument('--policies', default='kill,skip_next',
                         help='robot-context: comma list of overrun policies to run')
+    parser.add_argument('--model', default='', metavar='FILE.gguf',
+                        help='robot-context: serve this GGUF file instead of the embedded '
+                             'model (its own predictors: `timebill predictor build --model`)')
     parser.add_argument('--repeats', metavar='RAW_JSON', nargs='+',
                         help='robot-context: only write repeats.md (spread between repeats, '
                              "timebill-online's check) from these runs' raw rows")

@@ -256,16 +256,18 @@ def _prompt_set(args):
     return prompts.benchmark_prompts(quick=args.quick)
 
 
-def fresh_calibration(n_max, prefill_dtype='auto'):
-    """Return (engine, calibration): the default engine and a start-up grid fit taken now.
+def fresh_calibration(n_max, prefill_dtype='auto', model_path=''):
+    """Return (engine, calibration): the served engine and a start-up grid fit taken now.
 
     Taken in the same machine state as the runs (shared machines drift), it serves the
     benchmark process and every server it starts. prefill_dtype: ``engine.prefill_dtype`` of
-    the engine it times (the servers' own).
+    the engine it times (the servers' own). model_path: the GGUF file served ('' the
+    embedded model).
     """
     from timebill_ros.engine import LlmEngine
     from timebill_ros.timing.profiler import profile, startup_grid
-    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max, prefill_dtype=prefill_dtype))
+    config = ServerConfig(engine=EngineConfig(max_new_tokens=n_max, prefill_dtype=prefill_dtype,
+                                              model_path=model_path))
     engine = LlmEngine.load(config.engine, config.eviction)
     return engine, profile(engine, startup_grid(engine.context_tokens), progress=print)
 

@@ -111,7 +111,7 @@ def _join(engine, batch, item, encoded, n_model, rows, loop_guard, on_prefill=No
 def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]],
                    n_model: int, max_batch: int, loop_guard: Optional[tuple] = None,
                    on_prefill: Optional[Callable] = None):
-    """Yield ``(item, n_tokens, capped, finish)`` as each item's greedy answer ends.
+    """Yield ``(item, n_tokens, capped, finish, answer_ids)`` as each item's answer ends.
 
     The server's own path: :meth:`LlmEngine.prefill` (no eviction) and the engine's batched
     decoding (:meth:`LlmEngine.new_batch`), up to ``max_batch`` answers a step. An answer
@@ -120,7 +120,8 @@ def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]
     so no answer waits for a longer one (continuous batching; no padding). ``n_tokens``
     counts the decoding steps the server runs (the EOS included). ``on_prefill(item, ids,
     state)`` sees each prefill (its PrefillState: the pooled layer states the prefill readout
-    trains on come with it at no extra pass).
+    trains on come with it at no extra pass). ``answer_ids``: the generated token ids, the
+    EOS excluded (a remaining-length readout's teacher-forced training input).
     """
     batch, pending, rows = engine.new_batch(), list(items), {}
     while pending or len(batch):
@@ -129,7 +130,8 @@ def decode_lengths(engine, items: List[CorpusItem], encoded: Dict[str, List[int]
                   on_prefill)
         for row_id, result in batch.step():
             item, guard = rows.pop(row_id)
-            yield (item, *result_length(result, n_model, guard), finish_of(result))
+            yield (item, *result_length(result, n_model, guard), finish_of(result),
+                   list(result.token_ids))
 
 
 def _check_done(out_path, done, items, n_model, loop_guard):
@@ -175,13 +177,13 @@ def collect(engine, items: List[CorpusItem], out_path, n_model: int = N_MODEL,
     out_path.parent.mkdir(parents=True, exist_ok=True)
     start, n_done, n_capped, n_loops, n_answer_tokens = clock(), 0, 0, 0, 0
     with out_path.open('a') as out:
-        for item, n_tokens, capped, finish in decode_lengths(
+        for item, n_tokens, capped, finish, answer_ids in decode_lengths(
                 engine, pending, encoded, n_model, max_batch, loop_guard, on_prefill):
             record = {
                 'prompt_id': item.prompt_id, 'category': item.category,
                 'split': item.split, 'n_prompt_tokens': len(encoded[item.prompt_id]),
                 'n_tokens': n_tokens, 'capped': capped, 'n_model': n_model,
-                'prompt_sha': prompt_sha(item.prompt)}
+                'prompt_sha': prompt_sha(item.prompt), 'answer_ids': answer_ids}
             if loop_guard:
                 record.update(finish=finish, loop_guard=list(loop_guard))
             out.write(json.dumps(record) + '\n')
