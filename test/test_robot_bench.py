@@ -76,6 +76,14 @@ def test_the_table_shows_intervals():
                          '0.500 [0.400, 0.600] | 0.556 | - | 0.70 |')
 
 
+def test_every_server_serves_the_file_given_with_model():
+    served = robot_bench._method_servers(_args(model='/opt/models/other.gguf'))
+    assert {flat['engine.model_path'] for _, flat in served} == {'/opt/models/other.gguf'}
+    assert {flat['engine.model_path'] for _, flat in robot_bench._method_servers(_args())} == {''}
+    assert robot_bench._served_config('/opt/models/other.gguf').engine.model_path == (
+        '/opt/models/other.gguf')
+
+
 def test_the_k_sweep_given_a_vanilla_pass_starts_no_vanilla_server():
     sweep = robot_bench._method_servers(_args(k_sweep=True, vanilla='robot_bench_vanilla.json'))
     assert [name for name, _ in sweep] == [f'timebill-k{k}' for k in range(1, 9)]

@@ -379,7 +379,8 @@ def require_predictor(methods, config=None):
     path = predictor_files(config or ServerConfig())['RLP']
     if not path.exists():
         raise FileNotFoundError(f'TimeBill needs its trained predictor, none at {path}: '
-                                'build it first with `make predictor`')
+                                'build it first with `make predictor` (another file: '
+                                '`timebill predictor build --model FILE.gguf`)')
 
 
 def _play_groups(methods, group, calibration, items, vanilla, plan, stem_path, mark, log):
