@@ -120,7 +120,7 @@ def test_predictor_upgrade_names_the_files_that_appeared(tmp_path):
     import os
     import types
 
-    from timebill_ros.config import PredictorConfig, ServerConfig
+    from timebill_ros.config import BudgetConfig, PredictorConfig, ServerConfig
     from timebill_ros.predictors import FallbackPredictor
     from timebill_ros.server.factory import predictor_upgrade
     rlp, readout = tmp_path / 'rlp.onnx', tmp_path / 'readout.onnx'
@@ -137,6 +137,18 @@ def test_predictor_upgrade_names_the_files_that_appeared(tmp_path):
     os.utime(rlp, (1, 1))
     assert predictor_upgrade(service)[1] != key  # rebuilt files are tried again
     service.predictor, service.readout = object(), object()  # both in use: nothing to gain
+    assert predictor_upgrade(service) is None
+    # timebill-online with a prefill readout but no decode readout: its file counts once built.
+    decode = tmp_path / 'decode.onnx'
+    service.config = ServerConfig(
+        predictor=PredictorConfig(model_file=str(rlp), readout_file=str(readout),
+                                  decode_readout_file=str(decode)),
+        budget=BudgetConfig(checkpoint_tokens=16))
+    service.readout = types.SimpleNamespace(decode=None)
+    assert predictor_upgrade(service) is None
+    decode.write_bytes(b'z')
+    assert predictor_upgrade(service)[0] == 'the decode readout'
+    service.readout.decode = object()
     assert predictor_upgrade(service) is None
     service.config = ServerConfig(predictor=PredictorConfig(kind='fallback'))
     assert predictor_upgrade(service) is None

@@ -178,7 +178,9 @@ def test_build_for_a_gguf_file_from_nothing(own_file, tmp_path):
     lengths = cache / 'rlp' / f'{key}__lengths.jsonl'
     records = [json.loads(line) for line in lengths.read_text().splitlines()]
     assert len(records) == 6 and all(r['loop_guard'] for r in records)
-    assert (cache / 'rlp' / f'{key}__build.log').read_text().count('--- step') == 3
+    assert (cache / 'rlp' / f'{key}__build.log').read_text().count('--- step') == 4
+    assert all(len(r['answer_ids']) in (r['n_tokens'], r['n_tokens'] - 1) or r['finish'] ==
+               'repetition' for r in records)
     assert '[' in done.stdout and 'ETA' in done.stdout  # the progress bar
     assert 'prefill features:' not in done.stdout  # the readout reused collection's states
     files = predictor_files(config)
@@ -194,6 +196,9 @@ def test_build_for_a_gguf_file_from_nothing(own_file, tmp_path):
     state = engine.prefill(engine.encode('Is the door open?'), StopCriteria())
     n_hat, n_upper = readout.predict_bounds(state.pooled, 256, q=0.9)
     assert 1 <= n_hat <= n_upper <= 256 and np.isfinite(n_hat)
+    # The decode readout, from the answers' kept ids, checked against torch and loaded.
+    assert 'ONNX vs torch on' in done.stdout.split('step 4/4: decode-readout')[-1]
+    assert readout.decode is not None and readout.decode.model_key == key
     # A second build finds everything up to date and trains nothing.
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count('already built') == 2, again.stdout
+    assert again.returncode == 0 and again.stdout.count('already built') == 3, again.stdout

@@ -361,6 +361,12 @@ class PredictorConfig:
         broken readout file: the server logs why and predicts with the RLP as before.
     readout_file: the readout ONNX file; empty = the cache entry ``timebill predictor readout
         --export`` writes (``<cache>/rlp/<model>__readout.onnx``).
+    decode_readout: with the prefill readout and ``budget.checkpoint_tokens`` > 0, read the
+        rest of the answer at each checkpoint from the prompt's and the answer's own states
+        (the decode readout, ``timebill predictor decode-readout --export``) instead of the
+        prefill readout's distribution alone; a missing or broken file: logged, not used.
+    decode_readout_file: the decode readout ONNX file; empty = the cache entry
+        (``<cache>/rlp/<model>__decode_readout.onnx``).
     reload_check_s: while the node serves without the RLP or the readout (their files did
         not exist when it was configured: ``make run`` builds them in the background), look
         for them every this many seconds; once they load, the node builds a service with them
@@ -377,6 +383,8 @@ class PredictorConfig:
     timeout_s: float = 1.0
     prefill_readout: bool = True
     readout_file: str = ''
+    decode_readout: bool = True
+    decode_readout_file: str = ''
     reload_check_s: float = 10.0
 
     def __post_init__(self):
@@ -386,10 +394,11 @@ class PredictorConfig:
                 or not 0 <= self.reload_check_s < float('inf')):
             raise ValueError(f'predictor.reload_check_s must be a number of seconds >= 0, '
                              f'got {self.reload_check_s!r}')
-        if not isinstance(self.prefill_readout, bool):
-            raise TypeError(f'predictor.prefill_readout must be a bool, got '
-                            f'{self.prefill_readout!r}')
-        for name in ('model_file', 'readout_file'):
+        for name in ('prefill_readout', 'decode_readout'):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f'predictor.{name} must be a bool, got '
+                                f'{getattr(self, name)!r}')
+        for name in ('model_file', 'readout_file', 'decode_readout_file'):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f'predictor.{name} must be a str, got {getattr(self, name)!r}')
         check_choice('predictor.provider', self.provider, PREDICTOR_PROVIDERS)

@@ -4,38 +4,11 @@ import argparse
 import pathlib
 import sys
 
+from timebill_ros.cli.predictor_common import (calibrate_levels, config_of, lengths_of,
+                                               ONNX_ATOL, training_engine)
+
 ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
-ONNX_ATOL = 1e-3  # fp32 export vs torch: bucket probabilities (or the scaled length)
 INT8_AGREEMENT = 0.9  # int8-embedding export: share of check prompts with torch's N^
-
-
-def _config(args):
-    """Return the ServerConfig of ``--params`` / ``--set``, ``--model`` as engine.model_path."""
-    import dataclasses
-    from timebill_ros.params import load_config
-    config = load_config(args.params, args.set)
-    if getattr(args, 'model', None):
-        model = pathlib.Path(args.model).expanduser().resolve()
-        if not model.exists():
-            raise ValueError(f'--model {args.model}: no such file or directory')
-        config = dataclasses.replace(
-            config, engine=dataclasses.replace(config.engine, model_path=str(model)))
-    return config
-
-
-def _lengths(args, config):
-    """Return the lengths JSONL: ``--lengths``, else the model's (predictor_build)."""
-    from timebill_ros.cli.predictor_build import lengths_path
-    return lengths_path(config, getattr(args, 'lengths', None))
-
-
-def _engine(args, config=None):
-    from timebill_ros.engine import LlmEngine
-    config = config or _config(args)
-    # The RLP trains on transformers modules: the embedded model is loaded as such; a GGUF
-    # file is served on its own blocks and the RLP gets transformers' copy of it
-    # (training.target.load_target_model).
-    return config, LlmEngine.load(config.engine, config.eviction, transformers_model=True)
 
 
 def _paths(args, config):
@@ -54,9 +27,9 @@ def cmd_collect(args, ros_args):
     from timebill_ros.training.collect import collect
     from timebill_ros.training.corpus import build_corpus, quick_subset
     from timebill_ros.training.prefill_features import default_features_path, FeatureSink
-    config = _config(args)
-    out = _lengths(args, config)
-    config, engine = _engine(args, config)
+    config = config_of(args)
+    out = lengths_of(args, config)
+    config, engine = training_engine(args, config)
     items = build_corpus()
     if args.split:
         items = [it for it in items if it.split == args.split]
@@ -82,8 +55,8 @@ def cmd_verify(args, ros_args):
     """Re-measure some collected lengths unbatched, through the server's decode path."""
     from timebill_ros.training.collect import verify
     from timebill_ros.training.corpus import build_corpus
-    config, engine = _engine(args)
-    rows = verify(engine, build_corpus(), _lengths(args, config), args.n)
+    config, engine = training_engine(args)
+    rows = verify(engine, build_corpus(), lengths_of(args, config), args.n)
     same = sum(b == s for _, b, s in rows)
     within = sum(abs(b - s) <= 16 for _, b, s in rows)
     print(f'{same}/{len(rows)} identical, {within}/{len(rows)} within 16 tokens '
@@ -94,7 +67,7 @@ def cmd_verify(args, ros_args):
 def cmd_build(args, ros_args):
     """Build the model's own RLP and readout: collect its lengths if needed, train, export."""
     from timebill_ros.cli.predictor_build import cmd_build as build
-    return build(args, _config(args))
+    return build(args, config_of(args))
 
 
 def _rlp_settings(args, n_model):
@@ -111,17 +84,17 @@ def cmd_train(args, ros_args):
     from timebill_ros.training.models.rlp import RlpModel
     from timebill_ros.cli.predictor_build import built_on
     from timebill_ros.training.target import load_target_model
-    config = _config(args)
+    config = config_of(args)
     onnx_path, pt_path = _paths(args, config)
-    splits = load_examples(_lengths(args, config), args.split_view)
+    splits = load_examples(lengths_of(args, config), args.split_view)
     if args.if_stale and built_on(onnx_path) >= len(splits['train']):
         print(f'RLP already built on every collected training prompt: {onnx_path}')
         return _train_lengths_if_missing(args, config, onnx_path)
-    _, engine = _engine(args, config)
+    _, engine = training_engine(args, config)
     settings = _rlp_settings(args, splits['train'][0].n_model)
     model = RlpModel(load_target_model(engine), engine.encode, **settings)
     model.fit(splits['train'], splits['val'])
-    _calibrate(model, splits)
+    calibrate_levels(model, splits)
     pt_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({'settings': settings, 'state_dict': model.net.state_dict(),
                 'n_train': model.n_train, 'quantile_levels': model.quantile_levels}, pt_path)
@@ -138,7 +111,7 @@ def _train_lengths_if_missing(args, config, onnx_path):
     try:
         read_train_lengths(onnx_path)
     except (OSError, ValueError, KeyError):
-        _, engine = _engine(args, config)
+        _, engine = training_engine(args, config)
         export_train_lengths(onnx_path, engine.encode, config.predictor)
     return 0
 
@@ -181,18 +154,18 @@ def cmd_export(args, ros_args):
     from timebill_ros.training.dataset import load_examples
     from timebill_ros.training.models.rlp import RlpModel
     from timebill_ros.training.target import load_target_model
-    config = _config(args)
+    config = config_of(args)
     onnx_path, pt_path = _paths(args, config)
     if not pt_path.is_file():
         print(f'no trained RLP at {pt_path}: run `timebill predictor train`', file=sys.stderr)
         return 2
-    _, engine = _engine(args, config)
+    _, engine = training_engine(args, config)
     saved = torch.load(pt_path, weights_only=True)
     model = RlpModel(load_target_model(engine), engine.encode, **saved['settings'])
     model.net.load_state_dict(saved['state_dict'])
     model.n_train = saved.get('n_train', 0)
     model.quantile_levels = saved.get('quantile_levels', '')
-    return _export(model, engine, load_examples(_lengths(args, config), args.split_view),
+    return _export(model, engine, load_examples(lengths_of(args, config), args.split_view),
                    onnx_path,
                    args.embedding, config.predictor)
 
@@ -229,13 +202,13 @@ def cmd_readout(args, ros_args):
     from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
     from timebill_ros.cli.predictor_build import built_on
     from timebill_ros.training.target import final_norm_weight
-    config = _config(args)
+    config = config_of(args)
     path = _readout_path(args, config)
-    splits = load_examples(_lengths(args, config), args.split_view)
+    splits = load_examples(lengths_of(args, config), args.split_view)
     if args.if_stale and built_on(path) >= len(splits['train']):
         print(f'prefill readout already built on every collected training prompt: {path}')
         return 0
-    _, engine = _engine(args, config)
+    _, engine = training_engine(args, config)
     layers = _pool_layers(args, engine)
     model = PrefillReadoutModel(final_norm_weight(engine), engine.n_layers,
                                 _features(engine, config, splits, layers),
@@ -243,7 +216,7 @@ def cmd_readout(args, ros_args):
                                 n_model=splits['train'][0].n_model, epochs=args.epochs,
                                 seed=args.seed, head=args.head, pool_layers=layers)
     model.fit(splits['train'], splits['val'])
-    _calibrate(model, splits)
+    calibrate_levels(model, splits)
     if splits['test']:
         print(f'{model.name}: test MAE {model.mae(splits["test"]):.1f} tokens '
               f'({args.split_view} view, {len(splits["test"])} prompts)')
@@ -294,12 +267,12 @@ def cmd_eval(args, ros_args):
     import json
     from timebill_ros.training import report
     from timebill_ros.training.dataset import load_examples
-    splits = load_examples(_lengths(args, _config(args)), args.split_view)
+    splits = load_examples(lengths_of(args, config_of(args)), args.split_view)
     if args.report_only:  # rewrite the tables and the plot from a saved run
         rows = json.loads((pathlib.Path(args.out) / 'rlp_eval.json').read_text())
         print(f'saved {report.save_report(rows, splits, args.out)}')
         return 0
-    config, engine = _engine(args)
+    config, engine = training_engine(args)
     n_model = splits['train'][0].n_model
     models = report.baseline_models(print) + report.rlp_variants(
         engine, n_model, {}, print, buckets=_buckets(args.buckets), n_layers=args.layers,
@@ -325,7 +298,7 @@ def cmd_overlap(args, ros_args):
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
     from timebill_ros.timing.startup import load_or_calibrate
     from timebill_ros.training.overlap import format_overlap, measure_overlap
-    config, engine = _engine(args)
+    config, engine = training_engine(args)
     calibration = load_or_calibrate(engine, config.engine, config.timing, log=print)
     predictor = build_predictor(config, engine, calibration.coefficients)
     if not isinstance(predictor, OnnxRlpPredictor):
@@ -339,14 +312,6 @@ def cmd_overlap(args, ros_args):
     out.write_text('Regenerate: `timebill predictor overlap`\n\n' + text + '\n')
     print(f'saved {out}')
     return 0
-
-
-def _calibrate(model, splits):
-    """Set ``model.quantile_levels`` from the val prompts (export.calibrate_quantiles)."""
-    from timebill_ros.training.export import calibrate_quantiles
-    model.quantile_levels = calibrate_quantiles(model, splits['val'])
-    print(f'{model.name}: N^_q levels calibrated on {len(splits["val"])} val prompts (q:level): '
-          f'{model.quantile_levels or "none"}')
 
 
 def _check_examples(splits):
@@ -393,6 +358,7 @@ def _embedding_arg(parser):
 
 def add_parser(sub):
     """Add the ``predictor`` command and its subcommands to ``sub``."""
+    from timebill_ros.cli import predictor_decode
     from timebill_ros.training.collect import MAX_BATCH, N_MODEL
     parser = sub.add_parser('predictor', help=__doc__)
     psub = parser.add_subparsers(dest='predictor_command', required=True)
@@ -446,6 +412,9 @@ def add_parser(sub):
                          help='skip if the ONNX was trained on every collected training prompt')
     _pool_layers_arg(readout)
     readout.set_defaults(func=cmd_readout)
+    decode = psub.add_parser('decode-readout', help=predictor_decode.cmd_decode_readout.__doc__)
+    predictor_decode.add_arguments(decode, _common)
+    decode.set_defaults(func=predictor_decode.cmd_decode_readout)
     export = psub.add_parser('export', help=cmd_export.__doc__)
     _common(export)
     export.add_argument('--onnx', help='ONNX path (default: predictor.model_file or the cache)')

@@ -3,9 +3,10 @@
 For the embedded model the lengths are committed (``data/rlp/lengths_1024_guard.jsonl``); for
 any other model (``--model FILE``) the build first collects that model's own answer lengths on
 the corpus, with the loop guard on, into the cache (resumable), and the pooled prefill states
-the readout trains on with them. Then it trains and exports the RLP and the prefill readout
-beside the calibration, keyed on the model (its file's content for a GGUF), where the node
-looks for them. Each step runs in a process of its own; the output goes to the terminal and to
+the readout trains on with them. Then it trains and exports the RLP, the prefill readout and
+(where the collection kept the answers' token ids) the decode readout beside the calibration,
+keyed on the model (its file's content for a GGUF), where the node looks for them. Each step
+runs in a process of its own; the output goes to the terminal and to
 ``<cache>/rlp/<model key>__build.log``.
 """
 
@@ -72,7 +73,8 @@ def build_steps(config, common, prompts=0):
     steps = []
     if config.engine.model_path or not lengths_path(config).is_file():
         steps.append(['collect', *(['--prompts', str(prompts)] if prompts else [])])
-    steps += [['train', '--export', '--if-stale'], ['readout', '--export', '--if-stale']]
+    steps += [['train', '--export', '--if-stale'], ['readout', '--export', '--if-stale'],
+              ['decode-readout', '--export', '--if-stale']]
     return [[sys.executable, '-m', 'timebill_ros.cli', 'predictor', *step, *common]
             for step in steps]
 
@@ -146,7 +148,9 @@ def start_background_build(config, common=(), nice=10, prompts=0):
     Nothing starts when both files exist or a build is running (a lock file beside them); the
     process outlives the caller, its log is the build log (:func:`log_path`).
     """
-    files = predictor_files(config)
+    # The decode readout is not built here: it needs answers collected with their token ids.
+    files = {name: path for name, path in predictor_files(config).items()
+             if name in ('RLP', 'readout')}
     missing = [name for name, path in files.items() if not path.is_file()]
     if not missing:
         return f'predictors built: {", ".join(str(p) for p in files.values())}'

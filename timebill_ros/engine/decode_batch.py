@@ -110,6 +110,9 @@ class DecodeBatch:
         before each of this goal's steps once ``stop`` let it go on, and may evict more of
         its cache (timebill-online; it keeps the prefill's scorer inputs, which a goal
         without one releases here); a reason ends the goal as ``stop``'s would.
+        ``state.answer_pool`` (a HiddenPool of the last layer, or None) pools every step's
+        last-layer output of this goal (the forwards that support it: the GGUF decoders and
+        the lean Llama).
         """
         for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -127,6 +130,7 @@ class DecodeBatch:
         if sampler is not None and state.logits is not None:
             first = sampler(state.logits)
         hooks = PassHooks(interrupt, wait=self.engine.forward.layer_wait())
+        hooks.answer_pool = state.answer_pool
         self.engine.synchronize()  # decode_s starts once the prefill's work is done
         row = _Row(state, limit, stop, stream, hooks, self.engine.clock(), [first], sampler,
                    checkpoint)

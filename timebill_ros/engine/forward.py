@@ -74,6 +74,12 @@ class ScorerInputs:
     kwargs: dict
 
 
+def unit_rms(hidden: torch.Tensor, eps: float) -> torch.Tensor:
+    """Return rows ``hidden`` (n, hidden) scaled to unit RMS, fp32: x / sqrt(mean(x^2) + eps)."""
+    x = hidden.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class HiddenPool:
     """Pools decoder layers' outputs over a prefill, chunk by chunk.
 
@@ -116,8 +122,7 @@ class HiddenPool:
         """Pool one chunk of ``layer``'s output, (1, n, hidden), in position order."""
         if layer not in self.n_positions:
             return
-        x = hidden[0].float()
-        unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        unit = unit_rms(hidden[0], self.eps)
         chunk_sum = unit.sum(0)
         self.total[layer] = chunk_sum + self.total.get(layer, 0.0)
         self.last[layer] = unit[-1].clone()
@@ -173,7 +178,10 @@ class PassHooks:
     ``n_generated`` / ``n_prefilled`` are set by the engine before each pass and handed to it.
     n_positions: > 0 keeps each attention layer's last ``n_positions`` inputs in ``inputs``
     (layer index -> ScorerInputs), across chunk edges. pool: a :class:`HiddenPool` the
-    prefill passes add its layers' outputs to (None: not pooled). wait: called before each
+    prefill passes add its layers' outputs to (None: not pooled). answer_pool: a
+    :class:`HiddenPool` of the last layer the decoding steps add each step's output to (the
+    answer's states: what a remaining-length readout reads; None: not pooled; forwards
+    without :func:`pool_steps` leave it empty). wait: called before each
     interrupt check (a CUDA synchronize: the GPU runs the layers queued before it, so a check
     at launch time alone would let a stop wait for the whole queued pass).
     """
@@ -185,6 +193,7 @@ class PassHooks:
         self.wait = wait
         self.n_positions = n_positions
         self.pool = pool
+        self.answer_pool = None
         self.n_generated = 0
         self.n_prefilled = None
         self.inputs = {}
@@ -225,6 +234,19 @@ class PassHooks:
         self.inputs[layer_idx] = ScorerInputs(
             module, hidden[:, tail:].clone(),
             {'position_embeddings': (cos[:, tail:].clone(), sin[:, tail:].clone())})
+
+
+def pool_steps(hooks: list, rows: list, hidden: torch.Tensor, layer: int) -> None:
+    """Add each row's step output to its hooks' ``answer_pool`` (rows without one: nothing).
+
+    hidden: the last decoder layer's output of the step, before the final norm, (B, 1,
+    hidden) or (B, hidden), row i of it being batch row ``rows[i]``; layer: its number
+    (1-based, the model's layer count).
+    """
+    for i, row in enumerate(rows):
+        pool = hooks[row].answer_pool
+        if pool is not None:
+            pool.add(layer, hidden[i].reshape(1, 1, -1))
 
 
 def rows_alive(rows: list, hooks: list, interrupted: dict) -> list:

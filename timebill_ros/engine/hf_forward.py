@@ -82,6 +82,9 @@ class _Hooks:
             for number in hooks.pool.layers:
                 self._handles.append(self.layers[number - 1].register_forward_hook(
                     self._pooler(number)))
+        if hooks.answer_pool is not None:  # decoding steps: the last layer's outputs
+            self._handles.append(self.layers[-1].register_forward_hook(
+                self._answer_pooler(len(self.layers))))
         for idx, layer in enumerate(self.layers):
             if hooks.checks_layers:
                 self._handles.append(layer.register_forward_pre_hook(
@@ -99,6 +102,12 @@ class _Hooks:
     def _pooler(self, number):
         def pool(module, args, output):
             self.hooks.pool.add(number, output[0] if isinstance(output, tuple) else output)
+        return pool
+
+    def _answer_pooler(self, number):
+        def pool(module, args, output):
+            self.hooks.answer_pool.add(number, output[0] if isinstance(output, tuple)
+                                       else output)
         return pool
 
     def _capture(self, module, args, kwargs):

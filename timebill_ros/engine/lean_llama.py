@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
+from timebill_ros.engine.forward import KvCacheForward, PassHooks, pool_steps, rows_alive
 from timebill_ros.engine.kv_cache import KvCache
 
 MODEL_TYPES = ('llama', 'qwen2')
@@ -315,6 +315,7 @@ class LeanLlamaForward(KvCacheForward):
                 x, cos, sin = x[alive], cos[alive], sin[alive]
                 rows = [rows[i] for i in alive]
             x = self._step_layer(layer_idx, layer, x, cos, sin, [caches[r] for r in rows])
+        pool_steps(hooks, rows, x, len(self.layers))
         logits = self.lm_head(_rms_norm(x, self.final_norm), True)[0]  # (B, 1, vocab)
         return {row: logits[i, -1] for i, row in enumerate(rows)}, interrupted
 

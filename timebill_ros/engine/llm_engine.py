@@ -83,6 +83,9 @@ class PrefillState:
     prompt_scores: per layer index, the scorer's scores of the prompt tokens still cached,
     (1, H, n_prompt_kv) (the observation window +inf), once an eviction has scored them; a
     later eviction (during decoding) keeps the best of these.
+    answer_pool: None, or a HiddenPool of the last decoder layer that decoding fills with the
+    answer's states (one row a step: the output that chose the next token); set by whoever
+    reads a remaining-length readout before the goal decodes (:meth:`pool_answer`).
     """
 
     cache: object
@@ -96,6 +99,7 @@ class PrefillState:
     logits: Optional[torch.Tensor] = None
     n_prompt_kv: Optional[int] = None
     prompt_scores: Optional[dict] = None
+    answer_pool: Optional[object] = None
 
     def __post_init__(self):
         if self.n_prompt_kv is None:

@@ -66,6 +66,38 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_la
             f'{type(exc).__name__}: {exc}')
         return None
     log(f'prefill readout loaded from {path}: {readout.time_s * 1e3:.2f} ms a call')
+    readout.decode = _decode_readout(predictor_config, model_key, cache_dir, log, readout)
+    return readout
+
+
+def _decode_readout(predictor_config, model_key, cache_dir, log, prefill):
+    """Return the decode readout that reads at checkpoints beside ``prefill``, or None.
+
+    None when ``decode_readout`` is off or its file is missing (said in the log), or the
+    file cannot be loaded, is another model's or reads other prompt layers than ``prefill``
+    (the engine pools only those; logged).
+    """
+    if not predictor_config.decode_readout:
+        return None
+    from timebill_ros.predictors.contract import predictor_paths
+    from timebill_ros.predictors.decode_readout import DecodeReadout
+    path = predictor_paths(predictor_config, model_key, cache_dir)['decode readout']
+    if not path.is_file():
+        log(f'no decode readout at {path}: checkpoints read the prefill readout')
+        return None
+    try:
+        readout = DecodeReadout.load(path, threads=predictor_config.threads,
+                                     provider=predictor_config.provider)
+        if model_key and readout.model_key != model_key:
+            raise ValueError(f'it was trained for model {readout.model_key!r}, '
+                             f'not {model_key!r}')
+        if readout.pool_layers != prefill.pool_layers:
+            raise ValueError(f'it reads prompt layers {readout.pool_layers}, the prefill '
+                             f'readout {prefill.pool_layers}')
+    except Exception as exc:  # the server must still serve: checkpoints read the prefill's
+        log(f'decode readout at {path} unavailable: {type(exc).__name__}: {exc}')
+        return None
+    log(f'decode readout loaded from {path}: {readout.time_s * 1e3:.2f} ms a call')
     return readout
 
 

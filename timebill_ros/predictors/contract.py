@@ -28,16 +28,26 @@ def default_readout_path(model_key: str, cache_dir=None) -> pathlib.Path:
     return pathlib.Path(paths.cache_root(cache_dir)) / 'rlp' / f'{model_key}__readout.onnx'
 
 
-def predictor_paths(predictor_config, model_key, cache_dir=None) -> Dict[str, pathlib.Path]:
-    """Return {'RLP': path, 'readout': path}: the one rule of which predictor files load.
+def default_decode_readout_path(model_key: str, cache_dir=None) -> pathlib.Path:
+    """Return where ``timebill predictor decode-readout --export`` puts the decode readout."""
+    return (pathlib.Path(paths.cache_root(cache_dir)) / 'rlp'
+            / f'{model_key}__decode_readout.onnx')
 
-    predictor_config: a PredictorConfig; its ``model_file`` / ``readout_file`` when set,
-    else the cache entries of ``model_key`` under ``cache_dir`` (None: the default cache).
+
+def predictor_paths(predictor_config, model_key, cache_dir=None) -> Dict[str, pathlib.Path]:
+    """Return {'RLP', 'readout', 'decode readout'} -> path: which predictor files load.
+
+    predictor_config: a PredictorConfig; its ``model_file`` / ``readout_file`` /
+    ``decode_readout_file`` when set, else the cache entries of ``model_key`` under
+    ``cache_dir`` (None: the default cache).
     """
     return {'RLP': pathlib.Path(predictor_config.model_file
                                 or default_onnx_path(model_key, cache_dir)),
             'readout': pathlib.Path(predictor_config.readout_file
-                                    or default_readout_path(model_key, cache_dir))}
+                                    or default_readout_path(model_key, cache_dir)),
+            'decode readout': pathlib.Path(
+                predictor_config.decode_readout_file
+                or default_decode_readout_path(model_key, cache_dir))}
 
 
 def predictor_files(config, model_key=None) -> Dict[str, pathlib.Path]:

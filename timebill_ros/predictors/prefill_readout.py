@@ -27,6 +27,8 @@ class PrefillReadout:
     """
 
     name = 'prefill readout'
+    reads_answer = False  # a decode readout's file also reads the answer's pooled states
+    build_command = 'timebill predictor readout --export'
 
     def __init__(self, session):
         """Use ``session`` (onnxruntime) of a ``timebill predictor readout --export`` file."""
@@ -34,6 +36,8 @@ class PrefillReadout:
         if meta.get('input') != POOLED_NAME:
             raise ValueError(f'not a prefill readout export (metadata {meta!r})')
         self.format = OutputFormat.from_metadata(meta)
+        if (meta.get('answer_pool', '') == '1') != self.reads_answer:
+            raise ValueError(f'{meta.get("name", "this export")} is not a {self.name} export')
         self.model_key = meta.get('model_key', '')
         try:
             self.pool_layers = tuple(int(n) for n in meta.get(
@@ -45,6 +49,7 @@ class PrefillReadout:
         if not isinstance(self.n_features, int):
             raise ValueError(f'readout input width must be fixed, got {self.n_features!r}')
         self.time_s = self._measure_s()
+        self.decode = None  # a DecodeReadout reading at checkpoints beside it (make_readout)
 
     @classmethod
     def load(cls, path, threads: int = 1, provider: str = 'auto') -> 'PrefillReadout':
@@ -52,8 +57,8 @@ class PrefillReadout:
         import onnxruntime
         path = pathlib.Path(path).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(f'no prefill readout at {path}: build it with '
-                                    '`timebill predictor readout --export`')
+            raise FileNotFoundError(f'no {cls.name} at {path}: build it with '
+                                    f'`{cls.build_command}`')
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

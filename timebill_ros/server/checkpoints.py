@@ -21,19 +21,35 @@ class RestLength:
     n_hat, n_w: N^ and N^_W of the prediction; n_max: N_max. rest_bounds: None, or
     ``n -> (N^_rem, N^_rem,q) or None`` from the predictor's length distribution
     conditioned on the answer not having ended by token n
-    (predictors.readout.OutputFormat.rest_bounds). Without it (or where it gives None) the
-    rest is N^_W - n, and N_max - n once the answer has run past N^_W.
+    (predictors.readout.OutputFormat.rest_bounds). ``decode_bounds`` (set before decoding,
+    the same form): the decode readout's, read first (predictors/decode_readout.py); an
+    error there is kept in ``decode_error`` and the prefill's distribution reads instead.
+    Without either (or where they give None) the rest is N^_W - n, and N_max - n once the
+    answer has run past N^_W.
     """
 
     def __init__(self, n_hat, n_w, n_max, rest_bounds=None):
         self.n_hat, self.n_w, self.n_max = n_hat, n_w, n_max
         self.rest_bounds = rest_bounds
-        self.source = 'length distribution' if rest_bounds is not None else 'N^_W - n'
+        self.decode_bounds = None
+        self.decode_error = None
+
+    def _read(self, n_generated):
+        """Return the first (N^_rem, N^_rem,q) the readouts give, or None."""
+        if self.decode_bounds is not None and self.decode_error is None:
+            try:
+                read = self.decode_bounds(n_generated)
+            except Exception as exc:  # a broken file must not end the goal
+                self.decode_error = f'{type(exc).__name__}: {exc}'
+                read = None
+            if read is not None:
+                return read
+        return None if self.rest_bounds is None else self.rest_bounds(n_generated)
 
     def bounds(self, n_generated):
         """Return (N^_rem, N^_rem,q) after ``n_generated`` tokens, each in [0, N_max - n]."""
         left = max(0, self.n_max - n_generated)
-        read = None if self.rest_bounds is None else self.rest_bounds(n_generated)
+        read = self._read(n_generated)
         if read is None:
             upper = self.n_w - n_generated if n_generated < self.n_w else left
             point = self.n_hat - n_generated if n_generated < self.n_hat else upper

@@ -382,8 +382,8 @@ def predictor_upgrade(service):
     """Return what a rebuilt service would gain now, keyed by file state, or None.
 
     ``(text, key)``: ``text`` names the predictors whose files exist now but are not in use
-    (``the RLP``, ``the prefill readout``); ``key`` holds their paths and modification times,
-    so one set of files is tried once. None when the service runs every predictor its
+    (``the RLP``, ``the prefill readout``, ``the decode readout`` where checkpoints would read
+    it); ``key`` holds their paths and modification times, so one set of files is tried once. None when the service runs every predictor its
     ``predictor`` group asks for, or their files are still missing.
     """
     config = service.config.predictor
@@ -395,7 +395,11 @@ def predictor_upgrade(service):
     wanted = [('the RLP', isinstance(service.predictor, FallbackPredictor), paths['RLP']),
               ('the prefill readout',
                config.prefill_readout and service.readout is None and not remote,
-               paths['readout'])]
+               paths['readout']),
+              ('the decode readout',
+               config.decode_readout and service.config.budget.checkpoint_tokens > 0
+               and getattr(service.readout, 'decode', False) is None and not remote,
+               paths['decode readout'])]
     found = []
     for text, missing, path in wanted:
         path = pathlib.Path(path)

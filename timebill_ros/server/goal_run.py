@@ -280,6 +280,20 @@ class GoalRun:
         n_max, q = self.job.n_max, self.runner.config.budget.upper_quantile
         return lambda n_done: output_format.rest_bounds(output, n_max, n_done, q)
 
+    def _read_rest_while_decoding(self, state):
+        """Give the rest's bound the decode readout (the answer's own states), if loaded.
+
+        Decoding then pools the answer's states (PrefillState.answer_pool) for it.
+        """
+        decode = getattr(self.runner.readout, 'decode', None)
+        if decode is None or state.pooled is None:
+            return
+        decode.start(self.engine, state)
+        self.result.predictor = f'{self.result.predictor} + {decode.name}'
+        n_max, q = self.job.n_max, self.runner.config.budget.upper_quantile
+        self.rest.decode_bounds = lambda n_done: decode.rest_bounds(
+            state.pooled, state.answer_pool, n_done, n_max, q)
+
     def _evict(self, state, alpha):
         """Evict ``alpha`` of the prompt KV under the interrupts; return False if stopped."""
         if alpha <= 0:
@@ -324,6 +338,7 @@ class GoalRun:
         job = self.job
         self.n_kv_first = state.n_kv
         if self.rest is not None:
+            self._read_rest_while_decoding(state)
             self.checkpoints = GoalCheckpoints(self, state, self.rest, alpha)
         self.timer = stopping.StepTimer(self.clock, sync=self.engine.synchronize)
         # The timer first: check() returns at the first criterion that fires, and the

@@ -109,8 +109,9 @@ def export_readout_onnx(model, path, model_key: str) -> pathlib.Path:
     """Write the prefill readout ``model.net`` as ONNX: ``pooled`` (1, 2 hidden) -> (1, C).
 
     The metadata is the RLP's (``n_layers`` is the target model's) with ``input`` =
-    ``pooled`` and ``pool_layers`` (the layers the engine must pool, 1-based, comma list);
-    no embedding table, so nothing is quantized.
+    ``pooled`` and ``pool_layers`` (the layers the engine must pool, 1-based, comma list),
+    and the model's ``extra_metadata`` (a decode readout's ``answer_pool``); no embedding
+    table, so nothing is quantized.
     """
     import onnx
     path = pathlib.Path(path)
@@ -123,7 +124,8 @@ def export_readout_onnx(model, path, model_key: str) -> pathlib.Path:
     proto = onnx.load(str(tmp))
     metadata = {**rlp_metadata(model, model_key), 'input': POOLED_NAME, 'embedding': 'none',
                 'max_input_tokens': '0',
-                'pool_layers': ','.join(map(str, model.pool_layers))}
+                'pool_layers': ','.join(map(str, model.pool_layers)),
+                **getattr(model, 'extra_metadata', {})}
     for key, value in metadata.items():
         proto.metadata_props.add(key=META_PREFIX + key, value=value)
     onnx.save(proto, str(tmp))

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from timebill_ros.engine import kernels
-from timebill_ros.engine.forward import KvCacheForward, PassHooks, rows_alive
+from timebill_ros.engine.forward import KvCacheForward, PassHooks, pool_steps, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
 from timebill_ros.engine.models.rope_table import RopeTable
@@ -505,6 +505,7 @@ class GgufDecoder(KvCacheForward):
             cos, sin = ropes[self._rope_base(layer_idx)]  # (B, D)
             x = self._step_layer(layer_idx, layer, x, cos.unsqueeze(1), sin.unsqueeze(1),
                                  [caches[r] for r in rows])
+        pool_steps(hooks, rows, x, self.spec.n_layers)
         logits = self.lm_head(_rms_norm(x, self.final_norm, self.spec.norm_eps))
         return {row: logits[i, -1] for i, row in enumerate(rows)}, interrupted
 

@@ -32,7 +32,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from timebill_ros.engine.forward import rows_alive
+from timebill_ros.engine.forward import pool_steps, rows_alive
 
 MIN_CAPACITY = 256  # the smallest bucket, tokens
 # Buckets' KV buffers kept at most (bytes, all buckets): the least recently used bucket is
@@ -79,6 +79,7 @@ class _Bucket:
             [spec.sliding_window if spec.is_sliding(i) else capacity + 1
              for i in range(spec.n_layers)], dtype=torch.long, device=device).view(-1, 1, 1)
         self.logits = None  # (B, V) fp32: the step's output (static once captured)
+        self.hidden = None  # (B, hidden): the last layer's output before the final norm
         self.graph = None
         self.nbytes = 2 * sum(k.numel() * k.element_size() for k in self.keys)
 
@@ -147,13 +148,14 @@ class StaticSteps:
                      for cache in rows])
         bucket.inputs.copy_(torch.tensor(values, dtype=torch.long))
         if not self.graphs:
-            bucket.logits = self.step(bucket)
+            bucket.logits, bucket.hidden = self.step(bucket)
         else:
             if bucket.graph is None:
                 self._capture(bucket)
             bucket.graph.replay()
         for cache in rows:
             cache.lengths = [n_kv + 1 for n_kv in cache.lengths]
+        pool_steps(hooks, alive, bucket.hidden, self.decoder.n_layers)
         return {row: bucket.logits[i] for i, row in enumerate(alive)}, interrupted
 
     def warm(self, n_rows: int = 1, max_tokens: int = WARM_TOKENS) -> int:
@@ -220,14 +222,17 @@ class StaticSteps:
         # thread_local: CUDA calls of other threads (the predictor's, a ROS callback's) do not
         # invalidate the capture.
         with torch.cuda.graph(graph, capture_error_mode='thread_local'):
-            bucket.logits = self.step(bucket)
+            bucket.logits, bucket.hidden = self.step(bucket)
         bucket.graph = graph
         self.n_captures += 1
 
     # -- the step itself (only tensor ops on the bucket's tensors: capturable) ---------------
 
-    def step(self, bucket: _Bucket) -> torch.Tensor:
-        """Return the logits (B, V) fp32 of one step of ``bucket``'s inputs; write its KV."""
+    def step(self, bucket: _Bucket) -> tuple:
+        """Return the logits (B, V) fp32 of one step of ``bucket``'s inputs; write its KV.
+
+        And the last layer's output before the final norm, (B, hidden) (the answer pool's).
+        """
         decoder, spec = self.decoder, self.decoder.spec
         n_rows, n_layers = bucket.n_rows, spec.n_layers
         tokens = bucket.inputs[:n_rows]
@@ -243,8 +248,9 @@ class StaticSteps:
         for layer_idx, layer in enumerate(decoder.layers):
             x = self._layer(bucket, layer_idx, layer, x, ropes[decoder._rope_base(layer_idx)],
                             lengths[layer_idx], masks[layer_idx])
+        hidden = x
         x = F.rms_norm(x, decoder.final_norm.shape, decoder.final_norm, spec.norm_eps)
-        return decoder.lm_head.product(x).float()
+        return decoder.lm_head.product(x).float(), hidden
 
     def _masks(self, bucket: _Bucket, lengths: torch.Tensor) -> torch.Tensor:
         """Return each layer's additive attention mask, (L, B x H_kv, 1, C).

@@ -1,0 +1,200 @@
+"""``timebill predictor decode-readout``: train (and export) the model's decode readout.
+
+It reads the answers a collection kept (``answer_ids`` in the lengths file), teacher-forces
+each after its prompt (training/decode_features.py, one prefill of prompt + answer), and
+trains the readout on the prompt's and the answer's pooled states at decoding checkpoints
+(training/models/decode_readout.py). It prints, at each checkpoint k of the held-out
+prompts, the rest's error beside the prefill readout's (the same distribution read from the
+prompt alone, conditioned on N > k, as timebill-online reads it without this file).
+"""
+
+import json
+import pathlib
+import statistics
+
+Q_REST = 0.9  # the upper quantile the rest's coverage is reported at (budget.upper_quantile)
+
+
+def add_arguments(parser, common):
+    """Add the ``decode-readout`` flags (``common(parser)``: the model and lengths ones)."""
+    common(parser)
+    parser.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
+    parser.add_argument('--head', choices=('softmax', 'ordinal'), default='ordinal')
+    parser.add_argument('--epochs', type=int, default=6)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--onnx', help='ONNX path (default: predictor.decode_readout_file or '
+                        'the cache)')
+    parser.add_argument('--export', action='store_true', help='also export to ONNX and check')
+    parser.add_argument('--if-stale', action='store_true',
+                        help='skip if the ONNX was trained on every collected training prompt')
+
+
+def prefill_pool_layers(config, n_layers):
+    """Return the layers the prefill readout pools (the decode readout must read the same).
+
+    From the prefill readout file's metadata beside it (``<file>.json``), else the default
+    (middle and last).
+    """
+    from timebill_ros.predictors.contract import predictor_files
+    from timebill_ros.training.models.prefill_readout import default_pool_layers
+    meta_path = predictor_files(config)['readout'].with_suffix('.json')
+    try:
+        text = json.loads(meta_path.read_text())['pool_layers']
+        return tuple(int(n) for n in text.split(','))
+    except (OSError, KeyError, ValueError):
+        return default_pool_layers(n_layers)
+
+
+def cmd_decode_readout(args, ros_args):
+    """Train the decode readout on collected answers' states at checkpoints; optionally export."""
+    import torch
+    from timebill_ros.cli.predictor_common import (calibrate_levels, config_of, lengths_of,
+                                                   training_engine)
+    from timebill_ros.cli.predictor_build import built_on
+    from timebill_ros.predictors.contract import predictor_files
+    from timebill_ros.training.collect import load_records
+    from timebill_ros.training.dataset import load_examples
+    from timebill_ros.training.decode_features import (
+        decode_features, default_decode_features_path)
+    from timebill_ros.training.models.decode_readout import (checkpoint_examples,
+                                                             DecodeReadoutModel)
+    from timebill_ros.training.target import final_norm_weight
+    config = config_of(args)
+    path = pathlib.Path(args.onnx or predictor_files(config)['decode readout'])
+    lengths = lengths_of(args, config)
+    records = load_records(lengths)
+    splits = {split: [e for e in examples if 'answer_ids' in records.get(e.prompt_id, {})]
+              for split, examples in load_examples(lengths, args.split_view).items()}
+    if not splits['train']:
+        print(f'decode readout skipped: {lengths} keeps no answer token ids (a collection '
+              'made before they were kept: collect again to build it)')
+        return 0
+    if args.if_stale and built_on(path) >= len(splits['train']):
+        print(f'decode readout already built on every collected training prompt: {path}')
+        return 0
+    _, engine = training_engine(args, config)
+    engine.pool_layers = layers = prefill_pool_layers(config, engine.n_layers)
+    features = decode_features(
+        engine, [e for split in splits.values() for e in split], records,
+        default_decode_features_path(engine.model_key, config.engine.model_cache_dir or None))
+    points = {split: checkpoint_examples(examples, features)
+              for split, examples in splits.items()}
+    if not points['train']:
+        print('decode readout skipped: no training answer is still decoding at a checkpoint')
+        return 0
+    model = DecodeReadoutModel(final_norm_weight(engine), engine.n_layers, features,
+                               bucket_tokens=args.bucket or None,
+                               n_model=splits['train'][0].n_model, epochs=args.epochs,
+                               seed=args.seed, head=args.head, pool_layers=layers)
+    model.fit(points['train'], points['val'])
+    model.n_train = len(splits['train'])  # prompts, as the other predictors count them
+    calibrate_levels(model, points)
+    held_out = points['test'] or points['val']
+    print(rest_table(model, held_out, _prefill_readout(config, engine)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'state_dict': model.net.state_dict()}, path.with_suffix('.pt'))
+    if args.export:
+        return _export(model, engine, held_out, path)
+    return 0
+
+
+def _prefill_readout(config, engine):
+    """Return the model's prefill readout (the comparison), or None without its file."""
+    from timebill_ros.predictors.contract import predictor_files
+    from timebill_ros.predictors.prefill_readout import PrefillReadout
+    path = predictor_files(config)['readout']
+    return PrefillReadout.load(path) if path.is_file() else None
+
+
+def _prompt_part(values, n_layers_pooled):
+    """Return the prompt's pooled states (1, 2 L H) of a decode input (1, 2 (L + 1) H)."""
+    import torch
+    width = values.shape[-1] // (2 * (n_layers_pooled + 1))
+    half = values.shape[-1] // 2
+    return torch.cat([values[:, :half - width], values[:, half:-width]], dim=1)
+
+
+def rest_rows(model, examples, prefill=None, q: float = Q_REST) -> list:
+    """Return per checkpoint example: k, the true rest, the decode and the prefill bounds.
+
+    Each bound is (N^_rem, N^_rem,q) of the distribution conditioned on N > k at N_max =
+    N_model (predictors.readout.OutputFormat.rest_bounds); the prefill readout's is None
+    without one. A capped answer's true rest is N_model - k (what N_max = N_model leaves).
+    """
+    import torch
+    from timebill_ros.predictors.readout import OutputFormat
+    from timebill_ros.training.models.decode_readout import n_generated_of
+    decode_format = OutputFormat('classification', model.bucket_tokens, model.n_model,
+                                 model.readout, _levels(model.quantile_levels))
+    rows = []
+    model.net.eval()
+    with torch.inference_mode():
+        for example in examples:
+            k = n_generated_of(example)
+            values = model.features[example.prompt_id]
+            output = model.net(values)[0].numpy()
+            row = {'k': k, 'rest': min(example.n_tokens, model.n_model) - k,
+                   'decode': decode_format.rest_bounds(output, model.n_model, k, q),
+                   'prefill': None}
+            if prefill is not None:
+                prompt = _prompt_part(values, len(model.pool_layers))
+                row['prefill'] = prefill.format.rest_bounds(prefill.run(prompt), model.n_model,
+                                                            k, q)
+            rows.append(row)
+    return rows
+
+
+def _levels(text):
+    from timebill_ros.predictors.readout import parse_quantile_levels
+    return parse_quantile_levels(text or '')
+
+
+def rest_table(model, examples, prefill=None, q: float = Q_REST) -> str:
+    """Return the held-out rest errors by checkpoint, the decode readout beside the prefill's.
+
+    Columns per source: MAE of N^_rem (tokens), share of rests within N^_rem,q, median
+    N^_rem,q / rest.
+    """
+    rows = rest_rows(model, examples, prefill, q)
+    sources = ['decode'] + (['prefill'] if prefill is not None else [])
+    lines = [f'rest of the answer at checkpoints, {len(rows)} held-out (prompt, k) pairs, '
+             f'N_max = N_model = {model.n_model}, q = {q}',
+             '| k | answers | ' + ' | '.join(
+                 f'{s}: MAE N^_rem, covered by N^_rem,q, median N^_rem,q / rest'
+                 for s in sources) + ' |',
+             '|---|---|' + '---|' * len(sources)]
+    for k in sorted({row['k'] for row in rows}):
+        at = [row for row in rows if row['k'] == k and row['rest'] > 0]
+        if not at:
+            continue
+        cells = []
+        for source in sources:
+            mae = statistics.mean(abs(row[source][0] - row['rest']) for row in at)
+            covered = sum(row[source][1] >= row['rest'] for row in at)
+            ratio = statistics.median(row[source][1] / row['rest'] for row in at)
+            cells.append(f'{mae:.1f}, {covered}/{len(at)}, {ratio:.2f}')
+        lines.append(f'| {k} | {len(at)} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def _export(model, engine, held_out, path):
+    """Export the decode readout; check onnxruntime against torch on held-out checkpoints."""
+    import onnxruntime
+    from timebill_ros.cli.predictor_common import ONNX_ATOL
+    from timebill_ros.predictors.contract import POOLED_NAME
+    from timebill_ros.predictors.decode_readout import DecodeReadout
+    from timebill_ros.training.export import compare_with_torch, export_readout_onnx
+    export_readout_onnx(model, path, engine.model_key)
+    readout = DecodeReadout(onnxruntime.InferenceSession(
+        str(path), providers=['CPUExecutionProvider']))  # opened as the server opens it
+    worst, same = compare_with_torch(model, readout.session,
+                                     [model.features[e.prompt_id] for e in held_out],
+                                     POOLED_NAME)
+    print(f'ONNX vs torch on {len(held_out)} held-out checkpoints: max |difference| '
+          f'{worst:.2e}, same N^ on {same}/{len(held_out)}; {readout.time_s * 1e3:.2f} ms a '
+          'call')
+    if worst > ONNX_ATOL:
+        print(f'ONNX output differs from torch: {worst} > {ONNX_ATOL}')
+        return 1
+    print(f'exported {path} ({path.stat().st_size / 1e6:.1f} MB)')
+    return 0
