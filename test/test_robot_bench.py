@@ -54,6 +54,12 @@ def test_the_servers_of_fig_7_and_of_the_k_sweep(tmp_path):
                      'timebill', 'timebill-online']
     online = dict(robot_bench._method_servers(_args()))['timebill-online']
     assert online['budget.checkpoint_tokens'] == 16 and online['predictor.kind'] == 'rlp'
+    assert 'predictor.decode_readout' not in online  # the server's default: read it if built
+    prefill = dict(robot_bench._method_servers(_args(methods='timebill-online-prefill')))
+    assert list(prefill) == ['vanilla', 'timebill-online-prefill']
+    assert prefill['timebill-online-prefill']['predictor.decode_readout'] is False
+    write_params(tmp_path, 'timebill-online-prefill', prefill['timebill-online-prefill'],
+                 robot_bench.N_MAX)
     write_params(tmp_path, 'timebill-online', online, robot_bench.N_MAX)
     sweep = robot_bench._method_servers(_args(k_sweep=True))
     assert [name for name, _ in sweep] == ['vanilla'] + [f'timebill-k{k}' for k in range(1, 9)]

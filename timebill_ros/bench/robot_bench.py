@@ -52,7 +52,9 @@ FRACTIONS = (0.3, 0.45, 0.6, 0.75, 0.95, 1.25)
 # Fig. 7's methods: those of the prompt benchmark, TimeBill with the server's defaults only.
 FIG7 = ('vanilla', 'alpha=0.25', 'alpha=0.5', 'alpha=0.75', 'alpha=0.95', 'timebill',
         'timebill-online')
-METHODS = tuple(m for m in PROMPT_METHODS if m[0] in FIG7)
+# Named with --methods only: timebill-online with the rest from the prefill readout alone.
+EXTRA = ('timebill-online-prefill',)
+METHODS = tuple(m for m in PROMPT_METHODS if m[0] in FIG7 + EXTRA)
 POLICIES = (('kill', POLICY_KILL), ('skip_next', POLICY_SKIP_NEXT))
 # 256 (the second run) put the protocol at ~125 min here, 37 of its 60 answers running to
 # N_max (the model rarely stops on its own); at 128 the answers are 64-128 tokens.
@@ -350,7 +352,7 @@ def _method_servers(args):
         return vanilla + [
             (f'timebill-k{k}', {**server_flat(timebill), **extra, **K_SWEEP_BOUND,
                                 'budget.pessimistic_factor': float(k)}) for k in K_SWEEP]
-    wanted = set(args.methods.split(',')) if args.methods else {m[0] for m in METHODS}
+    wanted = set(args.methods.split(',')) if args.methods else set(FIG7)
     unknown = sorted(wanted - {m[0] for m in METHODS})
     if unknown:
         raise ValueError(f'unknown method(s) {unknown}; known: {[m[0] for m in METHODS]}')
