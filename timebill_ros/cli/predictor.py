@@ -4,8 +4,9 @@ import argparse
 import pathlib
 import sys
 
-from timebill_ros.cli.predictor_common import (calibrate_levels, config_of, lengths_of,
-                                               ONNX_ATOL, training_engine)
+from timebill_ros.cli.predictor_common import (add_readout_arguments, calibrate_levels,
+                                               config_of, lengths_of, ONNX_ATOL,
+                                               training_engine)
 
 ONNX_CHECK_PROMPTS = 24  # test prompts compared torch vs onnxruntime after export
 INT8_AGREEMENT = 0.9  # int8-embedding export: share of check prompts with torch's N^
@@ -401,19 +402,12 @@ def add_parser(sub):
     train.set_defaults(func=cmd_train)
     readout = psub.add_parser('readout', help=cmd_readout.__doc__)
     _common(readout)
-    readout.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
-    readout.add_argument('--head', choices=('softmax', 'ordinal'), default='ordinal')
-    readout.add_argument('--epochs', type=int, default=6)
-    readout.add_argument('--seed', type=int, default=0)
-    readout.add_argument('--onnx', help='ONNX path (default: predictor.readout_file or the '
-                         'cache)')
-    readout.add_argument('--export', action='store_true', help='also export to ONNX and check')
-    readout.add_argument('--if-stale', action='store_true',
-                         help='skip if the ONNX was trained on every collected training prompt')
+    add_readout_arguments(readout, 'readout_file')
     _pool_layers_arg(readout)
     readout.set_defaults(func=cmd_readout)
     decode = psub.add_parser('decode-readout', help=predictor_decode.cmd_decode_readout.__doc__)
-    predictor_decode.add_arguments(decode, _common)
+    _common(decode)
+    add_readout_arguments(decode, 'decode_readout_file')
     decode.set_defaults(func=predictor_decode.cmd_decode_readout)
     export = psub.add_parser('export', help=cmd_export.__doc__)
     _common(export)

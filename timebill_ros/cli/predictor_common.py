@@ -41,3 +41,19 @@ def calibrate_levels(model, splits):
     model.quantile_levels = calibrate_quantiles(model, splits['val'])
     print(f'{model.name}: N^_q levels calibrated on {len(splits["val"])} val prompts (q:level): '
           f'{model.quantile_levels or "none"}')
+
+
+def add_readout_arguments(parser, file_parameter):
+    """Add the flags a readout's training takes (B, head, epochs, seed, its file, export).
+
+    file_parameter: the ``predictor.*`` parameter naming its ONNX file by default.
+    """
+    parser.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
+    parser.add_argument('--head', choices=('softmax', 'ordinal'), default='ordinal')
+    parser.add_argument('--epochs', type=int, default=6)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--onnx', help=f'ONNX path (default: predictor.{file_parameter} or '
+                        'the cache)')
+    parser.add_argument('--export', action='store_true', help='also export to ONNX and check')
+    parser.add_argument('--if-stale', action='store_true',
+                        help='skip if the ONNX was trained on every collected training prompt')

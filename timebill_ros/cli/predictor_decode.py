@@ -15,20 +15,6 @@ import statistics
 Q_REST = 0.9  # the upper quantile the rest's coverage is reported at (budget.upper_quantile)
 
 
-def add_arguments(parser, common):
-    """Add the ``decode-readout`` flags (``common(parser)``: the model and lengths ones)."""
-    common(parser)
-    parser.add_argument('--bucket', type=int, default=64, help='B, tokens; 0 = regression')
-    parser.add_argument('--head', choices=('softmax', 'ordinal'), default='ordinal')
-    parser.add_argument('--epochs', type=int, default=6)
-    parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--onnx', help='ONNX path (default: predictor.decode_readout_file or '
-                        'the cache)')
-    parser.add_argument('--export', action='store_true', help='also export to ONNX and check')
-    parser.add_argument('--if-stale', action='store_true',
-                        help='skip if the ONNX was trained on every collected training prompt')
-
-
 def prefill_pool_layers(config, n_layers):
     """Return the layers the prefill readout pools (the decode readout must read the same).
 

@@ -53,11 +53,7 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_la
     from timebill_ros.predictors.contract import predictor_paths
     path = predictor_paths(predictor_config, model_key, cache_dir)['readout']
     try:
-        readout = PrefillReadout.load(path, threads=predictor_config.threads,
-                                      provider=predictor_config.provider)
-        if model_key and readout.model_key != model_key:
-            raise ValueError(f'{path} was trained for model {readout.model_key!r}, '
-                             f'not {model_key!r}')
+        readout = _load_for(PrefillReadout, path, predictor_config, model_key)
         if n_layers is not None and max(readout.pool_layers) > n_layers:
             raise ValueError(f'{path} reads layers {readout.pool_layers}, the model has '
                              f'{n_layers}')
@@ -67,6 +63,19 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_la
         return None
     log(f'prefill readout loaded from {path}: {readout.time_s * 1e3:.2f} ms a call')
     readout.decode = _decode_readout(predictor_config, model_key, cache_dir, log, readout)
+    return readout
+
+
+def _load_for(kind, path, predictor_config, model_key):
+    """Return ``kind.load(path)`` with the config's threads and provider, for ``model_key``.
+
+    ValueError when the file was trained for another model (``model_key`` '': any).
+    """
+    readout = kind.load(path, threads=predictor_config.threads,
+                        provider=predictor_config.provider)
+    if model_key and readout.model_key != model_key:
+        raise ValueError(f'{path} was trained for model {readout.model_key!r}, '
+                         f'not {model_key!r}')
     return readout
 
 
@@ -86,11 +95,7 @@ def _decode_readout(predictor_config, model_key, cache_dir, log, prefill):
         log(f'no decode readout at {path}: checkpoints read the prefill readout')
         return None
     try:
-        readout = DecodeReadout.load(path, threads=predictor_config.threads,
-                                     provider=predictor_config.provider)
-        if model_key and readout.model_key != model_key:
-            raise ValueError(f'it was trained for model {readout.model_key!r}, '
-                             f'not {model_key!r}')
+        readout = _load_for(DecodeReadout, path, predictor_config, model_key)
         if readout.pool_layers != prefill.pool_layers:
             raise ValueError(f'it reads prompt layers {readout.pool_layers}, the prefill '
                              f'readout {prefill.pool_layers}')

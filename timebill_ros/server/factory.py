@@ -383,8 +383,9 @@ def predictor_upgrade(service):
 
     ``(text, key)``: ``text`` names the predictors whose files exist now but are not in use
     (``the RLP``, ``the prefill readout``, ``the decode readout`` where checkpoints would read
-    it); ``key`` holds their paths and modification times, so one set of files is tried once. None when the service runs every predictor its
-    ``predictor`` group asks for, or their files are still missing.
+    it); ``key`` holds their paths and modification times, so one set of files is tried once.
+    None when the service runs every predictor its ``predictor`` group asks for, or their
+    files are still missing.
     """
     config = service.config.predictor
     if config.kind != 'rlp':
