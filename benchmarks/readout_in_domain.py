@@ -1,6 +1,7 @@
 """Whether the pooled prefill states tell which robot-context answers end before N_max.
 
     python benchmarks/readout_in_domain.py READOUT.onnx [--features FILE.npz] [--out FILE.md]
+    python benchmarks/readout_in_domain.py --report    # the table from the committed rows
 
 The 108 robot-context items (all of the workload, the Fig. 7 run's Vanilla lengths in
 robot_bench_vanilla.json): label 1 where the Vanilla answer ended before N_max = 128. Scores:
@@ -8,29 +9,38 @@ the server's readout (trained on the corpus, P(N <= N_max) from its buckets) and
 L2 logistic regression on the same pooled states, fitted on the other contexts (leave one
 context out, and leave one context kind out). AUC, and how many short / long items get
 P(short) >= 0.9 (what would let TimeBill budget below N_max). The pooled states (one fp32
-prefill per item, ~8 min here) are cached in ``--features``. docs/benchmark.md, "where Kill
+prefill per item, ~8 min here) are cached in ``--features``; every item's scores (its label,
+the readout's P(short), each fit's held-out P(short)) are kept in ``--json`` with the command,
+host and date, which ``--report`` rebuilds the table from. docs/benchmark.md, "where Kill
 fails".
 """
 
 import argparse
 import json
 import os
+import pathlib
 import sys
 
 import numpy as np
 from scipy.optimize import minimize
 
+from readout_resolution import p_at_most, pooled_states, print_and_write  # beside this file
+from timebill_ros import paths
+from timebill_ros.bench.rows import saved_or_measured
+
 N_MAX = 128
 LAMBDAS = (0.01, 0.1, 1.0)
 VANILLA = 'benchmarks/results/robot_context/robot_bench_vanilla.json'
+ROWS = 'benchmarks/results/robot_context/readout_in_domain.json'
+GENERAL = 'server readout (corpus), P(N <= 128)'
 
 
 def _features(readout_path, vanilla):
-    from readout_resolution import p_at_most, pooled_states  # beside this file
     from timebill_ros.predictors.prefill_readout import PrefillReadout
     readout = PrefillReadout.load(readout_path)
-    rows = {'X': [], 'y': [], 'ctx': [], 'p_general': []}
+    rows = {'X': [], 'y': [], 'ctx': [], 'item': [], 'p_general': []}
     for item, pooled in pooled_states(readout.pool_layers):
+        rows['item'].append(item.item_id)
         rows['X'].append(np.asarray(pooled, dtype=np.float64).reshape(-1))
         rows['y'].append(int(vanilla[item.item_id]['tokens'] < N_MAX))
         rows['ctx'].append(item.context_id)
@@ -65,33 +75,43 @@ def _line(name, p, y):
             f'{wrong} of {int((1 - y).sum())} |')
 
 
-def report(data) -> str:
-    """Return the markdown table of the general readout and the in-domain fits."""
+def held_out_scores(data) -> dict:
+    """Return {score name: P(short) of every item} (the readout's, then each fit's held out).
+
+    Each in-domain fit predicts a context (or a context kind) from the others only.
+    """
     y, ctx = data['y'], data['ctx']
     kind = np.array([c.split('-')[0] for c in ctx])
-    lines = ['# Do the pooled prefill states tell short robot-context answers from long ones?',
-             '', f'{len(y)} items, {int(y.sum())} answered in fewer than {N_MAX} tokens. '
-             'Command: `python benchmarks/readout_in_domain.py READOUT.onnx`.', '',
-             '| score | AUC | P(short) >= 0.9 on short items | ... on long items |',
-             '|---|---|---|---|', _line('server readout (corpus), P(N <= 128)',
-                                        data['p_general'], y)]
+    out = {GENERAL: np.asarray(data['p_general'], dtype=float)}
     for groups, name in ((ctx, 'leave one context out'), (kind, 'leave one kind out')):
         for lam in LAMBDAS:
             p = np.zeros(len(y))
             for group in np.unique(groups):
                 test = groups == group
                 p[test] = fit_logistic(data['X'][~test], y[~test], lam)(data['X'][test])
-            lines.append(_line(f'in-domain logistic, {name}, lambda {lam}', p, y))
+            out[f'in-domain logistic, {name}, lambda {lam}'] = p
+    return out
+
+
+def report(data) -> str:
+    """Return the Markdown table of a run's rows (``data``: the ``--json`` file's content)."""
+    rows = data['rows']
+    y = np.array([row['short'] for row in rows])
+    lines = ['# Do the pooled prefill states tell short robot-context answers from long ones?',
+             '', f'{data["date"]}, {data["host"]} ({data["machine"]}), the embedded model, fp32 '
+             f'prefill. {len(y)} items, {int(y.sum())} answered in fewer than {N_MAX} tokens. '
+             f'Command: `{data["command"]}`; the table rebuilt from the rows by `python '
+             'benchmarks/readout_in_domain.py --report`. A long item called short at >= 0.9 '
+             'is a goal budgeted below its length: under Kill, a miss.', '',
+             '| score | AUC | P(short) >= 0.9 on short items | ... on long items |',
+             '|---|---|---|---|']
+    lines += [_line(name, np.array([row['p'][name] for row in rows]), y)
+              for name in data['scores']]
     return '\n'.join(lines) + '\n'
 
 
-def main(argv=None):
-    """Compute (or load) the features and print / write the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('readout')
-    parser.add_argument('--features', default='log/readout_in_domain.npz')
-    parser.add_argument('--out', default='')
-    args = parser.parse_args(argv)
+def _measure(args):
+    """Return every item's label and scores (features from ``--features`` or prefilled)."""
     if os.path.exists(args.features):
         data = dict(np.load(args.features))
     else:
@@ -99,7 +119,29 @@ def main(argv=None):
             data = _features(args.readout, json.load(f))
         os.makedirs(os.path.dirname(args.features) or '.', exist_ok=True)
         np.savez(args.features, **data)
-    from readout_resolution import print_and_write  # beside this file
+    scores = held_out_scores(data)
+    rows = [{'item': str(item), 'context': str(ctx), 'short': int(short),
+             'p': {name: round(float(p[index]), 6) for name, p in scores.items()}}
+            for index, (item, ctx, short) in enumerate(zip(data['item'], data['ctx'],
+                                                           data['y']))]
+    return {'rows': rows, 'scores': list(scores)}
+
+
+def main(argv=None):
+    """Print / write the table: measured (``READOUT.onnx``) or ``--report`` from ``--json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('readout', nargs='?', default='')
+    parser.add_argument('--features', default=str(
+        pathlib.Path(paths.cache_root()) / 'bench' / 'readout_in_domain.npz'))
+    parser.add_argument('--json', default=ROWS)
+    parser.add_argument('--report', action='store_true',
+                        help='rebuild the table from --json instead of measuring')
+    parser.add_argument('--out', default='')
+    args = parser.parse_args(argv)
+    if not args.report and not args.readout:
+        parser.error('name the READOUT.onnx, or --report')
+    data = saved_or_measured(args.json, args.report, lambda: _measure(args),
+                             'python benchmarks/readout_in_domain.py READOUT.onnx')
     print_and_write(report(data), args.out)
     return 0
 

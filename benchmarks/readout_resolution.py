@@ -2,12 +2,14 @@
 
     python benchmarks/readout_resolution.py NAME=READOUT.onnx [NAME=READOUT.onnx ...]
         [--raw benchmarks/results/robot_context/robot_bench_raw.json] [--out FILE.md]
+    python benchmarks/readout_resolution.py --report    # the table from the committed rows
 
 Each prefill readout (``timebill predictor readout --bucket B --export --onnx FILE``) reads the
 pooled prefill states of the Fig. 7 run's 60 items (context + question, fp32 prefill, the
 embedded model), as the server does: N^ (the median bucket's upper edge), N^_W (the 0.9
 quantile's, at N_max 128) and P(N > N_max), set beside each item's Vanilla length N_v (the run's
-1.25 t_v Kill row). docs/benchmark.md, "where Kill fails".
+1.25 t_v Kill row). Every item's row is kept in ``--json`` (with the command, host and date),
+which ``--report`` rebuilds the table from. docs/benchmark.md, "where Kill fails".
 """
 
 import argparse
@@ -15,15 +17,19 @@ import json
 import statistics
 import sys
 
+from timebill_ros.bench.rows import saved_or_measured
+
 from timebill_ros.bench.robot_bench import CONTEXT_SIZES
 from timebill_ros.bench.robot_context import build_workload
 from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.predictors.contract import read_metadata
 from timebill_ros.predictors.prefill_readout import PrefillReadout
 from timebill_ros.predictors.readout import bucket_cdf
 
 N_MAX, Q = 128, 0.9
+ROWS = 'benchmarks/results/robot_context/readout_resolution.json'
 
 
 def _vanilla_lengths(raw):
@@ -70,10 +76,15 @@ def _count(values):
     return ', '.join(f'{v} ({values.count(v)})' for v in sorted(set(values)))
 
 
-def _report(rows, names):
+def _report(data):
+    """Return the Markdown table of a run's rows (``data``: the ``--json`` file's content)."""
+    rows, names = data['rows'], data['names']
+    readouts = ', '.join(f'{n}: {data["readouts"][n]}' for n in names)
     lines = [f'# N^ and N^_W (q = {Q}, N_max {N_MAX}) of prefill readouts on the robot-context '
-             'items', '', f'{len(rows)} items; command: `python benchmarks/readout_resolution.py '
-             + ' '.join(f'{n}=...' for n in names) + '`', '',
+             'items', '', f'{data["date"]}, {data["host"]} ({data["machine"]}), the embedded '
+             f'model, fp32 prefill. Readouts: {readouts}. {len(rows)} items; command: '
+             f'`{data["command"]}`; the table rebuilt from the rows by `python '
+             'benchmarks/readout_resolution.py --report`.', '',
              '| readout | N^ values (count) | N^_W values (count) | N^ MAE vs N_v | '
              'P(N > N_max): median, min, max | on the items with N_v < N_max |',
              '|---|---|---|---|---|---|']
@@ -90,15 +101,10 @@ def _report(rows, names):
     return '\n'.join(lines) + '\n'
 
 
-def main(argv=None):
-    """Print and optionally write the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('readouts', nargs='+', help='NAME=PATH of a readout ONNX file')
-    parser.add_argument('--raw', default='benchmarks/results/robot_context/robot_bench_raw.json')
-    parser.add_argument('--out', default='')
-    args = parser.parse_args(argv)
-    readouts = dict(arg.split('=', 1) for arg in args.readouts)
-    readouts = {name: PrefillReadout.load(path) for name, path in readouts.items()}
+def _measure(args):
+    """Return the run's rows: every item's N_v and each readout's (N^, N^_W, P(N > N_max))."""
+    paths = dict(arg.split('=', 1) for arg in args.readouts)
+    readouts = {name: PrefillReadout.load(path) for name, path in paths.items()}
     layers = {r.pool_layers for r in readouts.values()}
     if len(layers) != 1:
         sys.exit(f'the readouts pool different layers: {layers}')
@@ -110,7 +116,27 @@ def main(argv=None):
         rows.append({'item': item.item_id, 'n_v': n_v[item.item_id],
                      **{name: _row(r, pooled) for name, r in readouts.items()}})
         print(rows[-1], flush=True)
-    print_and_write(_report(rows, list(readouts)), args.out)
+    described = {name: '{name}, {train_prompts} training prompts'.format_map(
+        read_metadata(r.session)) for name, r in readouts.items()}
+    return {'rows': rows, 'names': list(readouts), 'readouts': described}
+
+
+def main(argv=None):
+    """Print and optionally write the table (measured, or ``--report``: from ``--json``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('readouts', nargs='*', help='NAME=PATH of a readout ONNX file')
+    parser.add_argument('--raw', default='benchmarks/results/robot_context/robot_bench_raw.json')
+    parser.add_argument('--json', default=ROWS)
+    parser.add_argument('--report', action='store_true',
+                        help='rebuild the table from --json instead of measuring')
+    parser.add_argument('--out', default='')
+    args = parser.parse_args(argv)
+    if not args.report and not args.readouts:
+        parser.error('name at least one NAME=READOUT.onnx, or --report')
+    command = 'python benchmarks/readout_resolution.py ' + ' '.join(
+        f'{arg.split("=", 1)[0]}=...' for arg in args.readouts)
+    data = saved_or_measured(args.json, args.report, lambda: _measure(args), command)
+    print_and_write(_report(data), args.out)
     return 0
 
 
