@@ -110,6 +110,14 @@ def _trained(engine, tmp_path):
     again = decode_features(engine, examples, records, tmp_path / 'features.pt',
                             log=lambda line: pytest.fail(line))
     assert again.keys() == features.keys()  # cached: nothing teacher-forced again
+    logs = []
+    records['p1'] = {'answer_ids': list(reversed(records['p1']['answer_ids']))}
+    changed = decode_features(engine, examples, records, tmp_path / 'features.pt',
+                              log=logs.append)
+    assert '1 answers to teacher-force' in logs[0]  # the answer collected again, only it
+    assert not torch.equal(changed['p1@17'], features['p1@17'])
+    assert torch.equal(changed['p0@17'], features['p0@17'])
+    features = changed
     points = checkpoint_examples(examples, features)
     assert {e.prompt_id for e in points} == set(features)
     assert all(e.n_tokens == dict((x.prompt_id, x.n_tokens) for x in examples)[
@@ -145,6 +153,29 @@ def test_the_readout_trains_exports_and_loads_as_the_server_loads_it(
                                torch.softmax(torch.from_numpy(torch_output), -1), atol=1e-4)
     point, upper = readout.rest_bounds(state.pooled, state.answer_pool, 17, 64, 0.9)
     assert 1 <= point <= upper <= 64 - 17
+
+
+def test_the_held_out_rest_table_is_rebuilt_from_its_rows(make_tiny_engine, tmp_path):
+    from timebill_ros.cli.predictor_decode import rest_data, rest_table
+    engine = make_tiny_engine()
+    model, path, examples = _trained(engine, tmp_path)
+    model.n_train = 4
+    prefill = PrefillReadoutModel(
+        final_norm_weight(engine), engine.n_layers,
+        {e.prompt_id: engine.prefill(engine.encode(e.prompt), StopCriteria()).pooled
+         for e in examples}, bucket_tokens=16, n_model=64, epochs=1, pool_layers=(1, 2),
+        log=lambda line: None)
+    prefill.fit([e for e in examples if e.split == 'train'], [])
+    held_out = [e for e in checkpoint_examples(examples, model.features) if e.split == 'val']
+    data = rest_data(model, held_out, PrefillReadout.load(
+        export_readout_onnx(prefill, tmp_path / 'prefill.onnx', 'tiny')), 'tiny')
+    # p4 and p5 (the val answers) are 32 and 35 tokens long.
+    assert [(row['prompt_id'], row['k'], row['rest']) for row in data['rows']] == [
+        ('p4@17', 17, 15), ('p5@17', 17, 18), ('p5@33', 33, 2)]
+    assert all(0 <= row[source][0] <= row[source][1] <= 64 - row['k']
+               for row in data['rows'] for source in ('decode', 'prefill'))
+    table = rest_table(json.loads(json.dumps(data)))  # what --rest-table reads back
+    assert table == rest_table(data) and '| 17 | 2 |' in table and '| 33 | 1 |' in table
 
 
 def test_make_readout_attaches_the_decode_readout_of_the_same_layers(

@@ -408,6 +408,7 @@ def add_parser(sub):
     decode = psub.add_parser('decode-readout', help=predictor_decode.cmd_decode_readout.__doc__)
     _common(decode)
     add_readout_arguments(decode, 'decode_readout_file')
+    predictor_decode.add_arguments(decode)
     decode.set_defaults(func=predictor_decode.cmd_decode_readout)
     export = psub.add_parser('export', help=cmd_export.__doc__)
     _common(export)

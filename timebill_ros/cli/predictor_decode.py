@@ -15,6 +15,13 @@ import statistics
 Q_REST = 0.9  # the upper quantile the rest's coverage is reported at (budget.upper_quantile)
 
 
+def add_arguments(parser):
+    """Add the flags of its held-out rows (``--rows``) and their table (``--rest-table``)."""
+    parser.add_argument('--rows', help='write the held-out rest rows (JSON) here')
+    parser.add_argument('--rest-table', metavar='ROWS_JSON',
+                        help='only print the table of rows --rows wrote')
+
+
 def prefill_pool_layers(config, n_layers):
     """Return the layers the prefill readout pools (the decode readout must read the same).
 
@@ -45,6 +52,12 @@ def cmd_decode_readout(args, ros_args):
     from timebill_ros.training.models.decode_readout import (checkpoint_examples,
                                                              DecodeReadoutModel)
     from timebill_ros.training.target import final_norm_weight
+    if args.rest_table:  # only the table of a saved run's rows
+        data = json.loads(pathlib.Path(args.rest_table).read_text())
+        print(f"{data['readout']} on {data['model']} ({data['n_train_prompts']} training "
+              f"prompts); {data['date']}, {data['host']}; `{data['command']}`")
+        print(rest_table(data))
+        return 0
     config = config_of(args)
     path = pathlib.Path(args.onnx or predictor_files(config)['decode readout'])
     lengths = lengths_of(args, config)
@@ -76,7 +89,10 @@ def cmd_decode_readout(args, ros_args):
     model.n_train = len(splits['train'])  # prompts, as the other predictors count them
     calibrate_levels(model, points)
     held_out = points['test'] or points['val']
-    print(rest_table(model, held_out, _prefill_readout(config, engine)))
+    data = rest_data(model, held_out, _prefill_readout(config, engine), engine.model_key)
+    print(rest_table(data))
+    if args.rows:
+        pathlib.Path(args.rows).write_text(json.dumps(data, indent=1))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({'state_dict': model.net.state_dict()}, path.with_suffix('.pt'))
     if args.export:
@@ -111,7 +127,7 @@ def rest_rows(model, examples, prefill=None, q: float = Q_REST) -> list:
     from timebill_ros.predictors.readout import OutputFormat
     from timebill_ros.training.models.decode_readout import n_generated_of
     decode_format = OutputFormat('classification', model.bucket_tokens, model.n_model,
-                                 model.readout, _levels(model.quantile_levels))
+                                 model.readout, _levels(getattr(model, 'quantile_levels', '')))
     rows = []
     model.net.eval()
     with torch.inference_mode():
@@ -119,13 +135,15 @@ def rest_rows(model, examples, prefill=None, q: float = Q_REST) -> list:
             k = n_generated_of(example)
             values = model.features[example.prompt_id]
             output = model.net(values)[0].numpy()
-            row = {'k': k, 'rest': min(example.n_tokens, model.n_model) - k,
-                   'decode': decode_format.rest_bounds(output, model.n_model, k, q),
+            left = (model.n_model - k,) * 2  # what the server reads without a distribution
+            row = {'prompt_id': example.prompt_id, 'k': k,
+                   'rest': min(example.n_tokens, model.n_model) - k,
+                   'decode': decode_format.rest_bounds(output, model.n_model, k, q) or left,
                    'prefill': None}
             if prefill is not None:
                 prompt = _prompt_part(values, len(model.pool_layers))
-                row['prefill'] = prefill.format.rest_bounds(prefill.run(prompt), model.n_model,
-                                                            k, q)
+                row['prefill'] = prefill.format.rest_bounds(
+                    prefill.run(prompt), model.n_model, k, q) or left
             rows.append(row)
     return rows
 
@@ -135,16 +153,16 @@ def _levels(text):
     return parse_quantile_levels(text or '')
 
 
-def rest_table(model, examples, prefill=None, q: float = Q_REST) -> str:
+def rest_table(data) -> str:
     """Return the held-out rest errors by checkpoint, the decode readout beside the prefill's.
 
-    Columns per source: MAE of N^_rem (tokens), share of rests within N^_rem,q, median
-    N^_rem,q / rest.
+    data: :func:`rest_data`'s (its rows, N_model, q). Columns per source: MAE of N^_rem
+    (tokens), share of rests within N^_rem,q, median N^_rem,q / rest.
     """
-    rows = rest_rows(model, examples, prefill, q)
-    sources = ['decode'] + (['prefill'] if prefill is not None else [])
+    rows, n_model, q = data['rows'], data['n_model'], data['q']
+    sources = ['decode'] + (['prefill'] if rows and rows[0]['prefill'] is not None else [])
     lines = [f'rest of the answer at checkpoints, {len(rows)} held-out (prompt, k) pairs, '
-             f'N_max = N_model = {model.n_model}, q = {q}',
+             f'N_max = N_model = {n_model}, q = {q}',
              '| k | answers | ' + ' | '.join(
                  f'{s}: MAE N^_rem, covered by N^_rem,q, median N^_rem,q / rest'
                  for s in sources) + ' |',
@@ -161,6 +179,20 @@ def rest_table(model, examples, prefill=None, q: float = Q_REST) -> str:
             cells.append(f'{mae:.1f}, {covered}/{len(at)}, {ratio:.2f}')
         lines.append(f'| {k} | {len(at)} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
+
+
+def rest_data(model, examples, prefill, model_key, q: float = Q_REST) -> dict:
+    """Return the held-out rows (:func:`rest_rows`) with what they were read from.
+
+    The command, host and date come along (what ``--rest-table`` prints them with).
+    """
+    import datetime
+    import platform
+    import sys
+    return {'command': 'timebill predictor ' + ' '.join(sys.argv[2:]), 'host': platform.node(),
+            'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
+            'model': model_key, 'readout': model.name, 'n_model': model.n_model, 'q': q,
+            'n_train_prompts': model.n_train, 'rows': rest_rows(model, examples, prefill, q)}
 
 
 def _export(model, engine, held_out, path):

@@ -14,6 +14,7 @@ mean_1..mean_L, mean_answer].
 """
 
 import dataclasses
+import hashlib
 import pathlib
 import time
 from typing import Callable, Dict, Sequence
@@ -118,7 +119,8 @@ def decode_features(engine, examples: Sequence, records: Dict[str, dict], path=N
     engine: an LlmEngine whose ``pool_layers`` are the readout's. examples: training.dataset
     Examples; records: the lengths file's records (their ``answer_ids``; examples collected
     without them are skipped). path: the cache file (None: no cache), keyed by prompt id and
-    k, saved every SAVE_EVERY prompts so a stopped run resumes.
+    k beside a digest of each prompt and answer (an answer collected again is forced again),
+    saved every SAVE_EVERY prompts so a stopped run resumes.
     """
     path = None if path is None else pathlib.Path(path)
     cache = torch.load(path, weights_only=True) if path is not None and path.is_file() else {}
@@ -129,7 +131,9 @@ def decode_features(engine, examples: Sequence, records: Dict[str, dict], path=N
         if ids is None:
             continue
         wanted = checkpoints_of(example.n_tokens, len(ids), checkpoints)
-        if wanted and not all(checkpoint_id(example.prompt_id, k) in cache for k in wanted):
+        digest = _digest(example.prompt, ids)
+        if wanted and (cache.get(_digest_key(example.prompt_id)) != digest or not all(
+                checkpoint_id(example.prompt_id, k) in cache for k in wanted)):
             todo.append((_Answer(example.prompt_id, example.prompt, tuple(ids),
                                  example.n_tokens), wanted))
     if todo:
@@ -141,9 +145,20 @@ def decode_features(engine, examples: Sequence, records: Dict[str, dict], path=N
         for k in wanted:
             cache[checkpoint_id(answer.prompt_id, k)] = decode_input(
                 state.pooled, answer_pooled(states, k))
+        cache[_digest_key(answer.prompt_id)] = _digest(answer.prompt, answer.answer_ids)
         if path is not None and (index % SAVE_EVERY == 0 or index == len(todo)):
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(cache, path.with_suffix('.tmp'))
             path.with_suffix('.tmp').replace(path)
             log(f'decode features: {progress_bar(index, len(todo), time.perf_counter() - start)}')
-    return cache
+    return {key: value for key, value in cache.items() if torch.is_tensor(value)}
+
+
+def _digest_key(prompt_id: str) -> str:
+    return f'{prompt_id}#answer'
+
+
+def _digest(prompt: str, answer_ids) -> str:
+    """Return a short hash of a prompt and its answer's ids."""
+    text = prompt + '\0' + ' '.join(map(str, answer_ids))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
