@@ -125,12 +125,13 @@ def test_built_on_reads_the_training_count(tmp_path):
 def test_build_steps_collect_only_what_is_not_committed(tmp_path):
     """The embedded model trains on its committed lengths; another model collects first."""
     embedded = predictor_build.build_steps(ServerConfig(), ['--params', 'p.yaml'])
-    assert [c[4] for c in embedded] == ['train', 'readout']
+    # The decode readout's step skips itself where the lengths keep no answer ids.
+    assert [c[4] for c in embedded] == ['train', 'readout', 'decode-readout']
     assert all(c[-2:] == ['--params', 'p.yaml'] for c in embedded)
     own = ServerConfig(engine=EngineConfig(model_path=str(tmp_path / 'm.gguf')))
     steps = predictor_build.build_steps(own, [], prompts=40)
     assert steps[0][4:] == ['collect', '--prompts', '40']
-    assert [c[4] for c in steps[1:]] == ['train', 'readout']
+    assert [c[4] for c in steps[1:]] == ['train', 'readout', 'decode-readout']
     assert all('--if-stale' in c for c in steps[1:])
 
 
