@@ -159,6 +159,19 @@ def _soak(committed, out):
     soak_report.write_outputs(run, str(out.parent), keep_run=False, named=SOAK)
 
 
+def _script_report(name):
+    """Return the build of a table ``benchmarks/<name>.py --report`` makes from its rows.
+
+    The rows: the JSON beside the table (the script's ``--json``), with the command, host
+    and date the table's header names.
+    """
+    def build(committed, out):
+        with contextlib.redirect_stdout(io.StringIO()):
+            _script(name).main(['--report', '--json', str(committed.with_suffix('.json')),
+                                '--out', str(out)])
+    return build
+
+
 def _under_load_table(committed, out):
     """Rebuild a README's runs table (``benchmarks/test_under_load_table.py DIR``)."""
     printed = io.StringIO()
@@ -171,7 +184,8 @@ def _under_load_table(committed, out):
 ROBOT = f'{RESULTS}/robot_context'
 ONLINE = f'{RESULTS}/robot_context_online'
 NO_PREFILLS = ('prefills every item through the model and reads readout ONNX files '
-               'from the cache; neither the pooled prefill states nor the readouts are committed')
+               'from the cache; this table predates the per-item rows the script now keeps '
+               '(its rerun writes them)')
 TABLES = (
     Table(f'{ROBOT}/robot_bench.md', (f'{ROBOT}/robot_bench_raw.json',), _robot_bench,
           also=(f'{ROBOT}/robot_bench.png',)),
@@ -185,8 +199,8 @@ TABLES = (
           _repeats),
     Table(f'{ROBOT}/robot_bench_k.md', (f'{ROBOT}/robot_bench_k_raw.json',), _robot_bench,
           also=(f'{ROBOT}/robot_bench_k.png',)),
-    Table(f'{ROBOT}/readout_resolution.md', (f'{ROBOT}/robot_bench_raw.json',),
-          why=f'benchmarks/readout_resolution.py {NO_PREFILLS}'),
+    Table(f'{ROBOT}/readout_resolution.md', (f'{ROBOT}/readout_resolution.json',),
+          _script_report('readout_resolution')),
     Table(f'{ROBOT}/readout_in_domain.md', (f'{ROBOT}/robot_bench_vanilla.json',),
           why=f'benchmarks/readout_in_domain.py {NO_PREFILLS} (its feature cache is '
           'log/readout_in_domain.npz)'),
