@@ -26,7 +26,7 @@ from scipy.optimize import minimize
 
 from readout_resolution import p_at_most, pooled_states, print_and_write  # beside this file
 from timebill_ros import paths
-from timebill_ros.bench.rows import saved_or_measured
+from timebill_ros.bench.rows import add_rows_arguments, saved_or_measured
 
 N_MAX = 128
 LAMBDAS = (0.01, 0.1, 1.0)
@@ -133,10 +133,7 @@ def main(argv=None):
     parser.add_argument('readout', nargs='?', default='')
     parser.add_argument('--features', default=str(
         pathlib.Path(paths.cache_root()) / 'bench' / 'readout_in_domain.npz'))
-    parser.add_argument('--json', default=ROWS)
-    parser.add_argument('--report', action='store_true',
-                        help='rebuild the table from --json instead of measuring')
-    parser.add_argument('--out', default='')
+    add_rows_arguments(parser, ROWS)
     args = parser.parse_args(argv)
     if not args.report and not args.readout:
         parser.error('name the READOUT.onnx, or --report')

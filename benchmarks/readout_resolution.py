@@ -17,7 +17,7 @@ import json
 import statistics
 import sys
 
-from timebill_ros.bench.rows import saved_or_measured
+from timebill_ros.bench.rows import add_rows_arguments, saved_or_measured
 
 from timebill_ros.bench.robot_bench import CONTEXT_SIZES
 from timebill_ros.bench.robot_context import build_workload
@@ -126,10 +126,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('readouts', nargs='*', help='NAME=PATH of a readout ONNX file')
     parser.add_argument('--raw', default='benchmarks/results/robot_context/robot_bench_raw.json')
-    parser.add_argument('--json', default=ROWS)
-    parser.add_argument('--report', action='store_true',
-                        help='rebuild the table from --json instead of measuring')
-    parser.add_argument('--out', default='')
+    add_rows_arguments(parser, ROWS)
     args = parser.parse_args(argv)
     if not args.report and not args.readouts:
         parser.error('name at least one NAME=READOUT.onnx, or --report')

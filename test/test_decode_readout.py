@@ -131,6 +131,17 @@ def _trained(engine, tmp_path):
     return model, path, examples
 
 
+def _prefill_readout_file(engine, examples, path):
+    """Return the path of a prefill readout (layers 1 and 2) trained on ``examples``' prompts."""
+    prefill = PrefillReadoutModel(
+        final_norm_weight(engine), engine.n_layers,
+        {e.prompt_id: engine.prefill(engine.encode(e.prompt), StopCriteria()).pooled
+         for e in examples}, bucket_tokens=16, n_model=64, epochs=1, pool_layers=(1, 2),
+        log=lambda line: None)
+    prefill.fit([e for e in examples if e.split == 'train'], [])
+    return export_readout_onnx(prefill, path, 'tiny')
+
+
 def test_the_readout_trains_exports_and_loads_as_the_server_loads_it(
         make_tiny_engine, tmp_path):
     engine = make_tiny_engine()
@@ -160,15 +171,9 @@ def test_the_held_out_rest_table_is_rebuilt_from_its_rows(make_tiny_engine, tmp_
     engine = make_tiny_engine()
     model, path, examples = _trained(engine, tmp_path)
     model.n_train = 4
-    prefill = PrefillReadoutModel(
-        final_norm_weight(engine), engine.n_layers,
-        {e.prompt_id: engine.prefill(engine.encode(e.prompt), StopCriteria()).pooled
-         for e in examples}, bucket_tokens=16, n_model=64, epochs=1, pool_layers=(1, 2),
-        log=lambda line: None)
-    prefill.fit([e for e in examples if e.split == 'train'], [])
     held_out = [e for e in checkpoint_examples(examples, model.features) if e.split == 'val']
     data = rest_data(model, held_out, PrefillReadout.load(
-        export_readout_onnx(prefill, tmp_path / 'prefill.onnx', 'tiny')), 'tiny')
+        _prefill_readout_file(engine, examples, tmp_path / 'prefill.onnx')), 'tiny')
     # p4 and p5 (the val answers) are 32 and 35 tokens long.
     assert [(row['prompt_id'], row['k'], row['rest']) for row in data['rows']] == [
         ('p4@17', 17, 15), ('p5@17', 17, 18), ('p5@33', 33, 2)]
@@ -243,14 +248,8 @@ def test_a_timebill_online_goal_reads_its_rest_from_the_decode_readout(
     from timebill_ros.timing.model import TimingCoefficients
     engine = make_tiny_engine()
     _, decode_path, examples = _trained(engine, tmp_path)
-    prefill = PrefillReadoutModel(
-        final_norm_weight(engine), engine.n_layers,
-        {e.prompt_id: engine.prefill(engine.encode(e.prompt), StopCriteria()).pooled
-         for e in examples}, bucket_tokens=16, n_model=64, epochs=1, pool_layers=(1, 2),
-        log=lambda line: None)
-    prefill.fit([e for e in examples if e.split == 'train'], [])
     readout = make_readout(PredictorConfig(
-        readout_file=str(export_readout_onnx(prefill, tmp_path / 'prefill.onnx', 'tiny')),
+        readout_file=str(_prefill_readout_file(engine, examples, tmp_path / 'prefill.onnx')),
         decode_readout_file=str(decode_path)), 'tiny', log=lambda line: None)
     config = ServerConfig(budget=BudgetConfig(checkpoint_tokens=4))
     service = TimeBillService(config, engine, FallbackPredictor(),

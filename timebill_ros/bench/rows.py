@@ -77,3 +77,14 @@ def saved_or_measured(json_path, report, measure, command):
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=1))
     return data
+
+
+def add_rows_arguments(parser, json_path):
+    """Add ``--json`` (the run's rows, default ``json_path``), ``--report`` and ``--out``.
+
+    What a study that keeps its rows beside its table takes (:func:`saved_or_measured`).
+    """
+    parser.add_argument('--json', default=json_path)
+    parser.add_argument('--report', action='store_true',
+                        help='rebuild the table from --json instead of measuring')
+    parser.add_argument('--out', default='')
