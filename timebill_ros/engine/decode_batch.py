@@ -111,8 +111,7 @@ class DecodeBatch:
         its cache (timebill-online; it keeps the prefill's scorer inputs, which a goal
         without one releases here); a reason ends the goal as ``stop``'s would.
         ``state.answer_pool`` (a HiddenPool of the last layer, or None) pools every step's
-        last-layer output of this goal (the forwards that support it: the GGUF decoders and
-        the lean Llama).
+        last-layer output of this goal (the GGUF decoders, the lean Llama and transformers').
         """
         for name, value in (('n_max', n_max), ('feedback_every', feedback_every)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

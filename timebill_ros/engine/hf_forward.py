@@ -81,10 +81,10 @@ class _Hooks:
         if hooks.pool is not None:
             for number in hooks.pool.layers:
                 self._handles.append(self.layers[number - 1].register_forward_hook(
-                    self._pooler(number)))
+                    self._pooler(number, hooks.pool)))
         if hooks.answer_pool is not None:  # decoding steps: the last layer's outputs
             self._handles.append(self.layers[-1].register_forward_hook(
-                self._answer_pooler(len(self.layers))))
+                self._pooler(len(self.layers), hooks.answer_pool)))
         for idx, layer in enumerate(self.layers):
             if hooks.checks_layers:
                 self._handles.append(layer.register_forward_pre_hook(
@@ -99,15 +99,11 @@ class _Hooks:
             handle.remove()
         self._handles = []
 
-    def _pooler(self, number):
+    @staticmethod
+    def _pooler(number, target):
+        """Return a forward hook adding layer ``number``'s output to ``target`` (a pool)."""
         def pool(module, args, output):
-            self.hooks.pool.add(number, output[0] if isinstance(output, tuple) else output)
-        return pool
-
-    def _answer_pooler(self, number):
-        def pool(module, args, output):
-            self.hooks.answer_pool.add(number, output[0] if isinstance(output, tuple)
-                                       else output)
+            target.add(number, output[0] if isinstance(output, tuple) else output)
         return pool
 
     def _capture(self, module, args, kwargs):

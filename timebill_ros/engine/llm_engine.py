@@ -85,7 +85,7 @@ class PrefillState:
     later eviction (during decoding) keeps the best of these.
     answer_pool: None, or a HiddenPool of the last decoder layer that decoding fills with the
     answer's states (one row a step: the output that chose the next token); set by whoever
-    reads a remaining-length readout before the goal decodes (:meth:`pool_answer`).
+    reads a remaining-length readout before the goal decodes (DecodeReadout.start).
     """
 
     cache: object

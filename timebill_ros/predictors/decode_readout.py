@@ -8,9 +8,25 @@ checkpoint runs it once (its time, measured at load, is ``time_s``).
 """
 
 import numpy as np
+import torch
 
 from timebill_ros.engine.forward import HiddenPool
 from timebill_ros.predictors.prefill_readout import PrefillReadout
+
+
+def decode_input(prompt_pooled: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """Return one pool of L + 1 layers from the prompt's (1, 2 L H) and the answer's (1, 2 H).
+
+    [last_1..last_L, last_answer, mean_1..mean_L, mean_answer], (1, 2 (L + 1) H) fp32.
+    """
+    hidden = answer.shape[-1] // 2
+    if answer.shape != (1, 2 * hidden) or prompt_pooled.shape[-1] % (2 * hidden):
+        raise ValueError(f'pooled states {tuple(prompt_pooled.shape)} and answer states '
+                         f'{tuple(answer.shape)} do not share a hidden size')
+    half = prompt_pooled.shape[-1] // 2
+    prompt = prompt_pooled.reshape(1, -1).float()
+    return torch.cat([prompt[:, :half], answer[:, :hidden], prompt[:, half:],
+                      answer[:, hidden:]], dim=1)
 
 
 class DecodeReadout(PrefillReadout):
@@ -32,19 +48,14 @@ class DecodeReadout(PrefillReadout):
         state.answer_pool = HiddenPool(engine.forward.norm_eps, (engine.n_layers,))
 
     def features(self, prompt_pooled, answer_pool) -> np.ndarray:
-        """Return the input (1, 2 (L + 1) hidden): prompt and answer pools laid out as one.
+        """Return the input (1, 2 (L + 1) hidden) of :func:`decode_input`, numpy fp32.
 
         None while the answer pool is empty (no step has run yet).
         """
         answer = answer_pool.features() if answer_pool is not None else None
         if answer is None:
             return None
-        prompt = np.asarray(prompt_pooled.cpu() if hasattr(prompt_pooled, 'cpu')
-                            else prompt_pooled, dtype=np.float32).reshape(1, -1)
-        answer = np.asarray(answer.cpu(), dtype=np.float32).reshape(1, -1)
-        half, hidden = prompt.shape[1] // 2, answer.shape[1] // 2
-        return np.concatenate([prompt[:, :half], answer[:, :hidden], prompt[:, half:],
-                               answer[:, hidden:]], axis=1)
+        return decode_input(prompt_pooled.cpu(), answer.cpu()).numpy()
 
     def rest_bounds(self, prompt_pooled, answer_pool, n_done: int, n_max: int, q: float):
         """Return (N^_rem, N^_rem,q) after ``n_done`` tokens, or None (no answer states yet).

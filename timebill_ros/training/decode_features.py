@@ -24,6 +24,7 @@ import torch
 from timebill_ros import paths
 from timebill_ros.engine.forward import PassHooks, unit_rms
 from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.predictors.decode_readout import decode_input
 from timebill_ros.training.collect import progress_bar
 
 # Checkpoints trained on: tokens generated (k) where a goal checking every 16 tokens re-decides
@@ -71,21 +72,6 @@ def answer_pooled(states: torch.Tensor, n_generated: int) -> torch.Tensor:
         raise ValueError(f'n_generated must be in 2..{states.shape[0] + 1}, got {n_generated}')
     seen = states[:n_generated - 1]
     return torch.cat([seen[-1], seen.mean(0)]).unsqueeze(0)
-
-
-def decode_input(prompt_pooled: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
-    """Return one pool of L + 1 layers from the prompt's (1, 2 L H) and the answer's (1, 2 H).
-
-    [last_1..last_L, last_answer, mean_1..mean_L, mean_answer], (1, 2 (L + 1) H) fp32.
-    """
-    hidden = answer.shape[-1] // 2
-    if answer.shape != (1, 2 * hidden) or prompt_pooled.shape[-1] % (2 * hidden):
-        raise ValueError(f'pooled states {tuple(prompt_pooled.shape)} and answer states '
-                         f'{tuple(answer.shape)} do not share a hidden size')
-    half = prompt_pooled.shape[-1] // 2
-    prompt = prompt_pooled.reshape(1, -1).float()
-    return torch.cat([prompt[:, :half], answer[:, :hidden], prompt[:, half:],
-                      answer[:, hidden:]], dim=1)
 
 
 def checkpoint_id(prompt_id: str, n_generated: int) -> str:
