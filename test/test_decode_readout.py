@@ -18,13 +18,12 @@ from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.forward import HiddenPool
 from timebill_ros.engine.stopping import StopCriteria
 from timebill_ros.predictors import make_readout
-from timebill_ros.predictors.decode_readout import DecodeReadout
+from timebill_ros.predictors.decode_readout import decode_input, DecodeReadout
 from timebill_ros.predictors.prefill_readout import PrefillReadout
 from timebill_ros.server.checkpoints import RestLength
 from timebill_ros.training.dataset import Example
 from timebill_ros.training.decode_features import (
     answer_pooled, answer_states, checkpoints_of, decode_features)
-from timebill_ros.predictors.decode_readout import decode_input
 from timebill_ros.training.export import export_readout_onnx
 from timebill_ros.training.models.decode_readout import checkpoint_examples, DecodeReadoutModel
 from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
