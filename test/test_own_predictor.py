@@ -7,6 +7,7 @@ exported where the node looks; the node's loaders then accept them for that file
 """
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -28,6 +29,8 @@ from timebill_ros.training.dataset import Example
 from timebill_ros.training.models.rlp import RlpNet
 from timebill_ros.training.prefill_features import FeatureSink, prefill_features
 from timebill_ros.training.target import final_norm_weight, load_target_model
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_quick_subset_spreads_over_categories_and_keeps_test_out():
@@ -125,7 +128,7 @@ def test_built_on_reads_the_training_count(tmp_path):
 def test_build_steps_collect_only_what_is_not_committed(tmp_path):
     """The embedded model trains on its committed lengths; another model collects first."""
     embedded = predictor_build.build_steps(ServerConfig(), ['--params', 'p.yaml'])
-    # The decode readout's step skips itself where the lengths keep no answer ids.
+    # The embedded model's decode readout takes its answer ids from the committed subset.
     assert [c[4] for c in embedded] == ['train', 'readout', 'decode-readout']
     assert all(c[-2:] == ['--params', 'p.yaml'] for c in embedded)
     own = ServerConfig(engine=EngineConfig(model_path=str(tmp_path / 'm.gguf')))
@@ -133,6 +136,37 @@ def test_build_steps_collect_only_what_is_not_committed(tmp_path):
     assert steps[0][4:] == ['collect', '--prompts', '40']
     assert [c[4] for c in steps[1:]] == ['train', 'readout', 'decode-readout']
     assert all('--if-stale' in c for c in steps[1:])
+
+
+def test_the_committed_answer_ids_are_the_committed_lengths_answers():
+    """Every answer of the embedded ids file has the committed lengths file's length."""
+    records = collect_mod.load_records(REPO / predictor_build.DEFAULT_LENGTHS)
+    ids = collect_mod.load_records(REPO / predictor_build.DEFAULT_ANSWER_IDS)
+    assert collect_mod.merge_answer_ids(records, ids, 'committed') == len(ids) == 240
+    # The EOS is not kept; a capped answer keeps every step; a loop keeps less than its steps.
+    kept = {'eos': -1, 'length': 0}
+    for prompt_id in ids:
+        record = records[prompt_id]
+        short = len(record['answer_ids']) - record['n_tokens']
+        assert short == kept[record['finish']] if record['finish'] in kept else short < 0
+    assert {records[p]['split'] for p in ids} == {'train', 'val'}
+    assert predictor_build.answer_ids_path(ServerConfig()).name == 'answer_ids_240.jsonl'
+    own = ServerConfig(engine=EngineConfig(model_path='m.gguf'))
+    assert predictor_build.answer_ids_path(own) is None
+    assert predictor_build.answer_ids_path(ServerConfig(), lengths_given='x.jsonl') is None
+
+
+def test_merged_answer_ids_must_come_from_the_same_collection():
+    """Ids join only the record of the same prompt, settings and length; else a ValueError."""
+    def record(n_tokens, **extra):
+        return {'prompt_sha': 'abc', 'n_model': 1024, 'loop_guard': [64, 3, 48],
+                'n_tokens': n_tokens, **extra}
+    records = {'a': record(3), 'b': record(5)}
+    source = {'a': record(3, answer_ids=[1, 2]), 'z': record(2, answer_ids=[7])}
+    assert collect_mod.merge_answer_ids(records, source, 'ids.jsonl') == 1
+    assert records['a']['answer_ids'] == [1, 2] and 'answer_ids' not in records['b']
+    with pytest.raises(ValueError, match=r'ids.jsonl: b has n_tokens=6'):
+        collect_mod.merge_answer_ids(records, {'b': record(6, answer_ids=[1] * 5)}, 'ids.jsonl')
 
 
 def test_run_steps_logs_every_line_and_stops_at_a_failure(tmp_path):

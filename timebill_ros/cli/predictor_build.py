@@ -20,6 +20,11 @@ import time
 from timebill_ros.predictors.contract import predictor_files
 
 DEFAULT_LENGTHS = 'data/rlp/lengths_1024_guard.jsonl'  # the embedded model's, loop guard on
+# The embedded model's answers' token ids, of the quick 240-prompt subset only (the decode
+# readout's training input; the whole corpus's ids would add ~2 MB to git). Made by `timebill
+# predictor collect --prompts 240 --out data/rlp/answer_ids_240.jsonl`: the same greedy answers
+# as DEFAULT_LENGTHS (every length equal, checked when the decode readout merges them).
+DEFAULT_ANSWER_IDS = 'data/rlp/answer_ids_240.jsonl'
 
 
 def lengths_path(config, given=None) -> pathlib.Path:
@@ -35,6 +40,19 @@ def lengths_path(config, given=None) -> pathlib.Path:
         return pathlib.Path(DEFAULT_LENGTHS)
     return (model_source.cache_root(config.engine) / 'rlp'
             / f'{model_source.model_key(config.engine)}__lengths.jsonl')
+
+
+def answer_ids_path(config, given=None, lengths_given=None):
+    """Return the file the decode readout takes answer ids from beside the lengths, or None.
+
+    ``given`` (``--answer-ids``), else DEFAULT_ANSWER_IDS for the embedded model read from its
+    committed lengths (which keep no ids); a collected model's lengths keep their own.
+    """
+    if given:
+        return pathlib.Path(given)
+    if config.engine.model_path or lengths_given:
+        return None
+    return pathlib.Path(DEFAULT_ANSWER_IDS)
 
 
 def log_path(config) -> pathlib.Path:

@@ -16,7 +16,10 @@ Q_REST = 0.9  # the upper quantile the rest's coverage is reported at (budget.up
 
 
 def add_arguments(parser):
-    """Add the flags of its held-out rows (``--rows``) and their table (``--rest-table``)."""
+    """Add ``--answer-ids``, the held-out rows (``--rows``) and their table (``--rest-table``)."""
+    parser.add_argument('--answer-ids', metavar='JSONL',
+                        help='a collection whose answer_ids join the lengths file (default: '
+                        'the embedded model\'s committed data/rlp/answer_ids_240.jsonl)')
     parser.add_argument('--rows', help='write the held-out rest rows (JSON) here')
     parser.add_argument('--rest-table', metavar='ROWS_JSON',
                         help='only print the table of rows --rows wrote')
@@ -45,7 +48,6 @@ def cmd_decode_readout(args, ros_args):
                                                    training_engine)
     from timebill_ros.cli.predictor_build import built_on
     from timebill_ros.predictors.contract import predictor_files
-    from timebill_ros.training.collect import load_records
     from timebill_ros.training.dataset import load_examples
     from timebill_ros.training.decode_features import (
         decode_features, default_decode_features_path)
@@ -61,7 +63,7 @@ def cmd_decode_readout(args, ros_args):
     config = config_of(args)
     path = pathlib.Path(args.onnx or predictor_files(config)['decode readout'])
     lengths = lengths_of(args, config)
-    records = load_records(lengths)
+    records = _records_with_ids(args, config, lengths)
     splits = {split: [e for e in examples if 'answer_ids' in records.get(e.prompt_id, {})]
               for split, examples in load_examples(lengths, args.split_view).items()}
     if not splits['train']:
@@ -98,6 +100,20 @@ def cmd_decode_readout(args, ros_args):
     if args.export:
         return _export(model, engine, held_out, path)
     return 0
+
+
+def _records_with_ids(args, config, lengths):
+    """Return the lengths file's records, with the answer ids of ``--answer-ids`` merged in."""
+    from timebill_ros.cli.predictor_build import answer_ids_path
+    from timebill_ros.training.collect import load_records, merge_answer_ids
+    records = load_records(lengths)
+    ids_path = answer_ids_path(config, args.answer_ids, getattr(args, 'lengths', None))
+    if ids_path is not None:
+        if not ids_path.is_file():
+            raise ValueError(f'--answer-ids {ids_path}: no such file')
+        merged = merge_answer_ids(records, load_records(ids_path), str(ids_path))
+        print(f'answer ids of {merged} prompts from {ids_path}')
+    return records
 
 
 def _prefill_readout(config, engine):

@@ -61,6 +61,29 @@ def load_records(path) -> Dict[str, dict]:
     return records
 
 
+def merge_answer_ids(records: Dict[str, dict], source: Dict[str, dict], where='') -> int:
+    """Copy ``answer_ids`` from ``source`` into the matching ``records``; return how many.
+
+    records / source: {prompt_id: record} of two lengths files (:func:`load_records`). A
+    source record gives its ids only to the record of the same prompt collected the same way:
+    the same prompt text (``prompt_sha``), ``n_model``, loop guard and length ``n_tokens``
+    (a greedy answer of the same model repeats, so a different length means another model or
+    engine). Any other difference is a ``ValueError`` naming the prompt and ``where``.
+    """
+    merged = 0
+    for prompt_id, extra in source.items():
+        record = records.get(prompt_id)
+        if record is None or 'answer_ids' not in extra or 'answer_ids' in record:
+            continue
+        for key in ('prompt_sha', 'n_model', 'loop_guard', 'n_tokens'):
+            if record.get(key) != extra.get(key):
+                raise ValueError(f'{where}: {prompt_id} has {key}={extra.get(key)!r}, the '
+                                 f'lengths file {record.get(key)!r}: not the same collection')
+        record['answer_ids'] = extra['answer_ids']
+        merged += 1
+    return merged
+
+
 def response_length(tokens: List[int], eos_ids, n_model: int) -> tuple:
     """Return (n_tokens, capped) for generated ``tokens``: up to and including the first EOS."""
     for index, token in enumerate(tokens):
