@@ -4,6 +4,7 @@ The real engine decodes and evicts; the clock moves by what the time model says 
 costs at the cache the step really has, so every decision is exact on any machine.
 """
 
+import math
 import types
 
 import pytest
@@ -47,7 +48,7 @@ class ModelSteps(StopCriterion):
         return None
 
 
-def run_goal(engine, budget_s, policy='kill'):
+def run_goal(engine, budget_s, policy='kill', rest=None):
     """Prefill PROMPT, decide with the rescue rule, decode N_MAX tokens under checkpoints.
 
     Returns (the GoalCheckpoints, the decode result, seconds from the start to the end).
@@ -64,7 +65,8 @@ def run_goal(engine, budget_s, policy='kill'):
     run = types.SimpleNamespace(clock=clock, job=job, budget=budget, model=model,
                                 engine=engine, runner=runner, interrupt=StopCriteria())
     # Nothing evicted after the prefill: the tests' budgets let the first decision wait.
-    first = GoalCheckpoints(run, state, RestLength(N_MAX, N_MAX, N_MAX), 0.0)
+    rest = rest or RestLength(N_MAX, N_MAX, N_MAX)
+    first = GoalCheckpoints(run, state, rest, 0.0)
     out = engine.decode(state, N_MAX, StopCriteria([ModelSteps(clock, model, state)]),
                         checkpoint=first)
     return first, out, clock() - start
@@ -103,6 +105,26 @@ def test_a_tight_budget_evicts_late_and_keeps_the_deadline(engine):
     # Each eviction left the answer's KV in the cache: prompt kept + the answer so far.
     for n_generated, _, n_kv in checkpoints.evictions:
         assert n_kv >= n_generated - 1
+
+
+def test_a_bound_that_moves_later_is_decided_at_once(engine):
+    """The prompt's bound moves the answer's end from 16 to N_max at token 6: decide there.
+
+    Buckets of 16 tokens: 90 % of the answers end by 16, 10 % in 49-64. At the 0.85 level the
+    end is 16 until token 6, when less than 85 % of what is left still ends by 16.
+    """
+    from timebill_ros.predictors.readout import OutputFormat
+    fmt = OutputFormat('classification', bucket_tokens=16, n_model=128, readout='median')
+    logits = [math.log(0.9), -1e9, -1e9, math.log(0.1)] + [-1e9] * 4
+    rest = RestLength(16, 16, N_MAX, lambda n: fmt.rest_bounds(logits, N_MAX, n, 0.85))
+    assert [rest.prompt_end(n) for n in (1, 5, 6, 20)] == [16, 16, N_MAX, N_MAX]
+    checkpoints, out, _ = run_goal(engine, 2 * full_cache_s(engine), rest=rest)
+    assert [r.n_generated for r in checkpoints.redecisions] == [6, 9, 17, 25, 33]
+    assert checkpoints.redecisions[0].rest_upper_tokens == N_MAX - 6
+    # Without a distribution the bound moves once, when the answer passes N^_W.
+    checkpoints, out, _ = run_goal(engine, 2 * full_cache_s(engine),
+                                   rest=RestLength(10, 12, N_MAX))
+    assert [r.n_generated for r in checkpoints.redecisions] == [9, 12, 17, 25, 33]
 
 
 def test_the_segments_split_the_steps_at_each_eviction(engine):

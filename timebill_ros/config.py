@@ -304,7 +304,8 @@ class BudgetConfig:
         some, and skip_next goals that kept it ran late and skipped half the stream
         (docs/benchmark.md).
     checkpoint_tokens: m, tokens: with mode ``timebill``, 0 decides alpha* once after the
-        prefill (the paper); m > 0 decides again every m tokens while the answer decodes
+        prefill (the paper); m > 0 decides again every m tokens while the answer decodes,
+        and between them where the prompt's bound on the answer's end moves later
         (timebill-online, timing/checkpoint.py): each decision is the smallest alpha for
         which m more tokens, then an eviction to alpha_max, then the rest of the length
         bound still fit the time left, and the bound of the rest is re-predicted from the

@@ -2,9 +2,10 @@
 
 timebill-online (``budget.checkpoint_tokens`` = m > 0). The decode loop calls the goal's
 :class:`GoalCheckpoints` before each step (engine.DecodeBatch's ``checkpoint``); every m
-tokens it bounds the tokens still to come (:class:`RestLength`), asks the goal's budget for
-the rescue rule's alpha (timing/checkpoint.py) and evicts more of the prompt's KV when that
-alpha is more than what is evicted already. Each re-decision is recorded for the result.
+tokens, and at any step where the prompt's bound on the answer's end moves later, it bounds
+the tokens still to come (:class:`RestLength`), asks the goal's budget for the rescue rule's
+alpha (timing/checkpoint.py) and evicts more of the prompt's KV when that alpha is more than
+what is evicted already. Each re-decision is recorded for the result.
 """
 
 import dataclasses
@@ -48,8 +49,20 @@ class RestLength:
 
     def bounds(self, n_generated):
         """Return (N^_rem, N^_rem,q) after ``n_generated`` tokens, each in [0, N_max - n]."""
+        return self._clip(n_generated, self._read(n_generated))
+
+    def prompt_end(self, n_generated):
+        """Return where the prompt's bound ends the answer now, n + N^_rem,q (tokens).
+
+        The prefill readout's distribution conditioned on N > n (or N^_W, then N_max),
+        never the decode readout: a few array operations, cheap enough for every step.
+        """
+        read = None if self.rest_bounds is None else self.rest_bounds(n_generated)
+        return n_generated + self._clip(n_generated, read)[1]
+
+    def _clip(self, n_generated, read):
+        """Return ``read`` (or the fallback where None) clipped to [0, N_max - n]."""
         left = max(0, self.n_max - n_generated)
-        read = self._read(n_generated)
         if read is None:
             upper = self.n_w - n_generated if n_generated < self.n_w else left
             point = self.n_hat - n_generated if n_generated < self.n_hat else upper
@@ -82,12 +95,28 @@ class GoalCheckpoints:
         self.alpha = alpha
         self.redecisions = []
         self.evictions = []  # (n_generated, seconds, cached tokens after)
+        self.watched_end = rest.prompt_end(1)  # the answer's end the first decision saw
 
     def __call__(self, n_generated):
-        """Return a stop reason or None; re-decide at tokens m + 1, 2m + 1, ..."""
-        if n_generated <= 1 or (n_generated - 1) % self.every:
+        """Return a stop reason or None; re-decide at tokens m + 1, 2m + 1, ... and between.
+
+        Between checkpoints it re-decides where the prompt's bound on the answer's end
+        (:meth:`RestLength.prompt_end`) has moved later than at the last decision: the rest
+        may then no longer fit, and waiting for the next checkpoint would spend up to m - 1
+        steps of it. A bound that moves earlier leaves more room, and the plan never gives
+        evicted KV back, so that needs no decision.
+        """
+        if n_generated <= 1:
             return None
+        if (n_generated - 1) % self.every:
+            if self.rest.prompt_end(n_generated) <= self.watched_end:
+                return None
+        return self._redecide(n_generated)
+
+    def _redecide(self, n_generated):
+        """Bound the rest, recompute alpha under the rescue rule, evict if it grew."""
         run, state = self.run, self.state
+        self.watched_end = self.rest.prompt_end(n_generated)
         job = run.job
         point, upper = self.rest.bounds(n_generated)
         cache = CacheNow(n_x=state.n_x, n_prompt_kv=state.n_prompt_kv,
