@@ -234,12 +234,21 @@ def test_the_repeats_check_and_paired_difference_of_timebill_online(tmp_path):
     assert [v['holds'] for v in verdict] == [False, False]
     (_, _, mean, low, high), _ = robot_repeats.paired_differences(good, similarity)
     assert mean == pytest.approx(1 - 2 / 3) and low == high == mean  # 'a b' scores 2/3
-    (line, _) = robot_repeats.wcet_lines(good)
+    line, _, pooled = robot_repeats.wcet_lines(good)
     assert line[2:] == (4, 1.0, 1.5, 1.1)  # run = 1.2 - 0.2 s
+    assert pooled == ('kill', None, 8, 1.0, 1.5, 1.1)  # both budgets' jobs
+    # A run with timebill-online-prefill rows gets the decode readout's paired difference.
+    good['rows'] += [dict(row, method='timebill-online-prefill', response='a b')
+                     for row in good['rows'] if row['method'] == 'timebill']
     paths = []
     for name, run in (('r1', good), ('r2', bad)):
         paths.append(tmp_path / f'{name}.json')
         paths[-1].write_text(json.dumps(run))
     text = robot_repeats.report(paths, tmp_path / 'out')
+    effect = text.index("## Paired difference timebill-online - timebill-online-prefill (the "
+                        "decode readout's effect) (per item), per repeat")
+    assert text[effect + 4:effect + 6] == ['| 1 | kill | 0.95 | +0.333 [+0.333, +0.333] |',
+                                           '| 1 | kill | 1.25 | +0.333 [+0.333, +0.333] |']
+    assert '| 2 | kill | all | 8 | 1.000 | 1.50 | 1.10 |' in text
     assert '| kill | 0.95 | timebill-online | 1.000 [1.000, 1.000] | 0.667 [0.667, 0.667] | '\
         '0.333 | 1.00 / 1.00 |' in text

@@ -10,9 +10,10 @@ the raw rows of runs made by separate ``timebill bench --workload robot-context`
 * timebill-online's check per repeat: within the interval of the best method wherever some
   method completes >= 50 % of the jobs, and >= Vanilla - 0.01 at the largest budget;
 * the paired difference timebill-online - TimeBill per item (same items, same budget) with
-  its bootstrap interval, per repeat;
+  its bootstrap interval, per repeat; the same against timebill-online-prefill where a run
+  has it (what the decode readout changes);
 * t^_WCET against the run (total - queue) of completed jobs: coverage and the median ratio
-  at admission and at the last checkpoint.
+  at admission and at the last checkpoint, per budget and over all budgets.
 """
 
 import json
@@ -25,6 +26,7 @@ from timebill_ros.bench.robot_bench import score_lines
 from timebill_ros.bench.timebill import _rouge_l_scorer
 
 ONLINE, ONE_SHOT, VANILLA = 'timebill-online', 'timebill', 'vanilla'
+ONLINE_PREFILL = 'timebill-online-prefill'  # timebill-online without its decode readout
 VANILLA_SLACK = 0.01  # the check at the largest budget: >= Vanilla - this
 
 
@@ -84,21 +86,29 @@ def wcet_lines(raw, method=ONLINE):
     """Return [(policy, fraction, n, coverage, median at admission, median at the last)].
 
     Over completed jobs of ``method``; the run is total - queue (what t^_WCET bounds). The
-    last checkpoint's ratio is (its t^_WCET) / run; None where no job had a checkpoint.
+    last checkpoint's ratio is (its t^_WCET) / run; None where no job had a checkpoint. Each
+    policy ends with its jobs of every budget pooled (fraction None).
     """
     out = []
     rows = [r for r in raw['rows'] if r['method'] == method and scores.completed(r)
             and r.get('predicted_wcet_s', 0) > 0]
-    for policy, fraction in sorted({(r['policy'], r['fraction']) for r in rows}):
-        done = [r for r in rows if (r['policy'], r['fraction']) == (policy, fraction)]
-        run = [r['total_s'] - r.get('queue_s', 0.0) for r in done]
-        admission = [r['predicted_wcet_s'] / t for r, t in zip(done, run)]
-        last = [r['checkpoint_wcet_s'][-1] / t for r, t in zip(done, run)
-                if r.get('checkpoint_wcet_s')]
-        out.append((policy, fraction, len(done),
-                    float(np.mean([a >= 1.0 for a in admission])),
-                    float(np.median(admission)), float(np.median(last)) if last else None))
+    for policy in sorted({r['policy'] for r in rows}):
+        fractions = sorted({r['fraction'] for r in rows if r['policy'] == policy})
+        for fraction in fractions + [None]:
+            done = [r for r in rows if r['policy'] == policy
+                    and fraction in (None, r['fraction'])]
+            out.append((policy, fraction, *_wcet_ratios(done)))
     return out
+
+
+def _wcet_ratios(done):
+    """Return (n, coverage, median at admission, median at the last checkpoint or None)."""
+    run = [r['total_s'] - r.get('queue_s', 0.0) for r in done]
+    admission = [r['predicted_wcet_s'] / t for r, t in zip(done, run)]
+    last = [r['checkpoint_wcet_s'][-1] / t for r, t in zip(done, run)
+            if r.get('checkpoint_wcet_s')]
+    return (len(done), float(np.mean([a >= 1.0 for a in admission])),
+            float(np.median(admission)), float(np.median(last)) if last else None)
 
 
 def report(raw_paths, out_dir):
@@ -118,24 +128,40 @@ def report(raw_paths, out_dir):
             gap = '-' if v['vanilla_gap'] is None else f"{v['vanilla_gap']:+.3f}"
             text.append(f"| {index} | {v['policy']} | {v['fraction']:.2f} | {v['counted']} | "
                         f"{v['best']} | {gap} | {v['holds']} |")
-    text += ['', '## Paired difference timebill-online - TimeBill (per item), per repeat', '',
-             '| repeat | policy | T / t_v | mean [95 % CI] |', '|---|---|---|---|']
-    for index, raw in enumerate(runs, 1):
-        for policy, fraction, mean, low, high in paired_differences(raw, similarity):
-            text.append(f'| {index} | {policy} | {fraction:.2f} | {mean:+.3f} '
-                        f'[{low:+.3f}, {high:+.3f}] |')
+    for other, title in ((ONE_SHOT, 'TimeBill'),
+                         (ONLINE_PREFILL, 'timebill-online-prefill (the decode readout\'s '
+                          'effect)')):
+        text += _paired_table(runs, similarity, other, title)
     text += ['', '## t^_WCET of completed timebill-online jobs against their run', '',
              '| repeat | policy | T / t_v | jobs | coverage | median t^_WCET / run at '
              'admission | ... at the last checkpoint |', '|---|---|---|---|---|---|---|']
     for index, raw in enumerate(runs, 1):
         for policy, fraction, n, cover, admission, last in wcet_lines(raw):
             last_text = '-' if last is None else f'{last:.2f}'
-            text.append(f'| {index} | {policy} | {fraction:.2f} | {n} | {cover:.3f} | '
+            budget = 'all' if fraction is None else f'{fraction:.2f}'
+            text.append(f'| {index} | {policy} | {budget} | {n} | {cover:.3f} | '
                         f'{admission:.2f} | {last_text} |')
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / 'repeats.md').write_text('\n'.join(text) + '\n', encoding='utf-8')
     print('\n'.join(text))
+    return text
+
+
+def _paired_table(runs, similarity, other, title):
+    """Return the per-item paired difference timebill-online - ``other`` per repeat.
+
+    Empty where no run has ``other``'s rows.
+    """
+    rows = [(index, *line) for index, raw in enumerate(runs, 1)
+            for line in paired_differences(raw, similarity, other=other)]
+    if not rows:
+        return []
+    text = ['', f'## Paired difference timebill-online - {title} (per item), per repeat', '',
+            '| repeat | policy | T / t_v | mean [95 % CI] |', '|---|---|---|---|']
+    for index, policy, fraction, mean, low, high in rows:
+        text.append(f'| {index} | {policy} | {fraction:.2f} | {mean:+.3f} '
+                    f'[{low:+.3f}, {high:+.3f}] |')
     return text
 
 
