@@ -118,6 +118,41 @@ def test_servers_start_in_groups_and_the_vanilla_pass_runs_once(tmp_path, monkey
     assert (tmp_path / 'k_vanilla.json').exists()
 
 
+class TimedServer:
+    """Answers every goal at once with a result that took ``seconds`` (a set t_v)."""
+
+    def __init__(self, seconds, response='a b c'):
+        self.seconds, self.response, self.budgets = seconds, response, []
+
+    def run(self, goal):
+        from timebill_ros.action import Instruct
+        from timebill_ros.ros.conversions import duration_to_s, s_to_duration
+        self.budgets.append(round(duration_to_s(goal.time_budget), 3))
+        return Instruct.Result(status=Instruct.Result.COMPLETED, response=self.response,
+                               total_time=s_to_duration(self.seconds)), None
+
+
+def test_each_contexts_budgets_come_from_vanilla_re_timed_before_its_runs():
+    """The pass said 1.0 s; the machine now takes 1.2 s: the budgets are f x 1.2 s."""
+    items = _items(contexts=2, per_context=2)
+    vanilla = {item.item_id: {'tokens': 100, 'seconds': 1.0, 'response': 'a b c'}
+               for item in items}
+    servers = {'vanilla': TimedServer(1.2), 'timebill': TimedServer(0.5)}
+    said = []
+    rows = robot_bench.play_all(list(servers.items()), items, vanilla, (0.5, 1.25), ['kill'],
+                                128, said.append)
+    # Per context: 2 re-timing goals (600 s), then 2 items x 2 fractions.
+    assert servers['vanilla'].budgets[:2] == [600.0, 600.0]
+    assert servers['timebill'].budgets == [0.6, 0.6, 1.5, 1.5] * 2
+    assert {row['vanilla_s'] for row in rows} == {1.2} and len(rows) == 16
+    assert said.count('  re-timed Vanilla on c0: 1.20 x the pass') == 1
+    # Started in groups (the k sweep), or without a Vanilla server: the pass's t_v.
+    servers = {'timebill': TimedServer(0.5)}
+    rows = robot_bench.play_all(list(servers.items()), items, vanilla, (0.5,), ['kill'], 128,
+                                said.append)
+    assert servers['timebill'].budgets == [0.5] * 4 and rows[0]['vanilla_s'] == 1.0
+
+
 def test_a_timebill_method_without_its_trained_predictor_is_refused(tmp_path):
     methods = robot_bench._method_servers(_args())
     config = ServerConfig(engine=EngineConfig(model_cache_dir=str(tmp_path)))
