@@ -201,19 +201,21 @@ def test_make_readout_attaches_the_decode_readout_of_the_same_layers(
         return export_readout_onnx(prefill, tmp_path / name, 'tiny')
 
     config = PredictorConfig(readout_file=str(prefill_readout((1, 2), 'same.onnx')),
-                             decode_readout_file=str(decode_path))
+                             decode_readout_file=str(decode_path), decode_readout=True)
     readout = make_readout(config, 'tiny', log=logs.append)
     assert isinstance(readout.decode, DecodeReadout) and 'decode readout loaded' in logs[-1]
     off = make_readout(PredictorConfig(readout_file=config.readout_file,
-                                       decode_readout_file=str(decode_path),
-                                       decode_readout=False), 'tiny', log=logs.append)
-    assert off.decode is None
+                                       decode_readout_file=str(decode_path)),
+                       'tiny', log=logs.append)
+    assert off.decode is None  # off by default
     missing = make_readout(PredictorConfig(readout_file=config.readout_file,
-                                           decode_readout_file=str(tmp_path / 'none.onnx')),
+                                           decode_readout_file=str(tmp_path / 'none.onnx'),
+                                           decode_readout=True),
                            'tiny', log=logs.append)
     assert missing.decode is None and 'no decode readout at' in logs[-1]
     other = make_readout(PredictorConfig(readout_file=str(prefill_readout((2,), 'other.onnx')),
-                                         decode_readout_file=str(decode_path)),
+                                         decode_readout_file=str(decode_path),
+                                         decode_readout=True),
                          'tiny', log=logs.append)
     assert other.decode is None and 'reads prompt layers (1, 2)' in logs[-1]
 
@@ -250,7 +252,8 @@ def test_a_timebill_online_goal_reads_its_rest_from_the_decode_readout(
     _, decode_path, examples = _trained(engine, tmp_path)
     readout = make_readout(PredictorConfig(
         readout_file=str(_prefill_readout_file(engine, examples, tmp_path / 'prefill.onnx')),
-        decode_readout_file=str(decode_path)), 'tiny', log=lambda line: None)
+        decode_readout_file=str(decode_path), decode_readout=True), 'tiny',
+        log=lambda line: None)
     config = ServerConfig(budget=BudgetConfig(checkpoint_tokens=4))
     service = TimeBillService(config, engine, FallbackPredictor(),
                               TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3),

@@ -224,8 +224,8 @@ def test_build_for_a_gguf_file_from_nothing(own_file, tmp_path):
     rlp = make_predictor(PredictorConfig(), key, None, str(cache), log=lambda line: None)
     assert rlp.model_key == key and 'fallback' not in rlp.name
     engine = LlmEngine.load(config.engine, EvictionConfig())
-    readout = make_readout(PredictorConfig(), key, str(cache), log=lambda line: None,
-                           n_layers=engine.n_layers)
+    readout = make_readout(PredictorConfig(decode_readout=True), key, str(cache),
+                           log=lambda line: None, n_layers=engine.n_layers)
     assert readout is not None
     engine.pool_layers = readout.pool_layers
     state = engine.prefill(engine.encode('Is the door open?'), StopCriteria())

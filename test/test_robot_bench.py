@@ -54,7 +54,9 @@ def test_the_servers_of_fig_7_and_of_the_k_sweep(tmp_path):
                      'timebill', 'timebill-online']
     online = dict(robot_bench._method_servers(_args()))['timebill-online']
     assert online['budget.checkpoint_tokens'] == 16 and online['predictor.kind'] == 'rlp'
-    assert 'predictor.decode_readout' not in online  # the server's default: read it if built
+    assert 'predictor.decode_readout' not in online  # the server's default (off)
+    decode = dict(robot_bench._method_servers(_args(methods='timebill-online-decode')))
+    assert decode['timebill-online-decode']['predictor.decode_readout'] is True
     prefill = dict(robot_bench._method_servers(_args(methods='timebill-online-prefill')))
     assert list(prefill) == ['vanilla', 'timebill-online-prefill']
     assert prefill['timebill-online-prefill']['predictor.decode_readout'] is False

@@ -366,6 +366,9 @@ class PredictorConfig:
         rest of the answer at each checkpoint from the prompt's and the answer's own states
         (the decode readout, ``timebill predictor decode-readout --export``) instead of the
         prefill readout's distribution alone; a missing or broken file: logged, not used.
+        Off by default: on robot contexts it lowered timebill-online's score at 0.75 t_v by
+        0.122 [0.058, 0.192] and changed no other budget beyond its interval
+        (docs/benchmark.md).
     decode_readout_file: the decode readout ONNX file; empty = the cache entry
         (``<cache>/rlp/<model>__decode_readout.onnx``).
     reload_check_s: while the node serves without the RLP or the readout (their files did
@@ -384,7 +387,7 @@ class PredictorConfig:
     timeout_s: float = 1.0
     prefill_readout: bool = True
     readout_file: str = ''
-    decode_readout: bool = True
+    decode_readout: bool = False
     decode_readout_file: str = ''
     reload_check_s: float = 10.0
 

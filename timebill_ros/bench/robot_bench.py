@@ -56,8 +56,8 @@ FRACTIONS = (0.3, 0.45, 0.6, 0.75, 0.95, 1.25)
 # Fig. 7's methods: those of the prompt benchmark, TimeBill with the server's defaults only.
 FIG7 = ('vanilla', 'alpha=0.25', 'alpha=0.5', 'alpha=0.75', 'alpha=0.95', 'timebill',
         'timebill-online')
-# Named with --methods only: timebill-online with the rest from the prefill readout alone.
-EXTRA = ('timebill-online-prefill',)
+# Named with --methods only: timebill-online with the decode readout off / on.
+EXTRA = ('timebill-online-prefill', 'timebill-online-decode')
 METHODS = tuple(m for m in PROMPT_METHODS if m[0] in FIG7 + EXTRA)
 POLICIES = (('kill', POLICY_KILL), ('skip_next', POLICY_SKIP_NEXT))
 # 256 (the second run) put the protocol at ~125 min here, 37 of its 60 answers running to

@@ -44,16 +44,18 @@ METHODS = (('vanilla', 'fixed', 0.0, 'fallback'), ('alpha=0.25', 'fixed', 0.25, 
            ('timebill-fallback', 'timebill', 0.0, 'fallback'),
            ('timebill-fixed', 'timebill', 0.0, 'rlp'), ('timebill-clamp', 'timebill', 0.0, 'rlp'),
            ('timebill-rlp', 'timebill', 0.0, 'rlp'), ('timebill-online', 'timebill', 0.0, 'rlp'),
-           ('timebill-online-prefill', 'timebill', 0.0, 'rlp'))
+           ('timebill-online-prefill', 'timebill', 0.0, 'rlp'),
+           ('timebill-online-decode', 'timebill', 0.0, 'rlp'))
 # Server parameters of a method beyond its budget mode and predictor. ``timebill-fixed``
 # decides as the server did before issue 9: the calibration as it is (no speed factor, no
 # learned margin), no admission control and the paper's clamp of alpha* to alpha_max; it
 # shows what the self-correcting model changes. ``timebill-clamp``: the self-correcting model
 # with the paper's clamp (no EXPECTED fallback, alpha_max when nothing fits), to show what
 # the two rules for goals that do not fit change. ``timebill-online``: alpha re-decided every
-# ONLINE_CHECKPOINT_TOKENS tokens while the answer decodes (timing/checkpoint.py), the rest
-# read by the decode readout where the model has one; ``timebill-online-prefill``: the same
-# with the rest read from the prefill readout alone (what the decode readout adds).
+# ONLINE_CHECKPOINT_TOKENS tokens while the answer decodes (timing/checkpoint.py), with the
+# server's default predictor; ``timebill-online-prefill`` / ``-decode``: the same with the
+# decode readout off / on (what it adds; rows before 2026-11-30 08:40 UTC had it on by default,
+# so their ``timebill-online`` read it).
 ONLINE_CHECKPOINT_TOKENS = 16
 PAPER_CLAMP = {'budget.expected_fallback': False, 'budget.keep_cache_when_hopeless': False}
 METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 'none',
@@ -62,7 +64,9 @@ METHOD_PARAMS = {'timebill-fixed': {'timing.online': False, 'admission.policy': 
                  'timebill-rlp': {'predictor.prefill_readout': False},
                  'timebill-online': {'budget.checkpoint_tokens': ONLINE_CHECKPOINT_TOKENS},
                  'timebill-online-prefill': {'budget.checkpoint_tokens': ONLINE_CHECKPOINT_TOKENS,
-                                             'predictor.decode_readout': False}}
+                                             'predictor.decode_readout': False},
+                 'timebill-online-decode': {'budget.checkpoint_tokens': ONLINE_CHECKPOINT_TOKENS,
+                                            'predictor.decode_readout': True}}
 POLICIES = (('kill', POLICY_KILL), ('skip_next', POLICY_SKIP_NEXT),
             ('partial', POLICY_PARTIAL))
 N_MAX = 48
