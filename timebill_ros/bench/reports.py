@@ -183,6 +183,7 @@ def _under_load_table(committed, out):
 
 ROBOT = f'{RESULTS}/robot_context'
 ONLINE = f'{RESULTS}/robot_context_online'
+GEMMA = f'{RESULTS}/robot_context_gemma'  # the same benchmark on Gemma 3 270M, its own predictors
 NO_PREFILLS = ('prefills every item through the model and reads readout ONNX files '
                'from the cache; this table predates the per-item rows the script now keeps '
                '(its rerun writes them)')
@@ -193,8 +194,13 @@ TABLES = (
           _robot_bench, also=(f'{ONLINE}/repeat1/robot_bench.png',)),
     Table(f'{ONLINE}/repeat2/robot_bench.md', (f'{ONLINE}/repeat2/robot_bench_raw.json',),
           _robot_bench, also=(f'{ONLINE}/repeat2/robot_bench.png',)),
-    Table(f'{ONLINE}/repeats.md', (f'{ONLINE}/repeat1/robot_bench_raw.json',
-                                   f'{ONLINE}/repeat2/robot_bench_raw.json'), _repeats),
+    Table(f'{ONLINE}/repeat3/robot_bench.md', (f'{ONLINE}/repeat3/robot_bench_raw.json',),
+          _robot_bench, also=(f'{ONLINE}/repeat3/robot_bench.png',)),
+    Table(f'{ONLINE}/repeats.md', tuple(f'{ONLINE}/repeat{n}/robot_bench_raw.json'
+                                        for n in (1, 2, 3)), _repeats),
+    Table(f'{GEMMA}/robot_bench.md', (f'{GEMMA}/robot_bench_raw.json',), _robot_bench,
+          also=(f'{GEMMA}/robot_bench.png',)),
+    Table(f'{GEMMA}/repeats.md', (f'{GEMMA}/robot_bench_raw.json',), _repeats),
     Table(f'{ONLINE}/wcet_check/repeats.md', (f'{ONLINE}/wcet_check/robot_bench_raw.json',),
           _repeats),
     Table(f'{ROBOT}/robot_bench_k.md', (f'{ROBOT}/robot_bench_k_raw.json',), _robot_bench,
