@@ -106,8 +106,10 @@ def test_servers_start_in_groups_and_the_vanilla_pass_runs_once(tmp_path, monkey
     passes = []
     monkeypatch.setattr(robot_bench, 'vanilla_pass',
                         lambda client, *a: passes.append(client) or vanilla)
-    monkeypatch.setattr(robot_bench, 'play_all', lambda clients, *a: (
-        played.append([n for n, _ in clients]) or [{'method': n} for n, _ in clients]))
+    retimed = []
+    monkeypatch.setattr(robot_bench, 'play_all', lambda clients, *a, retime: (
+        played.append([n for n, _ in clients]) or retimed.append(retime)
+        or [{'method': n} for n, _ in clients]))
     methods = [('vanilla', {})] + [(f'timebill-k{k}', {}) for k in range(1, 9)]
     plan = {'n_items': 0, 'fractions': (0.95,), 'policies': ['kill']}
     got, chosen, rows = robot_bench._play_groups(methods, 4, None, _items(), None, plan,
@@ -116,6 +118,7 @@ def test_servers_start_in_groups_and_the_vanilla_pass_runs_once(tmp_path, monkey
                                  ['timebill-k4', 'timebill-k5', 'timebill-k6', 'timebill-k7'],
                                  ['timebill-k8']]
     assert passes == ['vanilla'] and got == vanilla and len(chosen) == 12
+    assert retimed == [False] * 3  # groups share the pass's t_v
     assert [row['method'] for row in rows] == [name for name, _ in methods]
     assert (tmp_path / 'k_vanilla.json').exists()
 
