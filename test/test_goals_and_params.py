@@ -140,14 +140,21 @@ def test_predictor_upgrade_names_the_files_that_appeared(tmp_path):
     assert predictor_upgrade(service) is None
     # timebill-online with a prefill readout but no decode readout: its file counts once built.
     decode = tmp_path / 'decode.onnx'
-    service.config = ServerConfig(
-        predictor=PredictorConfig(model_file=str(rlp), readout_file=str(readout),
-                                  decode_readout_file=str(decode)),
-        budget=BudgetConfig(checkpoint_tokens=16))
+
+    def online(**decode_readout):
+        return ServerConfig(
+            predictor=PredictorConfig(model_file=str(rlp), readout_file=str(readout),
+                                      decode_readout_file=str(decode), **decode_readout),
+            budget=BudgetConfig(checkpoint_tokens=16))
+
+    service.config = online(decode_readout=True)
     service.readout = types.SimpleNamespace(decode=None)
     assert predictor_upgrade(service) is None
     decode.write_bytes(b'z')
     assert predictor_upgrade(service)[0] == 'the decode readout'
+    service.config = online()  # off by default: its file is not waited for
+    assert predictor_upgrade(service) is None
+    service.config = online(decode_readout=True)
     service.readout.decode = object()
     assert predictor_upgrade(service) is None
     service.config = ServerConfig(predictor=PredictorConfig(kind='fallback'))
