@@ -108,15 +108,15 @@ class GoalCheckpoints:
         """
         if n_generated <= 1:
             return None
-        if (n_generated - 1) % self.every:
-            if self.rest.prompt_end(n_generated) <= self.watched_end:
-                return None
+        end = self.rest.prompt_end(n_generated)
+        if (n_generated - 1) % self.every and end <= self.watched_end:
+            return None
+        self.watched_end = end
         return self._redecide(n_generated)
 
     def _redecide(self, n_generated):
         """Bound the rest, recompute alpha under the rescue rule, evict if it grew."""
         run, state = self.run, self.state
-        self.watched_end = self.rest.prompt_end(n_generated)
         job = run.job
         point, upper = self.rest.bounds(n_generated)
         cache = CacheNow(n_x=state.n_x, n_prompt_kv=state.n_prompt_kv,
