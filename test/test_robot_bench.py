@@ -200,6 +200,25 @@ def test_the_diagnostics_compare_each_decision_with_the_vanilla_truth():
     assert line['coverage'] is None and line['coverage_with_queue'] == 0.5
 
 
+def test_the_drift_table_compares_vanilla_with_the_t_v_of_its_budgets():
+    vanilla = {'a': {'tokens': 100, 'seconds': 2.0}, 'b': {'tokens': 200, 'seconds': 4.0},
+               'c': {'tokens': 90, 'seconds': 1.0}}
+    rows = [dict(_job('vanilla', 'a', 0.0, 0, 0.0, 2.6, queue_s=0.1), vanilla_s=2.0),
+            dict(_job('vanilla', 'b', 0.0, 0, 0.0, 6.0), vanilla_s=5.0),  # re-timed slower
+            dict(_job('vanilla', 'c', 0.0, 0, 0.0, 0.6, status=2, met=False), vanilla_s=1.0),
+            _job('timebill', 'a', 0.5, 100, 2.0, 1.0)]
+    (line,) = robot_bench.vanilla_drift(rows, vanilla)
+    assert (line['policy'], line['fraction'], line['n'], line['completed']) == ('kill', 0.6, 3, 2)
+    assert line['run_ratio'] == pytest.approx(1.2)  # runs 1.25, 1.2, 0.6 of their t_v
+    assert line['retime_ratio'] == pytest.approx(1.0)  # 1.0, 1.25, 1.0 of the pass
+    unretimed = [{k: v for k, v in row.items() if k != 'vanilla_s'} for row in rows]
+    (line,) = robot_bench.vanilla_drift(unretimed, vanilla)
+    assert line['run_ratio'] == pytest.approx(1.25) and line['retime_ratio'] == 1.0
+    table = robot_bench.drift_lines([line])
+    assert table[-1] == '| kill | 0.60 | 3 | 2 | 1.25 | 1.00 |'
+    assert robot_bench.drift_lines(robot_bench.vanilla_drift(rows[3:], vanilla)) == []
+
+
 def test_the_selection_names_the_short_items_and_the_cap():
     vanilla = {f'i{n}': {'tokens': tokens} for n, tokens in enumerate((10, 70, 80, 90, 63))}
     assert robot_bench.selection_text(vanilla, ['i1', 'i2']) == (

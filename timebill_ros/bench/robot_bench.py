@@ -286,6 +286,48 @@ def timebill_diagnostics(rows, vanilla):
     return out
 
 
+def vanilla_drift(rows, vanilla):
+    """Return one dict per (policy, fraction): Vanilla's jobs against the t_v of their budgets.
+
+    rows: the run's jobs (:func:`_row`, ``vanilla_s`` where re-timed); vanilla: the pass,
+    {item: {'seconds'}}. A dict holds n (Vanilla jobs), completed, run_ratio (median of each
+    job's run, total - queue seconds, over its t_v: a killed job counts at its kill, so above
+    1.0 at a fraction < 1 the median is a lower bound) and retime_ratio (median t_v over the
+    pass's seconds for the item: 1.0 where the run kept the pass's t_v). A run_ratio above 1.0
+    means the machine ran slower than when t_v was measured: every budget was tighter than
+    its fraction says, for every method alike.
+    """
+    groups = {}
+    for row in rows:
+        if row['method'] == 'vanilla':
+            groups.setdefault((row['policy'], row['fraction']), []).append(row)
+    out = []
+    for (policy, fraction), jobs in sorted(groups.items()):
+        t_v = [row.get('vanilla_s', vanilla[row['item']]['seconds']) for row in jobs]
+        out.append({
+            'policy': policy, 'fraction': fraction, 'n': len(jobs),
+            'completed': sum(scores.completed(row) for row in jobs),
+            'run_ratio': float(np.median([(row['total_s'] - row.get('queue_s', 0.0))
+                                          / max(t, 1e-9) for row, t in zip(jobs, t_v)])),
+            'retime_ratio': float(np.median([
+                t / max(vanilla[row['item']]['seconds'], 1e-9) for row, t in zip(jobs, t_v)]))})
+    return out
+
+
+def drift_lines(drift):
+    """Return the Markdown section of :func:`vanilla_drift` (empty without Vanilla rows)."""
+    if not drift:
+        return []
+    return ['', '### Vanilla against the t_v of its budgets (the machine\'s drift)', '',
+            'run / t_v: median of each Vanilla job\'s run (total - queue) over its t_v; a '
+            'killed job counts at its kill. t_v / pass: median of the t_v the budgets came '
+            'from over the Vanilla pass\'s seconds (1.00: not re-timed).', '',
+            '| policy | T / t_v | Vanilla jobs | completed | median run / t_v | '
+            'median t_v / pass |', '|---|---|---|---|---|---|'] + [
+        f"| {d['policy']} | {d['fraction']:.2f} | {d['n']} | {d['completed']} | "
+        f"{d['run_ratio']:.2f} | {d['retime_ratio']:.2f} |" for d in drift]
+
+
 def diagnostics_lines(lines):
     """Return Markdown table lines of :func:`timebill_diagnostics`."""
     out = ['| policy | T / t_v | method | jobs decided | refused | evicted | mean alpha* | '
@@ -520,6 +562,7 @@ def write_report(raw, out_dir, stem):
                  '|---|---|---|---|---|---|']
         text += [f"| {v['policy']} | {v['fraction']:.2f} | {v['counted']} | {v['best']} | "
                  f"{v['gap']:+.2f} | {v['holds']} |" for v in scores.fig7_verdict(lines)]
+    text += drift_lines(vanilla_drift(raw['rows'], vanilla))
     text += ['', "### Each TimeBill method's decisions against what happened", '',
              'N_v and t_v: the Vanilla answer\'s tokens and seconds; t: the job\'s own seconds. '
              'Coverage (run): completed jobs whose t - queue <= t^_WCET (what t^_WCET bounds; - '
