@@ -57,7 +57,7 @@ def run_goal(engine, budget_s, policy='kill', rest=None):
     clock = SetClock()
     state = engine.prefill(engine.encode(PROMPT), StopCriteria())
     start = clock()
-    budget = GoalBudget(model, state.n_x, start + budget_s, POLICIES[policy])
+    budget = GoalBudget(model, state.n_x, start + budget_s, POLICIES[policy].budget_rules())
     config = BudgetConfig(checkpoint_tokens=EVERY, upper_quantile=0.0)
     job = types.SimpleNamespace(started_s=start, policy=budget.policy)
     runner = types.SimpleNamespace(config=types.SimpleNamespace(budget=config),
@@ -162,7 +162,7 @@ def test_a_hopeless_checkpoint_follows_the_policy(policy, alpha):
     """Not even alpha_max fits: Kill and Skip-Next take it, Partial keeps its cache."""
     from timebill_ros.timing.checkpoint import CacheNow
     model = TimeModel(COEFFICIENTS, OnlineSettings(enabled=False))
-    budget = GoalBudget(model, 100, 0.001, POLICIES[policy])
+    budget = GoalBudget(model, 100, 0.001, POLICIES[policy].budget_rules())
     plan = budget.decide_rest(0.0, CacheNow(100, 100, 8, 0.0), 30,
                               BudgetConfig(checkpoint_tokens=EVERY))
     assert plan.alpha == alpha and not plan.fits

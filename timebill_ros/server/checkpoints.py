@@ -132,8 +132,8 @@ class GoalCheckpoints:
     def _evict(self, n_generated, alpha):
         """Evict to ``alpha``; return a stop reason when the goal stopped instead."""
         run, state = self.run, self.state
-        if run.job.policy.stops_early and run.budget.cannot_decode(
-                run.clock(), run.model.evict_s(state.n_prompt_kv, LEAST)):
+        if run.job.policy.gives_up(lambda: run.budget.cannot_decode(
+                run.clock(), run.model.evict_s(state.n_prompt_kv, LEAST))):
             return stopping.CANNOT_FINISH
         first = state.prompt_scores is None
         n_prompt = state.n_prompt_kv

@@ -38,9 +38,9 @@ class GoalRun:
         self.engine = runner.engine
         self.model = runner.time_model
         # A schema's token mask adds its cost to every step (measured at start-up).
-        self.budget = GoalBudget(self.model, job.n_x, job.deadline_s, job.policy, step_scale,
-                                 runner.mask_step_s if job.grammar is not None else 0.0,
-                                 wait_s)
+        self.budget = GoalBudget(
+            self.model, job.n_x, job.deadline_s, job.policy.budget_rules(), step_scale,
+            runner.mask_step_s if job.grammar is not None else 0.0, wait_s)
         self.scale_size = scale_size
         self.clock = runner.clock
         self.job = job
@@ -156,11 +156,9 @@ class GoalRun:
 
     def _prefill_stop(self):
         """Interrupts, plus (Kill / Partial) stop once the rest of the prefill cannot fit."""
-        criteria = list(self.interrupt.criteria)
-        if self.job.policy.stops_early:
-            criteria.append(stopping.PrefillCannotFinish(
+        return stopping.StopCriteria(
+            list(self.interrupt.criteria) + self.job.policy.prefill_criteria(
                 self.job.deadline_s, self.budget.least_rest_s, self.clock))
-        return stopping.StopCriteria(criteria)
 
     def _drop(self, future):
         """Give up a prediction: unstarted, it never runs; running, the predictor aborts.
@@ -243,10 +241,9 @@ class GoalRun:
 
     def _cannot_decode(self, extra_s):
         """Return CANNOT_FINISH when ``extra_s`` seconds plus one step no longer fit."""
-        if not self.job.policy.stops_early:
-            return None
-        return stopping.CANNOT_FINISH if self.budget.cannot_decode(self.clock(), extra_s) \
-            else None
+        gives_up = self.job.policy.gives_up(
+            lambda: self.budget.cannot_decode(self.clock(), extra_s))
+        return stopping.CANNOT_FINISH if gives_up else None
 
     def _decide(self, n_hat):
         """Return alpha* for the time left; fill the budget fields of the result.
@@ -347,12 +344,16 @@ class GoalRun:
                     stopping.MaxTokensStop(job.n_max)] \
             + answer_criteria(job, self.engine, self.runner.config.engine) \
             + list(self.interrupt.criteria)
-        if job.policy.stops_early:
-            def next_step_s(n_generated):  # the cache as it is (a checkpoint may evict)
-                return self.budget.next_step_s(state.n_kv)
 
-            criteria.append(stopping.NextStepCannotFinish(job.deadline_s, next_step_s,
-                                                          self.clock))
+        def next_step_s(n_generated):  # the cache as it is (a checkpoint may evict)
+            return self.budget.next_step_s(state.n_kv)
+
+        def rest_s(n_generated):
+            return self.budget.rest_s(state.n_kv, n_generated, self.result.predicted_tokens,
+                                      job.n_max)
+
+        criteria += job.policy.decode_criteria(job.deadline_s, next_step_s, rest_s,
+                                               self.clock)
         self._feedback(status.PHASE_DECODE, alpha=alpha)
 
         def on_tokens(n_generated, text):

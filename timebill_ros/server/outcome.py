@@ -41,7 +41,7 @@ def stopped(job, result, reason, phase, now_s):
         return
     result.status = status.KILLED
     result.kill_latency_s = now_s - job.deadline_s
-    no_text = ' (no text yet to return)' if job.policy.keeps_text_at_deadline else ''
+    no_text = ' (no text yet to return)' if job.policy.keeps_text() else ''
     if reason == stopping.DEADLINE:
         result.message = f'killed at the deadline during {phase}{no_text}'
     else:
@@ -60,7 +60,7 @@ def ends_stopped(job, out):
     A cancel, or a stop for time where the goal's policy keeps no text.
     """
     return out.stop_reason == stopping.CANCELED or (
-        _stopped_for_time(out) and not job.policy.keeps_text_at_deadline)
+        _stopped_for_time(out) and not job.policy.keeps_text())
 
 
 def decoded(job, result, out, late_s):
@@ -71,7 +71,7 @@ def decoded(job, result, out, late_s):
     """
     stopped_for_time = _stopped_for_time(out)
     result.stop_phase = 'decode'
-    if late_s > 0 and job.policy.discards_late_result:
+    if late_s > 0 and job.policy.discards_late(late_s):
         result.status = status.KILLED
         result.kill_latency_s = late_s
         result.message = f'finished {late_s:.3f} s after the deadline; response discarded'

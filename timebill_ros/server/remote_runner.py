@@ -158,7 +158,7 @@ class RemoteRunner:
         job.n_cached = fallback.engine.match_prefix(job.input_ids).n_tokens
         need_s = fallback.time_model.least_e2e_s(job.n_x, job.n_cached)
         left_s = job.deadline_s - self.clock()
-        if job.policy.stops_early and need_s > left_s:
+        if job.policy.gives_up(lambda: need_s > left_s):
             remote.message += (f'; the local executor cannot fit it either (needs at least '
                                f'{need_s:.2f} s, {max(left_s, 0.0):.2f} s left)')
             return remote
@@ -270,7 +270,7 @@ class RemoteGoal:
         job, result, config = self.job, self.result, self.runner.config
         self.phase = 'predictor'
         n_hat, n_upper = job.n_max, None
-        caps = job.policy.discards_late_result and job.policy.stops_early
+        caps = job.policy.caps_tokens_to_fit()
         if caps and self.model.tokens_fitting(job.deadline_s - self.clock(), job.n_x,
                                               self.n_cached, job.n_max, DECIDE) < job.n_max:
             prediction = self._predict()
@@ -331,7 +331,7 @@ class RemoteGoal:
         """Return when the goal's thread must end the request, or None (Skip-Next)."""
         if not self.stops_at_deadline:
             return None
-        margin = PARTIAL_MARGIN_S if self.job.policy.keeps_text_at_deadline else 0.0
+        margin = PARTIAL_MARGIN_S if self.job.policy.keeps_text() else 0.0
         return self.job.deadline_s - margin
 
     def _ceiling_s(self):
@@ -450,7 +450,7 @@ class RemoteGoal:
         """End the goal whose deadline (less Partial's margin) came with its request open."""
         self._observe()
         self.result.response_tokens = self.n_tokens
-        if self.job.policy.keeps_text_at_deadline and self.n_tokens:
+        if self.job.policy.keeps_text() and self.n_tokens:
             answer = Answer(''.join(self.parts), [0] * self.n_tokens, stopping.DEADLINE)
             outcome.decoded(self.job, self.result, answer,
                             self.clock() - self.job.deadline_s)

@@ -527,8 +527,8 @@ class TimeBillService:
         if verdict.infeasible and not job.infeasible:  # the first finding says the most
             job.infeasible = True
             job.admission_note = verdict.message
-        stops_early = job.policy.stops_early and self.admission.name != 'none'
-        job.expires_s = job.deadline_s - (verdict.min_time_s if stops_early else 0.0)
+        job.expires_s = (job.deadline_s if self.admission.name == 'none' else
+                         job.policy.queue_expiry_s(job.deadline_s, verdict.min_time_s))
 
     def precompile(self, request, received_s=None) -> None:
         """Compile a goal's json_schema ahead of :meth:`submit`; never raises.
@@ -625,7 +625,7 @@ class TimeBillService:
         model got faster meanwhile and the goal fits again (its expiry moves).
         """
         for running in (job for executor in self.executors for job in executor.running):
-            if running.policy.skips_due_goals and running.deadline_s < now:
+            if running.policy.skips_queued(running.deadline_s, now):
                 return JobResult(
                     status=status.SKIPPED, kill_latency_s=None, stop_phase='queue',
                     message=f'skipped: came due while goal {running.goal_id} overran '

@@ -5,28 +5,48 @@ compute, from the online time model (timing.online.TimeModel), so a test drives 
 plain numbers.
 """
 
+import dataclasses
+
 from timebill_ros.timing.batch import ScaledSteps
 from timebill_ros.timing.budget import decide_remaining
 from timebill_ros.timing.checkpoint import RestPlan, plan_rest, plan_s
 from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, WORST
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetRules:
+    """What a goal's overrun policy asks of its time arithmetic (OverrunPolicy.budget_rules).
+
+    step_bound: the bound of the next step's time a stop before it is judged at (LEAST:
+    stop only when the step surely cannot end in time; WORST: when it might not, for an
+    answer that must not be late). clamps_alpha: when no eviction ratio fits the time left,
+    alpha* is clamped to alpha_max (the paper's Eq. 10c: the goal's best chance, for goals
+    whose lateness costs more than eviction); False: the budget's quality rules apply
+    (``budget.expected_fallback``, ``budget.keep_cache_when_hopeless``).
+    """
+
+    step_bound: str
+    clamps_alpha: bool
+
+
 class GoalBudget:
     """The budget of one goal of ``n_x`` prompt tokens due at ``deadline_s``.
 
-    model: the TimeModel. policy: the goal's OverrunPolicy (``stops_early``,
-    ``keeps_text_at_deadline``, ``clamps_alpha``). step_scale: its batch's decoding step over
-    a step alone (1.0 alone). mask_step_s: seconds a schema's token mask adds to each step
-    (0: no schema). wait_s: expected seconds between its eviction and its first batched step.
-    ``decode_model`` is the model with the steps so scaled (the model itself when 1.0).
+    model: the TimeModel. rules: BudgetRules, from the goal's overrun policy. step_scale:
+    its batch's decoding step over a step alone (1.0 alone). mask_step_s: seconds a schema's
+    token mask adds to each step (0: no schema). wait_s: expected seconds between its
+    eviction and its first batched step. ``decode_model`` is the model with the steps so
+    scaled (the model itself when 1.0).
     """
 
-    def __init__(self, model, n_x, deadline_s, policy, step_scale=1.0, mask_step_s=0.0,
+    def __init__(self, model, n_x, deadline_s, rules, step_scale=1.0, mask_step_s=0.0,
                  wait_s=0.0):
+        if not isinstance(rules, BudgetRules):
+            raise TypeError(f'rules must be a BudgetRules, not {type(rules).__name__}')
         self.model = model
         self.n_x = n_x
         self.deadline_s = deadline_s
-        self.policy = policy
+        self.rules = rules
         self.step_scale = step_scale
         self.wait_s = wait_s
         self.mask_scale = 1.0
@@ -54,28 +74,36 @@ class GoalBudget:
     def cannot_decode(self, now_s, extra_s):
         """Return True when ``extra_s`` s and one step no longer fit before the deadline.
 
-        Only a policy that ``stops_early`` (Kill, Partial) acts on it: the caller asks.
+        Only a policy that gives up early (Kill, Partial) acts on it: the caller asks.
         """
         return now_s + extra_s + self.decode_model.step_s(self.n_x, LEAST) > self.deadline_s
 
     def next_step_s(self, n_kv):
         """Return the next decoding step's seconds at ``n_kv`` cached tokens, at the bound.
 
-        Kill stops only when the step surely cannot finish (LEAST); an anytime answer stops
-        before a step that might not (WORST): it must arrive in time.
+        The rules' step_bound: Kill stops only when the step surely cannot finish (LEAST); an
+        anytime answer stops before a step that might not (WORST): it must arrive in time.
         """
-        bound = WORST if self.policy.keeps_text_at_deadline else LEAST
-        return self.decode_model.step_s(n_kv, bound)
+        return self.decode_model.step_s(n_kv, self.rules.step_bound)
+
+    def rest_s(self, n_kv, n_generated, n_hat, n_max):
+        """Return the expected seconds until the answer ends, at ``n_kv`` cached tokens.
+
+        The steps of N^ - n_generated tokens, or of N_max - n_generated once the answer has
+        passed its prediction N^ (tokens), each at the cache as it is (EXPECTED bound).
+        """
+        left = n_hat - n_generated if n_generated < n_hat else n_max - n_generated
+        return max(0, left) * self.decode_model.step_s(n_kv, EXPECTED)
 
     def decide(self, now_s, n_hat, n_max, budget_config, n_upper=None):
         """Return (timing.budget.Decision for the time left at ``now_s``, t^_WCET in s).
 
         The two quality-keeping rules serve goals whose answer still arrives (Partial); a
         late Kill answer is lost and a late Skip-Next one skips its successors, so those take
-        the paper's clamp to alpha_max (OverrunPolicy.clamps_alpha).
+        the paper's clamp to alpha_max (BudgetRules.clamps_alpha).
         """
         cfg = budget_config
-        late_kept = not self.policy.clamps_alpha
+        late_kept = not self.rules.clamps_alpha
         decision = decide_remaining(
             self.decode_model, self.deadline_s - now_s - self.wait_s, self.n_x, n_hat, n_max,
             cfg.pessimistic_factor, cfg.alpha_max,
@@ -98,7 +126,7 @@ class GoalBudget:
         time_left_s = self.deadline_s - now_s - self.wait_s
         plan = plan_rest(self.decode_model, time_left_s, cache, n_rest, cfg.checkpoint_tokens,
                          cfg.alpha_max, DECIDE, report_bound=WORST, n_rest_plan=n_rest_plan)
-        if plan.fits or self.policy.clamps_alpha or not cfg.keep_cache_when_hopeless:
+        if plan.fits or self.rules.clamps_alpha or not cfg.keep_cache_when_hopeless:
             return plan
         if plan_rest(self.decode_model, time_left_s, cache, n_rest, cfg.checkpoint_tokens,
                      cfg.alpha_max, EXPECTED, n_rest_plan=n_rest_plan).fits:

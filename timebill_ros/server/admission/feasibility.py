@@ -32,5 +32,5 @@ class FeasibilityPolicy(AdmissionPolicy):
         else:
             message = (f'infeasible: needs at least {min_time_s:.2f} s, budget '
                        f'{job.budget_s:.2f} s')
-        return Verdict(admit=not job.policy.stops_early, infeasible=True,
+        return Verdict(admit=job.policy.admits_infeasible(), infeasible=True,
                        min_time_s=min_time_s, message=message)
