@@ -8,7 +8,8 @@ import random
 import timeit
 import types
 
-from timebill_ros.config import SCHEDULER_POLICIES, SchedulerConfig, ServerConfig
+from timebill_ros.config import SchedulerConfig, ServerConfig
+from timebill_ros.plugins import NAMES
 from timebill_ros.server.scheduler import make_scheduler_policy
 
 
@@ -22,7 +23,7 @@ def main(argv=None):
                                   uncertainty_tokens=rng.randint(1, 128),
                                   estimated_time_s=4 * rng.random())
             for i in range(args.goals)]
-    for name in SCHEDULER_POLICIES:
+    for name in NAMES['scheduler policy']:
         policy = make_scheduler_policy(ServerConfig(scheduler=SchedulerConfig(policy=name)))
         runs = 2000
         seconds = timeit.timeit(lambda: policy.select(jobs, 5.0), number=runs) / runs

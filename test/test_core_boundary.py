@@ -16,7 +16,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'timebill_ros'
 ROBOT = ('server', 'engine', 'timing', 'predictors', 'ros')
 OFFLINE = ('training', 'latency', 'bench', 'cli')
-BELOW_BOTH = ('__init__', 'config', 'params', 'checks', 'paths', 'prompts')
+BELOW_BOTH = ('__init__', 'config', 'params', 'checks', 'paths', 'prompts', 'plugins')
 ROS_MODULES = ('rclpy', 'builtin_interfaces', 'diagnostic_msgs', 'std_msgs', 'action_msgs',
                'rcl_interfaces', 'lifecycle_msgs', 'timebill_ros.msg', 'timebill_ros.action',
                'timebill_ros.ros')

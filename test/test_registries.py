@@ -1,27 +1,54 @@
-"""Each plugin family has one registry; config's name tuples and the action agree with it."""
+"""Each plugin family has one registry, loaded from plugins.NAMES; the action agrees with it."""
 
 import pathlib
+import types
 
 import pytest
 
-from timebill_ros import config
+from timebill_ros import plugins
 from timebill_ros.action import Instruct
 from timebill_ros.engine import eviction
 from timebill_ros.server import admission, overrun, scheduler, status
 from timebill_ros.server.goals import GoalRejected, GoalRequest, resolve_policy
 
 FAMILIES = [
-    (overrun.POLICIES, config.POLICY_NAMES),
-    (admission.POLICIES, config.ADMISSION_POLICIES),
-    (scheduler.POLICIES, config.SCHEDULER_POLICIES),
-    (eviction.SCORERS, config.SCORER_NAMES),
+    (overrun.POLICIES, 'overrun policy'),
+    (admission.POLICIES, 'admission policy'),
+    (scheduler.POLICIES, 'scheduler policy'),
+    (eviction.SCORERS, 'eviction scorer'),
 ]
 
 
-@pytest.mark.parametrize('registry, names', FAMILIES)
-def test_config_names_are_the_registry(registry, names):
-    assert tuple(registry) == names
+@pytest.mark.parametrize('registry, family', FAMILIES)
+def test_each_registry_holds_the_named_plugins(registry, family):
+    assert tuple(registry) == plugins.NAMES[family]
     assert all(entry.name == name for name, entry in registry.items())
+    assert set(plugins.NAMES) == {family for _, family in FAMILIES}
+
+
+def test_a_name_no_module_defines_fails_the_load(monkeypatch):
+    monkeypatch.setitem(plugins.NAMES, 'overrun policy', ('kill', 'grace'))
+    with pytest.raises(ImportError, match="one OverrunPolicy named 'grace', found 0"):
+        plugins.load('overrun policy', overrun.OverrunPolicy)
+    monkeypatch.setitem(plugins.NAMES, 'overrun policy', ('kill',))
+    assert list(plugins.load('overrun policy', overrun.OverrunPolicy)) == ['kill']
+
+
+def test_a_new_scorer_is_its_file_and_its_name(tmp_path, monkeypatch):
+    """A plugin's file in the family's package and its name in NAMES: nothing else."""
+    package = tmp_path / 'toy_scorers'
+    package.mkdir()
+    (package / '__init__.py').write_text('')
+    (package / 'half.py').write_text(
+        'from timebill_ros.engine.eviction.base import EvictionScorer\n\n\n'
+        'class HalfScorer(EvictionScorer):\n    name = "half"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(plugins.FAMILIES, 'eviction scorer', 'toy_scorers')
+    monkeypatch.setitem(plugins.NAMES, 'eviction scorer', ('half',))
+    (kind,) = plugins.load('eviction scorer', eviction.EvictionScorer).values()
+    assert kind.__name__ == 'HalfScorer'
+    with pytest.raises(ValueError, match="unknown plugin family 'nope'"):
+        plugins.load('nope', types.SimpleNamespace)
 
 
 def test_overrun_codes_are_the_action_constants():

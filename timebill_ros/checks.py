@@ -50,17 +50,6 @@ def check_choice(name, value, choices):
         raise ValueError(f'{name} must be one of {choices}, got {value!r}')
 
 
-def choose(family, registry, name):
-    """Return ``registry[name]``; raise ValueError naming the family and the known names.
-
-    Every plugin family (overrun, admission, scheduler, eviction) keeps one registry,
-    ``{cls.name: cls}``, and looks names up here, so their errors read alike.
-    """
-    if name not in registry:
-        raise ValueError(f'unknown {family} {name!r}; expected one of {sorted(registry)}')
-    return registry[name]
-
-
 def check_text(name, value):
     """Return ``value``; raise unless it is a non-empty string."""
     if not isinstance(value, str):

@@ -10,14 +10,8 @@ import math
 
 from timebill_ros.checks import (check_choice, check_count, check_int, check_nonneg_real,
                                  check_positive)
+from timebill_ros.plugins import NAMES as PLUGINS  # the plugin families' names
 
-# The plugin families' names, in their registries' order (server/overrun, server/admission,
-# engine/eviction, server/scheduler): config sits below the plugins and cannot import them,
-# so test/test_registries.py holds each tuple equal to its registry. POLICY_NAMES is the
-# overrun registry itself: server/overrun loads the policy of each name from <name>.py.
-POLICY_NAMES = ('kill', 'skip_next', 'partial')
-ADMISSION_POLICIES = ('feasibility', 'none')
-SCORER_NAMES = ('snapkv', 'streaming_llm', 'knorm')
 WEIGHT_FORMATS = ('float32', 'float16', 'bfloat16')
 # Formats of the one-token steps' weights: the model formats and weight-only int8.
 DECODE_FORMATS = ('auto',) + WEIGHT_FORMATS + ('int8', 'gguf')
@@ -34,7 +28,6 @@ REMOTE_APIS = ('completions', 'chat')
 
 
 STARTUP_METHODS = ('few_shot', 'grid')
-SCHEDULER_POLICIES = ('fifo', 'edf', 'luf', 'muf', 'slack', 'up')
 UNCERTAINTY_SOURCES = ('predictor', 'none')
 
 
@@ -229,7 +222,7 @@ class EvictionConfig:
     window_size: int = 32
 
     def __post_init__(self):
-        check_choice('eviction.scorer', self.scorer, SCORER_NAMES)
+        check_choice('eviction.scorer', self.scorer, PLUGINS['eviction scorer'])
         check_count('eviction.window_size', self.window_size)
 
 
@@ -534,7 +527,8 @@ class OverrunConfig:
     default_policy: str = 'kill'
 
     def __post_init__(self):
-        check_choice('overrun.default_policy', self.default_policy, POLICY_NAMES)
+        check_choice('overrun.default_policy', self.default_policy,
+                     PLUGINS['overrun policy'])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,7 +544,7 @@ class AdmissionConfig:
     policy: str = 'feasibility'
 
     def __post_init__(self):
-        check_choice('admission.policy', self.policy, ADMISSION_POLICIES)
+        check_choice('admission.policy', self.policy, PLUGINS['admission policy'])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -623,7 +617,7 @@ class SchedulerConfig:
     continuous: bool = False
 
     def __post_init__(self):
-        check_choice('scheduler.policy', self.policy, SCHEDULER_POLICIES)
+        check_choice('scheduler.policy', self.policy, PLUGINS['scheduler policy'])
         check_nonneg_real('scheduler.up_alpha', self.up_alpha)
         check_choice('scheduler.uncertainty', self.uncertainty, UNCERTAINTY_SOURCES)
         check_count('scheduler.batch_size', self.batch_size, minimum=0)  # 0: at start-up

@@ -1,6 +1,6 @@
 """Scheduling of admitted goals: a bounded queue and the policy that picks the next goal."""
 
-from timebill_ros.checks import choose
+from timebill_ros import plugins
 from timebill_ros.server.scheduler.base import SchedulerPolicy
 from timebill_ros.server.scheduler.edf import EdfPolicy
 from timebill_ros.server.scheduler.fifo import FifoPolicy
@@ -11,14 +11,14 @@ from timebill_ros.server.scheduler.uncertainty_first import (LeastUncertaintyFir
 from timebill_ros.server.scheduler.up import UncertaintyPriority
 
 
-# The registry (config.SCHEDULER_POLICIES agrees with it: test/test_registries.py).
-POLICIES = {cls.name: cls for cls in (FifoPolicy, EdfPolicy, LeastUncertaintyFirst,
-                                      MostUncertaintyFirst, SlackPolicy, UncertaintyPriority)}
+# The registry: the classes named in plugins.NAMES['scheduler policy'], in its order.
+POLICIES = plugins.load('scheduler policy', SchedulerPolicy)
 
 
 def make_scheduler_policy(config):
     """Return the SchedulerPolicy of ``config.scheduler.policy`` (a ServerConfig)."""
-    return choose('scheduler policy', POLICIES, config.scheduler.policy).from_config(config)
+    return plugins.choose('scheduler policy', POLICIES,
+                          config.scheduler.policy).from_config(config)
 
 
 __all__ = ['SchedulerPolicy', 'FifoPolicy', 'EdfPolicy', 'LeastUncertaintyFirst',
