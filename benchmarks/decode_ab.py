@@ -72,7 +72,7 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
     decoder = engine.forward
     if not isinstance(decoder, GgufDecoder):
         raise ValueError(f'{path}: not served by the GGUF decoder')
-    tables = decoder._rope_tables
+    tables = decoder.rope.tables
     # name -> (kernels, RoPE tables: the decoder's, or None: computed in each step)
     builds = {'ours': (LayerTimes(kernels.load()), tables),
               baseline_rev: (LayerTimes(baseline_kernels(baseline_rev)), tables)}
@@ -84,7 +84,7 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
             ids = engine.random_ids(n_kv)
             names = list(builds) if round_idx % 2 else list(builds)[::-1]
             for name in names:
-                module, decoder._rope_tables = builds[name]
+                module, decoder.rope.tables = builds[name]
                 if not use_kernels(engine.forward, module):
                     raise ValueError(f'{path}: no kernels to switch (not a GGUF forward?)')
                 state = engine.prefill(list(ids), StopCriteria())
@@ -99,7 +99,7 @@ def measure(path, baseline_rev, kvs, rounds, steps, threads, rope_direct=False):
                                      layer_s=module.per_layer(decoder.n_layers)))
                 module.seconds = []
     use_kernels(engine.forward, builds['ours'][0].module)
-    decoder._rope_tables = tables
+    decoder.rope.tables = tables
     return rows
 
 

@@ -17,18 +17,19 @@ from timebill_ros.engine.models.rope_table import MIN_POSITIONS, RopeTable
 
 
 def _direct(decoder, positions):
-    return {base: decoder._rope(inv, positions) for base, inv in decoder._inv_freq.items()}
+    rope = decoder.rope
+    return {base: rope.angles(inv, positions) for base, inv in rope.inv_freq.items()}
 
 
 @pytest.mark.parametrize('arch', ('qwen2', 'gemma3'))
 def test_looked_up_rows_are_the_computed_rows(written, arch):
     """Single decoding positions past several growths, scattered batches and prefill runs."""
     decoder = load_decoder(GgufFile(written(arch, T.F32)[0]))
-    assert decoder._rope_tables is not None  # the blocks path looks its rows up
+    assert decoder.rope.tables is not None  # the blocks path looks its rows up
     cases = [torch.tensor([p]) for p in (0, 1, MIN_POSITIONS - 1, MIN_POSITIONS, 3000, 70)]
     cases += [torch.tensor([9, 4000, 2, 511]), torch.arange(100, 613), torch.arange(0, 5)]
     for positions in cases:
-        looked_up, direct = decoder._ropes(positions), _direct(decoder, positions)
+        looked_up, direct = decoder.rope.at(positions), _direct(decoder, positions)
         assert looked_up.keys() == direct.keys()
         for base, (cos, sin) in direct.items():
             assert torch.equal(looked_up[base][0], cos), (arch, base, positions[:4])

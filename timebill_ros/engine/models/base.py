@@ -27,7 +27,7 @@ from timebill_ros.engine import kernels
 from timebill_ros.engine.forward import KvCacheForward, PassHooks, pool_steps, rows_alive
 from timebill_ros.engine.gguf.file import GgufFile
 from timebill_ros.engine.kv_cache import KvCache
-from timebill_ros.engine.models.rope_table import RopeTable
+from timebill_ros.engine.models.rope_table import Rope
 from timebill_ros.engine.models.static_step import StaticSteps
 from timebill_ros.engine.models.weights import DenseMatrix, dequantize, Matrix, weights_held
 
@@ -341,13 +341,9 @@ class GgufDecoder(KvCacheForward):
                         if head else self.embed)
         self.final_norm = self._place(torch.from_numpy(gguf.vector('output_norm.weight')))
         gguf.release()
-        self._inv_freq = {base: self._inverse_frequencies(base).to(self._device)
-                          for base in {spec.rope_base, spec.rope_base_local} if base}
         # The blocks path looks RoPE rows up (rope_table.py: no OpenMP region a step); the
         # dense path computes them in the step (a CUDA graph replays that computation).
-        self._rope_tables = None if self.dense else {
-            base: RopeTable(functools.partial(self._rope, inv))
-            for base, inv in self._inv_freq.items()}
+        self.rope = Rope(spec, self._device, tabled=not self.dense)
         self._windows = [spec.sliding_window if spec.is_sliding(i) else 0
                          for i in range(spec.n_layers)]
         self._step_args = [self._step_arguments(layer) if layer.fused else None
@@ -414,13 +410,13 @@ class GgufDecoder(KvCacheForward):
     def run(self, token_ids: list, position: int, cache: KvCache, step: bool) -> torch.Tensor:
         """Run the tokens at positions ``position``...; return the last logits, (vocab,)."""
         n_tokens = len(token_ids)
-        ropes = self._ropes(torch.arange(position, position + n_tokens))
+        ropes = self.rope.at(torch.arange(position, position + n_tokens))
         x = self._embed(token_ids).unsqueeze(0)  # (1, n, hidden)
         hooks = self._hooks
         masks = {}  # sliding window (0: none) -> the pass's mask, made once
         for layer_idx, layer in enumerate(self.layers):
             hooks.before_layer()
-            cos, sin = ropes[self._rope_base(layer_idx)]
+            cos, sin = ropes[self.rope.base_of(layer_idx)]
             window = self.spec.sliding_window if self.spec.is_sliding(layer_idx) else 0
             if window not in masks:
                 masks[window] = _on(_mask(n_tokens, cache.get_seq_length(layer_idx), window),
@@ -453,11 +449,11 @@ class GgufDecoder(KvCacheForward):
         edges = [0]
         for size in sizes:
             edges.append(edges[-1] + size)
-        ropes = self._ropes(torch.arange(position, position + n_tokens))
+        ropes = self.rope.at(torch.arange(position, position + n_tokens))
         x = self._embed(token_ids).unsqueeze(0)  # (1, n, hidden)
         masks = {}  # (sliding window, chunk start) -> the chunk's mask, made once
         for layer_idx, layer in enumerate(self.layers):
-            cos, sin = ropes[self._rope_base(layer_idx)]
+            cos, sin = ropes[self.rope.base_of(layer_idx)]
             window = self.spec.sliding_window if self.spec.is_sliding(layer_idx) else 0
             outs = []
             with weights_held():
@@ -492,7 +488,7 @@ class GgufDecoder(KvCacheForward):
         rows = list(range(len(token_ids)))
         x = self._embed(token_ids).unsqueeze(1)  # (B, 1, hidden)
         index = torch.tensor(positions, dtype=torch.long)
-        ropes = self._ropes(index)
+        ropes = self.rope.at(index)
         interrupted = {}
         for layer_idx, layer in enumerate(self.layers):
             alive = rows_alive(rows, hooks, interrupted)
@@ -502,7 +498,7 @@ class GgufDecoder(KvCacheForward):
                 x = x[alive]
                 ropes = {base: (cos[alive], sin[alive]) for base, (cos, sin) in ropes.items()}
                 rows = [rows[i] for i in alive]
-            cos, sin = ropes[self._rope_base(layer_idx)]  # (B, D)
+            cos, sin = ropes[self.rope.base_of(layer_idx)]  # (B, D)
             x = self._step_layer(layer_idx, layer, x, cos.unsqueeze(1), sin.unsqueeze(1),
                                  [caches[r] for r in rows])
         pool_steps(hooks, rows, x, self.spec.n_layers)
@@ -515,42 +511,6 @@ class GgufDecoder(KvCacheForward):
         if self.spec.embed_scale != 1.0:
             x = x * torch.tensor(self.spec.embed_scale, dtype=torch.float32)
         return x
-
-    def _inverse_frequencies(self, base: float) -> torch.Tensor:
-        """Return RoPE's inverse frequencies (D / 2,), as transformers computes them."""
-        dim = self.spec.head_dim
-        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        if self.spec.rope_factors is not None:
-            inv = inv / torch.tensor(self.spec.rope_factors, dtype=torch.float32)
-        return inv
-
-    def _rope_base(self, layer_idx: int) -> float:
-        """Return layer ``layer_idx``'s RoPE base (sliding layers may have their own)."""
-        if self.spec.is_sliding(layer_idx) and self.spec.rope_base_local:
-            return self.spec.rope_base_local
-        return self.spec.rope_base
-
-    def _ropes(self, positions: torch.Tensor) -> dict:
-        """Return {base: (cos, sin)} of ``positions`` (n,), each (n, D) fp32, once a pass.
-
-        On the decoder's device: looked up in the RoPE tables on the blocks path, computed on
-        the dense one (the same bits).
-        """
-        positions = positions.to(self._device)
-        if self._rope_tables is not None:
-            return {base: table.rows(positions) for base, table in self._rope_tables.items()}
-        return {base: self._rope(inv, positions) for base, inv in self._inv_freq.items()}
-
-    def _rope(self, inv: torch.Tensor, positions: torch.Tensor):
-        """Return cos, sin of ``positions`` (n,) for inverse frequencies ``inv``, (n, D)."""
-        pos = positions.float()
-        if self.spec.rope_linear != 1.0:
-            pos = pos / self.spec.rope_linear
-        # transformers' (D/2, 1) @ (1, n) matmul holds one product a value: the same bits as
-        # the elementwise product, without a GEMM call (and its OpenMP region) a step.
-        freqs = pos[:, None] * inv[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
 
     def project(self, layer: _Layer, h: torch.Tensor, gemm_dtype=torch.float32):
         """Return q (.., n, H_q, D), k, v (.., n, H_kv, D) of attention inputs ``h``.

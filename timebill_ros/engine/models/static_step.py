@@ -242,11 +242,11 @@ class StaticSteps:
         if spec.embed_scale != 1.0:
             x = x * spec.embed_scale
         ropes = {}  # base -> (cos, sin with rotate-half's signs), each (B, 1, D)
-        for base, (cos, sin) in decoder._ropes(positions).items():
+        for base, (cos, sin) in decoder.rope.at(positions).items():
             ropes[base] = cos.unsqueeze(1), (sin * bucket.signs).unsqueeze(1)
         masks = self._masks(bucket, lengths)
         for layer_idx, layer in enumerate(decoder.layers):
-            x = self._layer(bucket, layer_idx, layer, x, ropes[decoder._rope_base(layer_idx)],
+            x = self._layer(bucket, layer_idx, layer, x, ropes[decoder.rope.base_of(layer_idx)],
                             lengths[layer_idx], masks[layer_idx])
         hidden = x
         x = F.rms_norm(x, decoder.final_norm.shape, decoder.final_norm, spec.norm_eps)
