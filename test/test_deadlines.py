@@ -534,7 +534,7 @@ def test_service_accepts_a_time_model(tiny_model, smollm2_tokenizer, clock):
     engine = LlmEngine(config.engine, config.eviction, model=tiny_model,
                        tokenizer=smollm2_tokenizer, clock=clock)
     service = TimeBillService(config, engine, FallbackPredictor(), model, clock=clock)
-    assert service.time_model is model and service.admission.time_model is model
+    assert service.time_model is model and service.admitter.admission.time_model is model
 
 
 def test_every_decoding_step_feeds_the_time_model(make_service, clock):

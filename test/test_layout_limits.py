@@ -17,7 +17,6 @@ MAX_LINES = 400
 # class -> (lines, methods) today; may only shrink.
 OVERSIZED = {
     'LlmEngine': (582, 36),
-    'TimeBillService': (564, 40),
 }
 # The flags policies had before they became strategies (issue 61).
 OLD_POLICY_FLAGS = ('discards_late_result', 'stops_early', 'keeps_text_at_deadline',

@@ -442,14 +442,15 @@ def test_u_j_is_predicted_at_admission_only_when_something_reads_it(make_service
     assert queued.job.prediction is None
     first.release.set()
     assert queued.wait().uncertainty_tokens == 0
-    assert not service._uses_uncertainty()
-    service.readout = None  # without a readout the run reuses u_J as its N^
-    assert service._uses_uncertainty()
+    assert not service.uncertainty.wanted(offloading=False)
+    assert service.uncertainty.wanted(offloading=True)  # the offload route reads u_J
+    service.uncertainty.readout = None  # without a readout the run reuses u_J as its N^
+    assert service.uncertainty.wanted(offloading=False)
     for policy, reads in (('edf', False), ('luf', True), ('muf', True), ('slack', True),
                           ('up', True)):
         other = make_service(predictor=predictor, scheduler=SchedulerConfig(policy=policy))
-        other.readout = object()
-        assert other._uses_uncertainty() is reads, policy
+        other.uncertainty.readout = object()
+        assert other.uncertainty.wanted(offloading=False) is reads, policy
 
 
 def test_muf_and_uncertainty_none(make_service):
@@ -527,8 +528,9 @@ def test_offload_route_counts_the_top_bucket_when_tau_sits_at_the_cap(make_servi
     for u_j, n_max, where in ((16, 16, 'offload'), (15, 16, 'primary'), (None, 16, 'primary'),
                               (16, 64, 'primary'), (17, 64, 'offload')):
         job = types.SimpleNamespace(predicted_tokens=u_j, n_max=n_max)
-        assert service.route(job) == where, (u_j, n_max)
-    assert make_service().route(types.SimpleNamespace(predicted_tokens=99, n_max=16)) == \
+        assert service.dispatcher.route(job) == where, (u_j, n_max)
+    alone = make_service().dispatcher
+    assert alone.route(types.SimpleNamespace(predicted_tokens=99, n_max=16)) == \
         'primary'  # no offload executor
 
 
@@ -564,7 +566,7 @@ def test_stats_status_names_the_policy_and_the_executors(make_service):
 # --- failure isolation: a fault in a callback ends at most its own goal ------------------
 def _capture_logs(service):
     lines = []
-    service.log = lines.append
+    service.log = service.dispatcher.log = lines.append
     for executor in service.executors:
         executor.log = lines.append
     return lines
@@ -694,9 +696,9 @@ def test_consolidation_leaves_out_a_goal_the_batch_would_make_late(make_service)
     # holds its prefill and decoding alone, but not twice the decoding, is left out.
     alone_s = model.prefill_s(100) + model.decode_s(100, 0.0, 10)
     tight, easy = job(10, 1.01 * alone_s), job(10, 100.0)
-    assert service._cut([tight, easy], 0.0) == [0]
+    assert service.dispatcher.cut([tight, easy], 0.0) == [0]
     roomy = job(10, 100.0)
-    assert service._cut([roomy, easy], 0.0) == [0, 1]
+    assert service.dispatcher.cut([roomy, easy], 0.0) == [0, 1]
 
 
 def _batch_of_two(service, second):
@@ -833,7 +835,7 @@ def test_a_prediction_that_cannot_start_leaves_the_queued_goal_running(make_serv
 
     def refuse(*args, **kwargs):
         raise RuntimeError('cannot schedule new futures after shutdown')
-    monkeypatch.setattr(service._uncertainty_pool, 'submit', refuse)
+    monkeypatch.setattr(service.uncertainty.pool, 'submit', refuse)
     rec = submit(service, GoalRequest('Count to 3.', budget_s=LONG))
     assert rec.job is not None and rec.job.prediction is None
     first.release.set()
@@ -864,7 +866,7 @@ def test_an_admission_fault_ends_the_goal_failed_once(make_service, monkeypatch)
 
     def broken(*args, **kwargs):
         raise KeyError('tokenizer table')
-    monkeypatch.setattr(service.admission, 'check', broken)
+    monkeypatch.setattr(service.admitter.admission, 'check', broken)
     rec = submit(service, GoalRequest('Say hi.', budget_s=LONG))
     result = rec.wait()
     assert rec.job is None and len(rec.results) == 1

@@ -1,10 +1,11 @@
-"""The core server: admission, the goal queue, executors, queue expiry, stats, shutdown.
+"""The service front: lifecycle, submit / cancel, exactly one result per goal, stats.
 
 No ROS here: the ROS adapter (``timebill_ros.ros``) turns action goals into
-:class:`GoalRequest` and results back into messages.
+:class:`GoalRequest` and results back into messages. Admission is the Admitter's
+(server/admitter.py), u_J at admission the Uncertainty's (server/uncertainty.py), routing,
+batching and the queue's reaper the Dispatcher's (server/dispatcher.py).
 """
 
-import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -12,44 +13,20 @@ import traceback
 import uuid
 
 from timebill_ros.engine.prefix_store import PrefixStoreStats
-from timebill_ros.server import goals, overrun, status
-from timebill_ros.server.admission import make_admission
+from timebill_ros.server import goals, status
+from timebill_ros.server.admitter import Admitter, GoalInfeasible, rejecting
+from timebill_ros.server.dispatcher import Dispatcher, OFFLOAD, PRIMARY
 from timebill_ros.server.executor import Executor
 from timebill_ros.server.heap import HeapTrimmer
 from timebill_ros.server.goals import GoalRejected, JobResult
-from timebill_ros.server.job import Job
-from timebill_ros.server.prediction import timed_predict
 from timebill_ros.server.runner import JobRunner
-from timebill_ros.server.scheduler import JobQueue, QueueFull, make_scheduler_policy
-from timebill_ros.server.scheduler.consolidation import cut_batch, join_batch, keep_on_time
+from timebill_ros.server.scheduler import JobQueue, make_scheduler_policy
 from timebill_ros.server.stats import ServerStats
+from timebill_ros.server.uncertainty import Uncertainty
 from timebill_ros.timing.model import TimingCoefficients
-from timebill_ros.timing.online import DECODE, EXPECTED, PREFILL, TimeModel
+from timebill_ros.timing.online import DECODE, PREFILL, TimeModel
 
-
-def _rejecting(queue_call, *args):
-    """Call a JobQueue method; a full or closed queue becomes GoalRejected (its message)."""
-    try:
-        return queue_call(*args)
-    except QueueFull as exc:
-        raise GoalRejected(str(exc), error_code=status.ERROR_QUEUE_FULL) from exc
-    except RuntimeError as exc:  # closed: the service shuts down
-        raise GoalRejected(str(exc), error_code=status.ERROR_SHUTDOWN) from exc
-
-
-PRIMARY = 'primary'
-OFFLOAD = 'offload'
-
-
-class GoalInfeasible(GoalRejected):
-    """Admission found that a goal cannot fit its budget; min_time_s: its least time, s."""
-
-    error_code = status.ERROR_INFEASIBLE
-
-    def __init__(self, message, min_time_s, n_x):
-        super().__init__(message)
-        self.min_time_s = min_time_s
-        self.n_x = n_x
+__all__ = ['GoalInfeasible', 'OFFLOAD', 'PRIMARY', 'ServiceStatus', 'TimeBillService']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,14 +88,14 @@ class TimeBillService:
                                predict_s=None if readout else predictor.expected_time_s,
                                calibration_chunk_tokens=config.engine.prefill_chunk_tokens)
         self.time_model = timing
-        self.admission = make_admission(config.admission.policy, timing)
         self.stats = ServerStats(config.stats.window, config.stats.firm_k)
         self.queue = JobQueue(config.queue.max_depth,
                               scheduler_policy or make_scheduler_policy(config), clock)
-        # u_J of goals that must wait: the length predictor on its own CPU thread. Its time
-        # is the goal's t_Predict (predict_time): the run reuses it instead of predicting.
-        self._uncertainty_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix='timebill-uncertainty')
+        self.admitter = Admitter(config, engine, timing, self.queue, clock)
+        self.uncertainty = Uncertainty(config, predictor, readout, self.queue.policy,
+                                       self.admitter.estimated_time_s, clock)
+        self.dispatcher = Dispatcher(config, self.queue, timing, self.admitter.recheck,
+                                     clock, log)
         self.predictor = predictor
         self.readout = readout
         if readout is not None:  # every prefill pools the layers the readout reads
@@ -126,22 +103,23 @@ class TimeBillService:
             if offload is not None:
                 offload[0].pool_layers = readout.pool_layers
         self.runner = runner or JobRunner(engine, predictor, timing, config, clock, batch_step,
-                                          readout, recheck=self._on_dequeue,
+                                          readout, recheck=self.admitter.recheck,
                                           mask_step_s=mask_step_s)
-        self.executors = [Executor('primary', self.queue, self.runner, self._on_dequeue,
-                                   self._after_job, log,
-                                   accept=lambda job: self._accepts(PRIMARY, job),
-                                   cut=self._cut if batching.consolidation else None,
-                                   join=self._join if batching.continuous else None,
-                                   capacity=batching.batch_size)]
-        self.tau_tokens = tau_tokens
+        dispatcher = self.dispatcher
+        dispatcher.executors = [Executor(
+            PRIMARY, self.queue, self.runner, self.admitter.recheck, self._after_job, log,
+            accept=lambda job: dispatcher.accepts(PRIMARY, job),
+            cut=dispatcher.cut if batching.consolidation else None,
+            join=dispatcher.join if batching.continuous else None,
+            capacity=batching.batch_size)]
+        dispatcher.tau_tokens = tau_tokens
         self._mask_step_s = mask_step_s
         self._lifecycle = threading.Lock()  # start / attach_offload / shutdown
         self._started = False
         if offload is not None:
             if tau_tokens is None:
                 raise ValueError('an offload executor needs tau_tokens')
-            self.executors.append(self._offload_executor(offload))
+            dispatcher.executors.append(self._offload_executor(offload))
         self.state_path = state_path
         self._last_save_s = clock()
         self.heap = HeapTrimmer()  # the freed heap goes back to the system after goals
@@ -150,9 +128,15 @@ class TimeBillService:
         self._accepting = True  # False while paused (the node's lifecycle: inactive)
         self._live = set()  # goal ids admitted and not ended yet
         self._live_lock = threading.Lock()
-        self._reaper_stop = threading.Event()
-        self._reaper = threading.Thread(target=self._reap_loop, name='timebill-reaper',
-                                        daemon=True)
+
+    @property
+    def executors(self):
+        """Return the executors: the primary, then the offload executor once attached."""
+        return self.dispatcher.executors
+
+    def precompile(self, request, received_s=None) -> None:
+        """Compile a goal's json_schema ahead of :meth:`submit`; never raises."""
+        self.admitter.precompile(request, received_s)
 
     def _offload_executor(self, offload):
         """Return the offload executor of ``offload`` ((engine, TimeModel)), not started."""
@@ -160,10 +144,10 @@ class TimeBillService:
         if self.readout is not None:
             offload_engine.pool_layers = self.readout.pool_layers
         runner = JobRunner(offload_engine, self.predictor, offload_model, self.config,
-                           self.clock, readout=self.readout, recheck=self._on_dequeue,
+                           self.clock, readout=self.readout, recheck=self.admitter.recheck,
                            mask_step_s=self._mask_step_s)
-        return Executor(OFFLOAD, self.queue, runner, self._on_dequeue, self._after_job,
-                        self.log, accept=lambda job: self._accepts(OFFLOAD, job))
+        return Executor(OFFLOAD, self.queue, runner, self.admitter.recheck, self._after_job,
+                        self.log, accept=lambda job: self.dispatcher.accepts(OFFLOAD, job))
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self):
@@ -172,7 +156,7 @@ class TimeBillService:
             self._started = True
             for executor in self.executors:
                 executor.start()
-        self._reaper.start()
+        self.dispatcher.start_reaper()
 
     def attach_offload(self, offload, tau_tokens) -> bool:
         """Add the offload executor to a service that may already serve; False once shut down.
@@ -188,8 +172,9 @@ class TimeBillService:
             if self._closed or any(e.name == OFFLOAD for e in self.executors):
                 return False
             executor = self._offload_executor(offload)
-            self.tau_tokens = tau_tokens
-            self.executors = self.executors + [executor]  # readers iterate a whole list
+            self.dispatcher.tau_tokens = tau_tokens
+            # readers iterate a whole list
+            self.dispatcher.executors = self.executors + [executor]
             if self._started:
                 executor.start()
         return True
@@ -232,12 +217,8 @@ class TimeBillService:
                 job.cancel('shutdown')
         for executor in self.executors:
             executor.stop(timeout_s)
-        self._reaper_stop.set()
-        with self.queue.cond:
-            self.queue.cond.notify_all()
-        if self._reaper.is_alive():
-            self._reaper.join(timeout_s)
-        self._uncertainty_pool.shutdown(wait=True, cancel_futures=True)
+        self.dispatcher.stop_reaper(timeout_s)
+        self.uncertainty.shutdown()
         self.save_state()
 
     def save_state(self):
@@ -260,7 +241,7 @@ class TimeBillService:
     @property
     def healthy(self):
         """Return True while every executor thread and the reaper run (after start())."""
-        return self._reaper.is_alive() and all(e.alive for e in self.executors)
+        return self.dispatcher.reaper_alive and all(e.alive for e in self.executors)
 
     @property
     def idle(self):
@@ -276,7 +257,7 @@ class TimeBillService:
     def status(self) -> ServiceStatus:
         """Return the queue and time-model figures for stats and diagnostics."""
         depth = self.queue_depth
-        routed = [self.route(job) for job in self.queue.waiting()]
+        routed = [self.dispatcher.route(job) for job in self.queue.waiting()]
         running = sum(len(executor.running) for executor in self.executors)
         decode, prefill = (self.time_model.status(p) for p in (DECODE, PREFILL))
         return ServiceStatus(
@@ -342,7 +323,7 @@ class TimeBillService:
         """
         if must_wait:
             try:
-                self._predict_uncertainty(job)
+                self.uncertainty.start(job, offloading=self.dispatcher.tau_tokens is not None)
             except Exception:
                 self.log(f'goal {job.goal_id}: the admission prediction failed to start: '
                          f'{traceback.format_exc()}')
@@ -370,36 +351,13 @@ class TimeBillService:
         if not self._accepting:
             raise GoalRejected('server is inactive (lifecycle state); goals are refused until '
                                'it is activated', error_code=status.ERROR_INACTIVE)
-        messages = goals.check_prompt(request, self.config.queue.max_prompt_chars)
-        goals.check_stop(request)
-        sampling = goals.resolve_sampling(request)
-        goals.check_schema(request, self.config.queue.max_schema_chars)
-        deadline_s = goals.resolve_deadline(request, received_s)
-        policy = overrun.policy_by_name(
-            goals.resolve_policy(request, self.config.overrun.default_policy))
-        n_max = goals.resolve_max_new_tokens(request, self.config.engine.max_new_tokens,
-                                             self.config.engine.max_model_new_tokens)
-        # Before the grammar compiler's and the tokenizer's work; again at the push.
-        _rejecting(self.queue.check_room)
-        grammar = self._compile_schema(request, deadline_s)
-        input_ids = self._encode(request, messages)
-        # The answer cannot outgrow the context: N_x + N_max <= context tokens.
-        n_max = min(n_max, self.engine.context_tokens - len(input_ids))
-        job = Job(request=request, goal_id=goal_id, received_s=received_s,
-                  deadline_s=deadline_s, policy=policy, n_max=n_max, input_ids=input_ids,
-                  on_feedback=on_feedback, on_done=on_done, clock=self.clock, log=self.log,
-                  n_cached=self.engine.match_prefix(input_ids).n_tokens, sampling=sampling,
-                  grammar=grammar)
-        verdict = self.admission.check(job, self.clock())
-        if not verdict.admit:
-            raise GoalInfeasible(verdict.message, verdict.min_time_s, job.n_x)
-        self._apply(job, verdict)
-        job.estimated_time_s = self.estimated_time_s(job)
+        job = self.admitter.job_of(request, goal_id, received_s, on_feedback, on_done,
+                                   self.log)
         must_wait = self.busy or self.queue_depth > 0
         with self._live_lock:
             self._live.add(goal_id)
         try:
-            _rejecting(self.queue.push, job)
+            rejecting(self.queue.push, job)
         except BaseException:
             with self._live_lock:
                 self._live.discard(goal_id)
@@ -407,234 +365,8 @@ class TimeBillService:
         self._after_push(job, must_wait, on_feedback, received_s)  # never raises
         return job
 
-    # --- executors ---------------------------------------------------------------------
-    def route(self, job):
-        """Return the executor a goal belongs to: OFFLOAD when its u_J is known and > tau.
-
-        A bucketed predictor puts many predictions at its cap (the RLP's top bucket, N_max):
-        when tau sits at that cap, no prediction exceeds it, so u_J >= tau counts there
-        (the top bucket means "at least this long").
-        """
-        u_j = job.predicted_tokens
-        if len(self.executors) < 2 or u_j is None:
-            return PRIMARY
-        if u_j > self.tau_tokens or (u_j >= self.tau_tokens >= job.n_max):
-            return OFFLOAD
-        return PRIMARY
-
-    def _cut(self, jobs, now_s):
-        """Consolidation (scheduler.consolidation): the primary's batch among ``jobs``.
-
-        The policy's first choice always runs; goals routed to the offload executor never
-        join a batch (RT-LM Sec. IV-D), so when the primary takes one of them (the offload
-        executor being busy) it runs alone.
-        """
-        first = self.queue.policy.select(jobs, now_s)
-        own = [i for i, job in enumerate(jobs) if self.route(job) == PRIMARY]
-        if first not in own:
-            return [first]
-        cfg = self.config.scheduler
-        picked = [own[i] for i in cut_batch([jobs[i] for i in own], now_s, self.queue.policy,
-                                            cfg.batch_size, cfg.b, cfg.length_ratio)]
-        if len(picked) == 1:
-            return picked
-        kept = keep_on_time([jobs[i] for i in picked], now_s, self._prefill_alone_s,
-                            self._decode_alone_s,
-                            self.runner.batch_scale.scale)
-        return [picked[i] for i in kept]
-
-    def _prefill_alone_s(self, job):
-        """Return the goal's expected prefill, seconds (primary time model)."""
-        return self.time_model.prefill_s(job.n_x, EXPECTED, n_cached=job.n_cached)
-
-    def _decode_alone_s(self, job):
-        """Return the goal's expected decoding alone, seconds: u_J tokens at alpha 0."""
-        tokens = min(job.n_max, max(1, job.uncertainty_tokens))
-        return self.time_model.decode_s(job.n_x, 0.0, tokens, EXPECTED)
-
-    def _join(self, jobs, now_s, room, members):
-        """Continuous batching (scheduler.continuous): which of ``jobs`` join the batch now.
-
-        None joins a batch that holds a goal routed to the offload executor, and no such
-        goal joins one; with consolidation, only goals of similar u_J join.
-        """
-        if any(self.route(member) != PRIMARY for member in members):
-            return []
-        own = [i for i, job in enumerate(jobs) if self.route(job) == PRIMARY]
-        cfg = self.config.scheduler
-        picked = join_batch([jobs[i] for i in own], now_s, self.queue.policy, room, members,
-                            cfg.length_ratio if cfg.consolidation else None)
-        return [own[i] for i in picked]
-
-    def _accepts(self, name, job):
-        """Return True if executor ``name`` may take ``job``.
-
-        Its own goals, and another executor's while that one is busy (RT-LM Sec. IV-D: an
-        idle executor takes work rather than wait).
-        """
-        owner = self.route(job)
-        if owner == name:
-            return True
-        return any(e.name == owner and e.current is not None for e in self.executors)
-
-    def estimated_time_s(self, job):
-        """Return t^_J, seconds: prefill plus u_J decoding steps at the EXPECTED bound."""
-        model, n_x = self.time_model, job.n_x
-        steps = max(job.uncertainty_tokens - 1, 0)
-        return (model.prefill_s(n_x, EXPECTED, n_cached=job.n_cached)
-                + steps * model.step_s(n_x + steps // 2, EXPECTED))
-
-    def _uses_uncertainty(self):
-        """Return whether anything reads a waiting goal's u_J (so it is worth predicting).
-
-        The scheduler's order (luf, muf, slack, up), consolidation and continuous batching
-        (goals of similar u_J together), the offload route (u_J > tau) and, without a prefill
-        readout, the run (u_J is its N^). Otherwise - the default fifo with the readout - the
-        prediction would only take the CPU from the goal that runs meanwhile: the RLP over
-        a 2-3k-token robot context, queued behind a Skip-Next overrun, runs beside that
-        goal's steps on the same cores (docs/benchmark.md).
-        """
-        cfg = self.config.scheduler
-        return (self.queue.policy.uses_uncertainty or cfg.consolidation or cfg.continuous
-                or self.tau_tokens is not None or self.readout is None)
-
-    def _predict_uncertainty(self, job):
-        """Start u_J for a goal that has to wait (``scheduler.uncertainty: predictor``).
-
-        The prediction runs on its own CPU thread; the run reuses it as N^ (goal_run.py).
-        Not started when nothing would read it (:meth:`_uses_uncertainty`).
-        """
-        if self.config.scheduler.uncertainty != 'predictor' or not self._uses_uncertainty():
-            return
-        future = self._uncertainty_pool.submit(timed_predict, self.predictor,
-                                               job.request.prompt, job.input_ids, job.n_max,
-                                               self.clock, self.config.budget.upper_quantile)
-        job.prediction = future
-        future.add_done_callback(lambda done: self._uncertainty_known(job, done))
-
-    def _uncertainty_known(self, job, future):
-        """Record u_J and t^_J once the admission prediction is in (any thread)."""
-        if future.cancelled() or future.exception() is not None:
-            return  # the run predicts again; u_J stays N_max meanwhile
-        n_hat = future.result().n_hat
-        if 0 <= n_hat <= job.n_max:
-            job.predicted_tokens = n_hat
-            job.estimated_time_s = self.estimated_time_s(job)
-
-    def _apply(self, job, verdict):
-        """Record an admitting verdict on the job: least time, note, queue expiry."""
-        job.min_time_s = verdict.min_time_s
-        if verdict.infeasible and not job.infeasible:  # the first finding says the most
-            job.infeasible = True
-            job.admission_note = verdict.message
-        job.expires_s = (job.deadline_s if self.admission.name == 'none' else
-                         job.policy.queue_expiry_s(job.deadline_s, verdict.min_time_s))
-
-    def precompile(self, request, received_s=None) -> None:
-        """Compile a goal's json_schema ahead of :meth:`submit`; never raises.
-
-        The node calls it before taking its slot lock, so a slow compile holds no other
-        goal's submit; submit then finds the grammar cached (or the refusal, at once).
-        """
-        received_s = self.clock() if received_s is None else received_s
-        try:
-            goals.check_schema(request, self.config.queue.max_schema_chars)
-            self._compile_schema(request, goals.resolve_deadline(request, received_s))
-        except Exception:  # submit refuses the goal with the reason
-            pass
-
-    def _compile_schema(self, request, deadline_s):
-        """Return the goal's compiled json_schema, None without one; GoalRejected if bad.
-
-        The compile is waited for at most queue.max_schema_compile_s, and never past the
-        goal's deadline.
-        """
-        text = request.json_schema
-        if not text:
-            return None
-        timeout_s = max(0.0, min(self.config.queue.max_schema_compile_s,
-                                 deadline_s - self.clock()))
-        try:
-            return self.engine.schemas.compile(text, timeout_s)
-        except ValueError as exc:
-            raise GoalRejected(str(exc), error_code=status.ERROR_INVALID_SCHEMA) from None
-
-    def _encode(self, request, messages=()):
-        try:
-            input_ids = self.engine.encode(request.prompt, request.system_prompt, messages)
-        except Exception as exc:
-            raise GoalRejected(f'prompt could not be tokenized: {exc}',
-                               error_code=status.ERROR_INVALID_PROMPT) from exc
-        limit = self.engine.context_tokens
-        if len(input_ids) >= limit:
-            raise GoalRejected(
-                f'prompt is {len(input_ids)} tokens; the model context is {limit} tokens',
-                error_code=status.ERROR_CONTEXT_OVERFLOW)
-        return input_ids
-
     # --- leaving the queue ---------------------------------------------------------------
-    def _on_dequeue(self, job):
-        """Admission again when a goal leaves the queue; a REJECTED result if it cannot fit."""
-        verdict = self.admission.check(job, self.clock(), queued=True)
-        if verdict.admit:
-            self._apply(job, verdict)
-            return None
-        return self._infeasible_result(verdict)
-
-    @staticmethod
-    def _infeasible_result(verdict):
-        return JobResult(status=status.REJECTED, message=verdict.message, infeasible=True,
-                         min_time_s=verdict.min_time_s, stop_phase='queue',
-                         error_code=status.ERROR_INFEASIBLE)
-
     def _after_job(self, job):
         if self.clock() - self._last_save_s >= self.config.timing.persist_period_s:
             self.save_state()
         self.heap.maybe_release(idle=self.idle)
-
-    def _reap_loop(self):
-        """End queued goals that expired: can no longer fit (Kill, Partial) or came due.
-
-        A fault in one round is logged and the loop goes on: the reaper must outlive it.
-        """
-        while not self._reaper_stop.is_set():
-            try:
-                self._reap_once()
-            except Exception:
-                self.log(f'reaper: round failed: {traceback.format_exc()}')
-                self._reaper_stop.wait(0.1)
-
-    def _reap_once(self):
-        """Wait for the next expiry (at most 0.5 s), then end what expired."""
-        with self.queue.cond:
-            expiry = self.queue.next_expiry()
-            wait_s = 0.5 if expiry is None else expiry - self.clock()
-            if wait_s > 0:
-                self.queue.cond.wait(min(wait_s, 0.5))
-        now = self.clock()
-        for job in self.queue.expired(now):
-            result = self._expired_result(job, now)
-            if result is not None and self.queue.remove(job):
-                job.finish(result)
-
-    def _expired_result(self, job, now):
-        """Return the result of an expired queued goal, or None to keep it queued.
-
-        SKIPPED when it came due while a skip-next goal overran; REJECTED when it can no
-        longer fit before its deadline; KILLED when the deadline passed. None: the time
-        model got faster meanwhile and the goal fits again (its expiry moves).
-        """
-        for running in (job for executor in self.executors for job in executor.running):
-            if running.policy.skips_queued(running.deadline_s, now):
-                return JobResult(
-                    status=status.SKIPPED, kill_latency_s=None, stop_phase='queue',
-                    message=f'skipped: came due while goal {running.goal_id} overran '
-                            'under skip-next')
-        if now < job.deadline_s:
-            verdict = self.admission.check(job, now, queued=True)
-            if verdict.admit:
-                self._apply(job, verdict)
-                return None
-            return self._infeasible_result(verdict)
-        return JobResult(status=status.KILLED, kill_latency_s=now - job.deadline_s,
-                         stop_phase='queue', message='deadline passed while queued; not run')
