@@ -40,6 +40,7 @@ from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.llm_engine import GenerationStopped, fixed_chunks
 from timebill_ros.engine.stopping import CancelStop, StopCriteria
 from timebill_ros.server.status import POLICY_KILL, POLICY_SKIP_NEXT
+from timebill_ros.timing.probes import EngineProbes
 
 LONG_LINES = 260   # robot-log lines: 4,742 tokens with the embedded tokenizer
 CANCEL_AT = (0.2, 0.5, 0.8)   # of the prefill's time
@@ -151,7 +152,7 @@ def run_stops(out, lines=LONG_LINES, repeats=REPEATS):
                      'n_chunks': times[0][1], 'prefill_s': seconds,
                      'layer_of_chunk_s': seconds / times[0][1] / engine.n_layers})
     base = rows[1]
-    decode_s = engine.measure_decode_step_s(512)
+    decode_s = EngineProbes(engine).measure_decode_step_s(512)
     for wait in (True, False):
         if not wait:
             engine.forward.layer_wait = lambda: None

@@ -36,6 +36,7 @@ from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import LlmEngine, model_source
 from timebill_ros.engine.forward import PassHooks
 from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.timing.probes import EngineProbes
 
 N_TOKENS = 32          # answer tokens compared with the CPU reference
 N_PROMPTS = 30         # held-out prompts of the agreement
@@ -133,7 +134,7 @@ def _bare_one(model, reference, out, device, dtype, full, quick) -> None:
     if full:
         for n_x in PREFILL_SIZES:
             with torch.inference_mode():
-                seconds = [engine.measure_prefill_s(n_x) for _ in range(3)]
+                seconds = [EngineProbes(engine).measure_prefill_s(n_x) for _ in range(3)]
             rows.append({'part': 'prefill', 'model': name, 'dtype': dtype, 'n_x': n_x,
                          'seconds': statistics.median(seconds), 'all_s': seconds})
     if device == 'cuda':
@@ -175,13 +176,14 @@ def _decode_row(engine, name, dtype, n_kv):
     """ms/token through engine.decode with graphs (3 runs) and without (1), and the bare step."""
     steps = engine.forward.static_steps
     with torch.inference_mode():
-        graphs = [engine.measure_decode_step_s(n_kv, STEPS) for _ in range(3)]
+        graphs = [EngineProbes(engine).measure_decode_step_s(n_kv, STEPS) for _ in range(3)]
         row = {'part': 'decode', 'model': name, 'dtype': dtype, 'n_kv': n_kv,
                'ms_per_token': 1e3 * statistics.median(graphs),
                'all_ms': [1e3 * s for s in graphs], 'step_ms': 1e3 * _bare_step_s(engine, n_kv)}
         if steps is not None and steps.graphs:
             steps.graphs = False
-            row['eager_ms_per_token'] = 1e3 * engine.measure_decode_step_s(n_kv, STEPS // 4)
+            row['eager_ms_per_token'] = 1e3 * EngineProbes(engine).measure_decode_step_s(
+                n_kv, STEPS // 4)
             steps.graphs = True
     return row
 

@@ -93,8 +93,10 @@ def _core():
 
 def _measure_steps(engine):
     """Return [(n_kv, seconds)]: one decoding step measured at STEP_LENGTHS."""
-    engine.measure_decode_step_s(64, steps=4)  # warm-up
-    return [(n, engine.measure_decode_step_s(n, steps=8)) for n in STEP_LENGTHS]
+    from timebill_ros.timing.probes import EngineProbes
+    probes = EngineProbes(engine)
+    probes.measure_decode_step_s(64, steps=4)  # warm-up
+    return [(n, probes.measure_decode_step_s(n, steps=8)) for n in STEP_LENGTHS]
 
 
 def step_at(steps, n_kv):

@@ -33,7 +33,8 @@ def measure(path, tokens, rounds, threads, say=print):
 
     from timebill_ros.bench.llama_cpp import LlamaCppEngine
     from timebill_ros.engine.models import weights
-    engine = _engine(path, threads)
+    from timebill_ros.timing.probes import EngineProbes
+    engine = EngineProbes(_engine(path, threads))
     llama = LlamaCppEngine(threads, max(tokens) + 16, path)
     rows = {'blocks (gemm_tiled)': {}, 'dequantized copy': {}, 'llama.cpp': {}}
     with torch.inference_mode():

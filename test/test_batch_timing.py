@@ -4,6 +4,7 @@ import pytest
 import yaml
 
 from timebill_ros.timing import batch, model as tm
+from timebill_ros.timing.probes import EngineProbes
 from timebill_ros.timing.profiler import format_report
 
 from test_timing_model import _calibration
@@ -62,4 +63,4 @@ def test_probes_run_the_engines_batch(make_tiny_engine):
     single = make_tiny_engine(forward='transformers')  # one goal per step: B > 1 skipped
     assert [b for b, _, _ in batch.probe_batches(single, kv_lengths=(16,), steps=1)] == [1]
     with pytest.raises(ValueError, match='batch_size'):
-        single.measure_batch_step_s(2, 16)
+        EngineProbes(single).measure_batch_step_s(2, 16)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from timebill_ros.engine import llm_engine
+from timebill_ros.engine import loading
 from timebill_ros.engine.forward import avoid_cudnn_attention
 
 
@@ -30,6 +30,6 @@ def test_a_cuda_device_turns_cudnn_attention_off(cudnn_flag, device):
 
 def test_the_engine_asks_with_its_model_device(make_tiny_engine, monkeypatch):
     asked = []
-    monkeypatch.setattr(llm_engine, 'avoid_cudnn_attention', asked.append)
+    monkeypatch.setattr(loading, 'avoid_cudnn_attention', asked.append)
     make_tiny_engine(forward='lean')
     assert asked == [torch.device('cpu')]

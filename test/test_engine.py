@@ -11,6 +11,7 @@ import torch
 from timebill_ros.engine import model_source
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine import GenerationStopped, LlmEngine, fixed_chunks
+from timebill_ros.timing.probes import EngineProbes
 from timebill_ros.engine.stopping import (CANCELED, DEADLINE, EOS, MAX_TOKENS, CancelStop,
                                           DeadlineStop, EosStop, MaxTokensStop, StopCriteria,
                                           StopCriterion)
@@ -383,11 +384,13 @@ def test_bad_inputs(make_tiny_engine):
 
 def test_measure_helpers(make_tiny_engine):
     """The profiling helpers return positive seconds."""
-    engine = make_tiny_engine()
-    assert engine.measure_prefill_s(40, repeats=2) > 0
-    assert engine.measure_decode_step_s(40, steps=3) > 0
+    probes = EngineProbes(make_tiny_engine())
+    assert probes.measure_prefill_s(40, repeats=2) > 0
+    assert probes.measure_decode_step_s(40, steps=3) > 0
     with pytest.raises(ValueError, match='n_kv'):
-        engine.measure_decode_step_s(0)
+        probes.measure_decode_step_s(0)
+    with pytest.raises(TypeError, match='LlmEngine'):
+        EngineProbes(object())
 
 
 def test_embedded_gguf_path():

@@ -268,15 +268,15 @@ def test_the_embedded_gguf_is_served_only_where_its_decoder_applies(change):
 def test_auto_probes_gguf_on_the_embedded_transformers_model():
     """Asked for transformers modules, auto times gguf beside fp32 and fp16."""
     engine = LlmEngine.load(EngineConfig(), EvictionConfig(), transformers_model=True)
-    assert engine.embedded_model and engine.model is not None and engine.gguf_skipped is None
+    assert engine.model is not None and engine.gguf_skipped is None
     assert set(engine.step_format_probe) == {'float32', 'float16', 'gguf'}
     assert engine.engine_config.decode_weights in engine.step_format_probe
 
 
 def test_gguf_is_not_probed_where_it_cannot_run(tiny_model):
-    from timebill_ros.engine.llm_engine import _gguf_unusable_reason
-    assert 'engine.model_path' in _gguf_unusable_reason(
+    from timebill_ros.engine.loading import gguf_unusable_reason
+    assert 'engine.model_path' in gguf_unusable_reason(
         tiny_model, EngineConfig(model_path='/some/dir'))
     half = copy.deepcopy(tiny_model).to(torch.bfloat16)
-    assert 'torch.bfloat16' in _gguf_unusable_reason(half, EngineConfig())
-    assert _gguf_unusable_reason(tiny_model, EngineConfig()) is None
+    assert 'torch.bfloat16' in gguf_unusable_reason(half, EngineConfig())
+    assert gguf_unusable_reason(tiny_model, EngineConfig()) is None

@@ -30,6 +30,7 @@ from timebill_ros.engine.probe import Probe
 from timebill_ros.latency.wcet import GoalTiming, exceed_table
 from timebill_ros.engine.stopping import StepTimer, StopCriteria
 from timebill_ros.timing.model import COEFFICIENT_NAMES, Calibration, TimingCoefficients
+from timebill_ros.timing.probes import EngineProbes
 
 # Roughly this CPU: quadratic prefill, decoding step growing with the cache.
 EQ4 = TimingCoefficients(a=3e-7, b=1.7e-3, c=0.06, p=5e-6, q=0.065)
@@ -105,11 +106,11 @@ def test_step_timer_records_decoding_checks_only():
 def test_engine_probe_has_exact_length(make_tiny_engine):
     """The real engine's probe decodes exactly n_out tokens with eviction off."""
     engine = make_tiny_engine()
-    probe = engine.measure_probe(40, 6)
+    probe = EngineProbes(engine).measure_probe(40, 6)
     assert (probe.n_in, probe.n_out, len(probe.step_s)) == (40, 6, 5)
     assert probe.ttft_s > 0 and all(s > 0 for s in probe.step_s)
     with pytest.raises(ValueError, match='n_in'):
-        engine.measure_probe(engine.context_tokens, 2)
+        EngineProbes(engine).measure_probe(engine.context_tokens, 2)
 
 
 def test_measure_grid_orders_randomly_and_cools_down(tmp_path):

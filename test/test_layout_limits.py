@@ -14,10 +14,9 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'timebill_ros'
 MAX_METHODS = 25
 MAX_LINES = 400
-# class -> (lines, methods) today; may only shrink.
-OVERSIZED = {
-    'LlmEngine': (582, 36),
-}
+# class -> (lines, methods) of a class still over the limits; may only shrink. Empty since
+# the engine, the service and the GGUF decoder were split (issue 61).
+OVERSIZED = {}
 # The flags policies had before they became strategies (issue 61).
 OLD_POLICY_FLAGS = ('discards_late_result', 'stops_early', 'keeps_text_at_deadline',
                     'skips_due_goals')

@@ -28,7 +28,7 @@ import torch
 from timebill_ros.bench import engine as bench_engine
 from timebill_ros.config import (BudgetConfig, EngineConfig, EvictionConfig, PrefixCacheConfig,
                                  QueueConfig, ServerConfig, TimingConfig)
-from timebill_ros.engine import LlmEngine, step_format
+from timebill_ros.engine import LlmEngine, llm_engine, prefix_kv, step_format
 from timebill_ros.engine import forward as forward_module
 from timebill_ros.engine.forward import Forward
 from timebill_ros.engine.hf_forward import TransformersForward
@@ -43,6 +43,7 @@ from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.batch import probe_batches
 from timebill_ros.timing.model import TimingCoefficients
 from timebill_ros.timing.prefix import probe_prefix
+from timebill_ros.timing.probes import EngineProbes
 from timebill_ros.timing.profiler import ProfileGrid, profile
 from timebill_ros.timing.startup import load_or_calibrate
 
@@ -136,8 +137,10 @@ def timeline(monkeypatch):
             method = getattr(cls, name, None)
             if method is not None:
                 monkeypatch.setattr(cls, name, _working(line, f'{cls.__name__}.{name}', method))
-    for name in ('_evict_layer', '_load_prefix', '_block_kv'):
-        monkeypatch.setattr(LlmEngine, name, _working(line, name, getattr(LlmEngine, name)))
+    monkeypatch.setattr(LlmEngine, '_evict_layer',
+                        _working(line, '_evict_layer', LlmEngine._evict_layer))
+    for module, name in ((llm_engine, 'load_prefix'), (prefix_kv, 'block_kv')):
+        monkeypatch.setattr(module, name, _working(line, name, getattr(module, name)))
     return line
 
 
@@ -191,10 +194,11 @@ def step_format_probe(timeline, monkeypatch, tiny_model, smollm2_tokenizer, tmp_
 def engine_measurements(timeline, monkeypatch, tiny_model, smollm2_tokenizer, tmp_path):
     """Run the engine's own timed prefill, decode, probe and batched step (calibration's)."""
     engine = _engine(tiny_model, smollm2_tokenizer, timeline)
-    engine.measure_prefill_s(40, repeats=2)
-    engine.measure_decode_step_s(40, steps=3)
-    engine.measure_probe(40, 4)
-    engine.measure_batch_step_s(2, 40, steps=2)
+    probes = EngineProbes(engine)
+    probes.measure_prefill_s(40, repeats=2)
+    probes.measure_decode_step_s(40, steps=3)
+    probes.measure_probe(40, 4)
+    probes.measure_batch_step_s(2, 40, steps=2)
     ids = engine.encode(PROMPT)
     engine.prefill(ids, StopCriteria(), store=engine.prefix_store)
     state = engine.prefill(ids, StopCriteria(), prefix=engine.match_prefix(ids),
@@ -203,7 +207,7 @@ def engine_measurements(timeline, monkeypatch, tiny_model, smollm2_tokenizer, tm
     engine.evict(state, 0.5)
     engine.decode(state, 4, StopCriteria())
     return {'LlmEngine.prefill', 'DecodeBatch.join', 'DecodeBatch._finish',
-            'StepTimer.should_stop', 'LlmEngine.measure_batch_step_s'}
+            'StepTimer.should_stop', 'EngineProbes.measure_batch_step_s'}
 
 
 def calibration(timeline, monkeypatch, tiny_model, smollm2_tokenizer, tmp_path):
@@ -218,7 +222,7 @@ def calibration(timeline, monkeypatch, tiny_model, smollm2_tokenizer, tmp_path):
     load_or_calibrate(engine, engine.engine_config, TimingConfig(), log=lambda line: None)
     probe_prefix(engine, lengths=(64,), fresh=16, tails=1)
     probe_batches(engine, sizes=(1, 2), kv_lengths=(32,), steps=2)
-    return {'LlmEngine.prefill', 'StepTimer.should_stop', 'LlmEngine.measure_batch_step_s',
+    return {'LlmEngine.prefill', 'StepTimer.should_stop', 'EngineProbes.measure_batch_step_s',
             '_Run.measure', 'DecodeBatch._finish'}
 
 

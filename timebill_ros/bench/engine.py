@@ -37,6 +37,7 @@ from timebill_ros.bench.prefill_parts import prefill_parts_s
 from timebill_ros.config import EngineConfig, EvictionConfig
 from timebill_ros.engine.forward import synchronize
 from timebill_ros.engine.stopping import StopCriteria
+from timebill_ros.timing.probes import EngineProbes
 
 FORMATS = (('transformers fp32', 'transformers', 'float32'), ('lean fp32', 'lean', 'float32'),
            ('lean fp16', 'lean', 'float16'), ('lean int8', 'lean', 'int8'),
@@ -164,7 +165,8 @@ def _measure_prefill(engines, rows, n_x_values, rounds, progress, llama=None):
     engines = _timed(engines)
     for n_x in n_x_values:
         for _ in range(rounds):
-            times = {name: engine.measure_prefill_s(n_x) for name, engine in engines.items()
+            times = {name: EngineProbes(engine).measure_prefill_s(n_x)
+                     for name, engine in engines.items()
                      # other decode weights: the same prefill as the fp32 row of their forward
                      if engine.engine_config.decode_weights in ('float32', 'gguf')
                      and (engine.gguf_file is not None or name != 'lean gguf')}

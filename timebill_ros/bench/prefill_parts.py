@@ -11,6 +11,8 @@ wrapping adds one clock read a call (a few hundred calls a prefill): its cost is
 import contextlib
 import time
 
+from timebill_ros.timing.probes import EngineProbes
+
 
 PARTS = ('matrices', 'attention')
 
@@ -46,12 +48,12 @@ def prefill_parts_s(engine, n_x: int) -> dict:
     """Return {'total', 'matrices', 'attention', 'rest'} seconds of one prefill of ``n_x``.
 
     engine: an LlmEngine on a GGUF file (its lean GGUF forward); ``n_x`` random tokens from an
-    empty cache, as :meth:`LlmEngine.measure_prefill_s` runs them.
+    empty cache, as :meth:`EngineProbes.measure_prefill_s` runs them.
     """
     if engine.gguf_file is None:
         raise ValueError(f'prefill parts need an engine on a GGUF file, not {engine.model_key}')
     with timed_parts() as totals:
-        total = engine.measure_prefill_s(n_x)
+        total = EngineProbes(engine).measure_prefill_s(n_x)
     parts = dict(totals, total=total)
     parts['rest'] = max(0.0, total - totals['matrices'] - totals['attention'])
     return parts

@@ -22,39 +22,24 @@ Not thread-safe: one caller at a time. Never imports rclpy.
 
 import copy
 import dataclasses
-import logging
-import pathlib
-import statistics
 import time
 from typing import Callable, Optional
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from timebill_ros.checks import check_count
 from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
-from timebill_ros.engine import kernels, model_source
+from timebill_ros.engine import model_source
 from timebill_ros.engine.chat import encode_chat
 from timebill_ros.engine.decode_batch import DecodeBatch, DecodeResult
-from timebill_ros.engine.forward import (Forward, HiddenPool, Interrupted, PassHooks,
-                                         avoid_cudnn_attention)
-from timebill_ros.engine.hf_forward import TransformersForward
-from timebill_ros.engine.lean_llama import LeanLlamaForward, unsupported_reason
-from timebill_ros.engine.step_format import choose_step_format, forward_step_s, PROBE_KV
+from timebill_ros.engine.forward import HiddenPool, Interrupted, PassHooks
 from timebill_ros.engine.eviction import keep_indices, make_scorer, n_keep_for, windowed
+from timebill_ros.engine.loading import DTYPES, load_model, make_forward, random_ids
+from timebill_ros.engine.prefix_kv import keep_prefix, load_prefix
 from timebill_ros.engine.prefix_store import PrefixMatch, PrefixStore
-from timebill_ros.engine.probe import Probe
-from timebill_ros.engine.stopping import StepTimer, StopCriteria
+from timebill_ros.engine.stopping import StopCriteria
 
-DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
-# One-token step weight formats (engine.decode_weights): int8 is weight-only, per output row.
-STEP_DTYPES = dict(DTYPES, int8=torch.int8)
-# The GGUF file's own blocks through the C++ kernels (engine/gguf_weights.py, engine/kernels).
-GGUF_FORMAT = 'gguf'
-# Chat templates' end-of-turn tokens; those the tokenizer knows count as EOS.
-END_OF_TURN_TOKENS = ('<|im_end|>', '<|eot_id|>', '<|end|>', '<end_of_turn>')
-# sdpa works with the hooks: they read the attention *inputs*, never the attention weights.
-ATTN_IMPLEMENTATION = 'sdpa'
+__all__ = ['DTYPES', 'DecodeResult', 'GenerationStopped', 'LlmEngine', 'PrefillState',
+           'fixed_chunks', 'make_forward']
 
 
 class GenerationStopped(Exception):
@@ -142,6 +127,19 @@ def _merged(stop: StopCriteria, interrupt: Optional[StopCriteria]) -> StopCriter
     return StopCriteria(list(stop.criteria) + extra)
 
 
+def _checked_ids(input_ids, vocab: int, context_tokens: int) -> list:
+    """Return ``input_ids`` as a list after checking type, range (< ``vocab``) and length."""
+    if not isinstance(input_ids, (list, tuple)) or not input_ids:
+        raise TypeError(f'input_ids must be a non-empty list of ints, got {input_ids!r}')
+    bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f'input_ids hold ids outside [0, {vocab}): {bad[:5]!r}')
+    if len(input_ids) > context_tokens:
+        raise ValueError(f'prompt of {len(input_ids)} tokens exceeds the context of '
+                         f'{context_tokens} tokens')
+    return list(input_ids)
+
+
 # torch's intra-op threads at import, before any engine sets its own (engine.threads: 0).
 DEFAULT_THREADS = torch.get_num_threads()
 
@@ -170,26 +168,18 @@ class LlmEngine:
         if not isinstance(eviction_config, EvictionConfig):
             raise TypeError(
                 f'eviction_config must be an EvictionConfig, got {eviction_config!r}')
-        self.engine_config = engine_config
         self.eviction_config = eviction_config
-        # The embedded GGUF, loaded here (not a model a caller built): decode_weights gguf's
-        # blocks are its weights.
-        self.embedded_model = model is None and not engine_config.model_path
         self.scorer = make_scorer(eviction_config)
         self.clock = clock
-        # s/step of each format probed by decode_weights auto; empty when it was named.
-        self.step_format_probe = {}
-        # Why ``auto`` did not probe ``gguf`` (None when it did or was not asked to choose).
-        self.gguf_skipped = None
-        # The GGUF file served on its own blocks (engine/gguf): ``engine.model_path: <file>.gguf``
-        # or the embedded one on the CPU (model_source.gguf_to_serve); else None.
-        self.gguf_file = None
-        gguf_path = (model_source.gguf_to_serve(engine_config, transformers_model)
-                     if model is None else None)
-        if gguf_path is not None:
-            self._load_gguf(gguf_path, tokenizer)
-        else:
-            self._load_transformers(model, tokenizer, step_blocks)
+        loaded = load_model(engine_config, model, tokenizer, step_blocks, transformers_model)
+        # engine_config with ``auto`` resolved; model: None for a GGUF on its own blocks;
+        # gguf_file: the GGUF served on its own blocks, else None; step_format_probe: s/step
+        # of each format decode_weights auto timed; gguf_skipped: why auto did not time gguf.
+        self.engine_config = loaded.engine_config
+        self.forward, self.model, self.tokenizer = loaded.forward, loaded.model, loaded.tokenizer
+        self.vocab_size, self._eos_token_ids = loaded.vocab_size, loaded.eos_token_ids
+        self.gguf_file, self.gguf_skipped = loaded.gguf_file, loaded.gguf_skipped
+        self.step_format_probe = loaded.step_format_probe
         # Forward passes run so far (prefill chunks and decoding steps): shows that the
         # model never ran for a goal, whatever forward is in use.
         self.n_forward_passes = 0
@@ -229,94 +219,6 @@ class LlmEngine:
         twin.step_format_probe = dict(self.step_format_probe)
         twin.n_forward_passes, twin._schemas = 0, None
         return twin
-
-    def _load_gguf(self, path, tokenizer) -> None:
-        """Serve the GGUF file at ``path`` on its own blocks (engine/models).
-
-        No transformers model is built (``self.model`` stays None); the tokenizer and chat
-        template come from the file. ``decode_weights`` becomes ``gguf`` (what every step
-        runs) and ``prefill_dtype`` what ``auto`` resolved to. On another device (a GPU) the
-        same decoder holds the weights dequantized there in ``engine.dtype`` and decodes on
-        static buffers as CUDA graphs (engine/models/static_step.py); ``decode_weights`` then
-        names that dtype. The same dense decoder runs on the CPU when ``decode_weights``
-        names a dtype (float32, float16, bfloat16): what the GPU runs, without the kernels
-        (tests, the GPU check's CPU dry run). The device memory the weights take is logged.
-        """
-        from timebill_ros.engine.gguf.file import GgufFile
-        from timebill_ros.engine.gguf.tokenizer import build_tokenizer
-        from timebill_ros.engine.models import load_decoder
-        from timebill_ros.engine.models.weights import prefill_dtype
-        config = self.engine_config
-        if config.threads > 0:
-            torch.set_num_threads(config.threads)
-        self.gguf_file = GgufFile(path)
-        device = torch.device(config.device)
-        dense = config.decode_weights in DTYPES  # a dense dtype named (on the CPU too)
-        if device.type == 'cpu' and not dense:
-            self.forward = load_decoder(self.gguf_file)
-            gemm_dtype = prefill_dtype(config.prefill_dtype)
-            self.forward.prefill_dtype = getattr(torch, gemm_dtype)
-            step_format = GGUF_FORMAT
-        else:
-            avoid_cudnn_attention(device)  # before any timed pass
-            step_format = config.decode_weights if dense else config.dtype
-            self.forward = load_decoder(self.gguf_file, device, DTYPES[step_format])
-            self.forward.static_steps.max_bytes = int(config.step_buffers_mb * 1e6)
-            self.forward.static_steps.warm()  # one-row graphs up to 4k KV, before any timing
-            gemm_dtype = config.prefill_dtype
-            _log_device_memory(path, device, self.forward.weight_bytes)
-        self.model = None
-        self.vocab_size = self.forward.vocab_size
-        self.tokenizer = tokenizer if tokenizer is not None else build_tokenizer(self.gguf_file)
-        self._eos_token_ids = _eos_token_ids(None, self.tokenizer, self.gguf_file)
-        self.engine_config = dataclasses.replace(config, decode_weights=step_format,
-                                                 prefill_dtype=gemm_dtype)
-
-    def _load_transformers(self, model, tokenizer, step_blocks) -> None:
-        """Serve a transformers model (given, a directory, or the converted embedded GGUF)."""
-        engine_config = self.engine_config
-        if engine_config.prefill_dtype != 'auto':
-            raise ValueError(f'engine.prefill_dtype {engine_config.prefill_dtype!r} applies to a '
-                             '.gguf model_path; a transformers model prefills in engine.dtype '
-                             '(leave prefill_dtype auto)')
-        if model is None or tokenizer is None:
-            model_dir = model_source.resolve_model_dir(engine_config)
-            if tokenizer is None:
-                tokenizer = _load_tokenizer(model_dir)
-            if model is None:
-                model = _load_model(model_dir, engine_config)
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        # Token ids the model reads and scores.
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self._eos_token_ids = _eos_token_ids(model, tokenizer)
-        avoid_cudnn_attention(next(model.parameters()).device)  # before any timed pass
-        if engine_config.decode_weights == 'auto' and _lean_chosen(self.model, engine_config):
-            self._choose_step_format()
-        else:
-            self.forward = make_forward(self.model, engine_config, step_blocks)
-
-    def _choose_step_format(self) -> None:
-        """Resolve ``decode_weights: auto`` by timing steps (engine/step_format.py).
-
-        ``engine_config`` then names the chosen format, so calibration files key on it.
-        """
-        def make(name):
-            return make_forward(self.model,
-                                dataclasses.replace(self.engine_config, decode_weights=name))
-
-        token_ids = self.random_ids(PROBE_KV)
-        if self.engine_config.threads > 0:
-            torch.set_num_threads(self.engine_config.threads)
-        formats = ('float32', 'float16')
-        self.gguf_skipped = ('the model was given by the caller' if not self.embedded_model
-                             else _gguf_unusable_reason(self.model, self.engine_config))
-        if self.gguf_skipped is None:
-            formats += (GGUF_FORMAT,)
-        with torch.inference_mode():
-            chosen, self.forward, self.step_format_probe = choose_step_format(
-                make, lambda forward: forward_step_s(forward, token_ids), formats)
-        self.engine_config = dataclasses.replace(self.engine_config, decode_weights=chosen)
 
     def bind_thread(self) -> None:
         """Make torch ops started from the calling thread use ``engine.threads`` threads.
@@ -436,7 +338,7 @@ class LlmEngine:
         ``prefix_store``, for goals) that afterwards keeps the prompt's blocks it lacks
         (before any eviction; the copy is in ``prefill_s``).
         """
-        ids = self._check_ids(input_ids)
+        ids = _checked_ids(input_ids, self.vocab_size, self.context_tokens)
         plan = chunk_plan or fixed_chunks(self.engine_config.prefill_chunk_tokens)
         window = self.eviction_config.window_size
         self.synchronize()  # the work queued before is not this prefill's
@@ -444,7 +346,7 @@ class LlmEngine:
         cache = self.forward.new_cache()
         pool = HiddenPool(self.forward.norm_eps, self.pool_layers,
                           store.block_tokens if store is not None else 0)
-        begin = self._load_prefix(ids, prefix, cache, pool)
+        begin = load_prefix(self.forward, ids, prefix, cache, pool, self.pool_layers)
         n_cached, sizes = begin, _chunk_sizes(plan, begin, len(ids))
         by_layer = len(sizes) > 1 and hasattr(self.forward, 'run_by_layer')
         if by_layer:  # ``stop`` too is checked before each layer of each chunk
@@ -461,7 +363,7 @@ class LlmEngine:
                 raise GenerationStopped(exc.reason) from None
         first = int(logits.argmax())
         if store is not None:
-            self._keep_prefix(store, ids, cache, pool, hooks.interrupt)
+            keep_prefix(self.forward, store, ids, cache, pool, hooks.interrupt)
         pooled = pool.features()
         self.synchronize()
         return PrefillState(cache, len(ids), first, hooks.inputs, self.clock() - start,
@@ -477,60 +379,6 @@ class LlmEngine:
             logits = self._forward(ids[begin:begin + size], begin, cache, step=False)
             begin += size
         return logits
-
-    def _load_prefix(self, ids, prefix, cache, pool) -> int:
-        """Copy ``prefix``'s KV into ``cache`` and seed ``pool``; return its tokens (0: none)."""
-        if prefix is None or not prefix.n_tokens:
-            return 0
-        size = len(prefix.blocks[0].tokens)
-        if (prefix.n_tokens >= len(ids) or prefix.n_tokens != size * len(prefix.blocks)
-                or any(block.tokens != tuple(ids[i * size:(i + 1) * size])
-                       for i, block in enumerate(prefix.blocks))):
-            raise ValueError(f'prefix of {prefix.n_tokens} tokens is not a head of these '
-                             f'{len(ids)} prompt tokens')
-        pooled = prefix.pool_sum()
-        if pooled is None or pooled.shape[0] != len(self.pool_layers):
-            raise ValueError('prefix was stored for other pooled layers')
-        with torch.inference_mode():
-            for layer_idx in range(self.n_layers):
-                keys = torch.cat([block.kv[layer_idx, 0] for block in prefix.blocks], dim=1)
-                values = torch.cat([block.kv[layer_idx, 1] for block in prefix.blocks], dim=1)
-                self.forward.append_kv(cache, layer_idx, keys.unsqueeze(0),
-                                       values.unsqueeze(0))
-        pool.seed(pooled, prefix.n_tokens)
-        return prefix.n_tokens
-
-    def _keep_prefix(self, store, ids, cache, pool, interrupt=None) -> None:
-        """Store the full blocks of ``ids`` the store lacks, from ``cache`` and ``pool``.
-
-        ``interrupt`` is checked before each block's copy (a block of a long prompt's KV is
-        megabytes; the whole prompt's, ~90 MB for 2.4k tokens of Gemma 3 270M, took ~20 ms
-        past a deadline): when it fires, the blocks copied so far stay stored and the rest are
-        not, and the goal stops at its next check.
-        """
-        size = store.block_tokens
-
-        def make_block(index):
-            if interrupt is not None and interrupt.check(0, None, len(ids)) is not None:
-                return None
-            pooled = pool.block_sum(index)
-            if pooled is None:  # a copied head block the store dropped meanwhile
-                return None
-            return self._block_kv(cache, index * size, (index + 1) * size), pooled
-
-        store.insert(ids, make_block)
-
-    def _block_kv(self, cache, begin: int, end: int) -> torch.Tensor:
-        """Return a copy of positions [begin, end) of every layer's KV, (L, 2, H, n, D)."""
-        with torch.inference_mode():
-            parts = []
-            for layer in range(self.n_layers):
-                keys, values = self.forward.layer_kv(cache, layer)
-                parts += [keys[0, :, begin:end], values[0, :, begin:end]]
-            # One stack, not 2 L copies: on a GPU each copy is a kernel launch (a 3k-token
-            # prompt's 47 blocks of SmolLM2 were ~2.9k launches).
-            stacked = torch.stack(parts)  # (2 L, H, n, D)
-            return stacked.view(self.n_layers, 2, *stacked.shape[1:])
 
     def pin_prefix(self, system_prompt: str) -> int:
         """Prefill the templated head of ``system_prompt`` and pin it in the store.
@@ -614,66 +462,6 @@ class LlmEngine:
         """Return an empty :class:`DecodeBatch` on this engine (goals join between steps)."""
         return DecodeBatch(self)
 
-    def measure_prefill_s(self, n_x: int, repeats: int = 1) -> float:
-        """Return the median seconds to prefill ``n_x`` random non-special tokens."""
-        check_count('n_x', n_x, maximum=self.context_tokens)
-        check_count('repeats', repeats)
-        ids = self.random_ids(n_x)
-        return statistics.median(
-            self.prefill(ids, StopCriteria()).prefill_s for _ in range(repeats))
-
-    def measure_decode_step_s(self, n_kv: int, steps: int = 8) -> float:
-        """Return the mean seconds of one decoding step with ``n_kv`` tokens cached.
-
-        The cache is filled by a prefill of ``n_kv`` random tokens (not timed). The steps run
-        through :meth:`decode` itself - stop checks, text streaming and a feedback callback
-        included - so the estimate covers what the server pays per token, not only the
-        model's forward. The cache grows by one token per step.
-        """
-        check_count('steps', steps)
-        check_count('n_kv', n_kv, maximum=self.context_tokens - steps - 1)
-        state = self.prefill(self.random_ids(n_kv), StopCriteria())
-        out = self.decode(state, steps + 1, StopCriteria(), on_tokens=lambda n, text: None,
-                          feedback_every=self.engine_config.feedback_every_tokens)
-        # Token 1 comes from the prefill; each further token is one decoding step.
-        return out.decode_s / (len(out.token_ids) - 1)
-
-    def measure_batch_step_s(self, batch_size: int, n_kv: int, steps: int = 4) -> float:
-        """Return the mean seconds of one decoding step of ``batch_size`` goals together.
-
-        Each goal is a prefill of ``n_kv`` random tokens (not timed); the first step is not
-        timed either; then ``steps`` steps of the engine's own batch.
-        """
-        check_count('batch_size', batch_size, maximum=self.forward.max_batch)
-        check_count('steps', steps)
-        check_count('n_kv', n_kv, maximum=self.context_tokens - steps - 2)
-        batch = self.new_batch()
-        for _ in range(batch_size):
-            batch.join(self.prefill(self.random_ids(n_kv), StopCriteria()), steps + 2,
-                       StopCriteria())
-        batch.step()
-        self.synchronize()
-        start = self.clock()
-        for _ in range(steps):
-            batch.step()
-        self.synchronize()
-        return (self.clock() - start) / steps
-
-    def measure_probe(self, n_in: int, n_out: int) -> Probe:
-        """Time one generation of exactly ``n_out`` tokens after ``n_in`` random tokens.
-
-        The server's own prefill and decode loop run (stop checks, text streaming and a
-        feedback callback included); no KV eviction; EOS does not stop it, so the answer is
-        exactly ``n_out`` tokens. Returns the prefill seconds and each decoding step's seconds.
-        """
-        check_count('n_out', n_out)
-        check_count('n_in', n_in, maximum=self.context_tokens - n_out + 1)
-        state = self.prefill(self.random_ids(n_in), StopCriteria())
-        timer = StepTimer(self.clock, sync=self.synchronize)
-        self.decode(state, n_out, StopCriteria([timer]), on_tokens=lambda n, text: None,
-                    feedback_every=self.engine_config.feedback_every_tokens)
-        return Probe(n_in, n_out, state.prefill_s, tuple(timer.step_durations_s()))
-
     def layer_kv(self, state: PrefillState, layer_idx: int):
         """Return layer ``layer_idx``'s live keys and values of ``state``, each (1, H, N, D)."""
         return self.forward.layer_kv(state.cache, layer_idx)
@@ -705,124 +493,6 @@ class LlmEngine:
             keep = torch.cat([keep, answer.expand(*keep.shape[:2], -1)], dim=-1)
         self.forward.keep(cache, layer_idx, keep)
 
-    def _check_ids(self, input_ids) -> list:
-        """Return ``input_ids`` as a list after checking type, range and length."""
-        if not isinstance(input_ids, (list, tuple)) or not input_ids:
-            raise TypeError(f'input_ids must be a non-empty list of ints, got {input_ids!r}')
-        vocab = self.vocab_size
-        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f'input_ids hold ids outside [0, {vocab}): {bad[:5]!r}')
-        if len(input_ids) > self.context_tokens:
-            raise ValueError(f'prompt of {len(input_ids)} tokens exceeds the context of '
-                             f'{self.context_tokens} tokens')
-        return list(input_ids)
-
     def random_ids(self, n_tokens: int) -> list:
         """Return ``n_tokens`` reproducible random ids, no special token."""
-        vocab = self.vocab_size
-        allowed = torch.ones(vocab, dtype=torch.bool)
-        special = [t for t in self.tokenizer.all_special_ids if 0 <= t < vocab]
-        allowed[special] = False
-        candidates = allowed.nonzero().squeeze(1)
-        generator = torch.Generator().manual_seed(n_tokens)
-        picks = torch.randint(len(candidates), (n_tokens,), generator=generator)
-        return candidates[picks].tolist()
-
-
-def _log_device_memory(path, device: torch.device, weight_bytes: int) -> None:
-    """Log (stderr) the device memory a GGUF file's dense weights take, MB."""
-    allocated = (torch.cuda.memory_allocated(device) if device.type == 'cuda' else 0) / 1e6
-    logging.getLogger('timebill_ros.engine').warning(
-        '%s on %s: weights %.1f MB, %.1f MB allocated on the device', pathlib.Path(path).name,
-        device, weight_bytes / 1e6, allocated)
-
-
-def _lean_chosen(model, engine_config: EngineConfig) -> bool:
-    """Return True when ``engine.forward`` puts ``model`` on the lean forward."""
-    if engine_config.forward == 'transformers':
-        return False
-    return engine_config.forward == 'lean' or unsupported_reason(model) is None
-
-
-def make_forward(model, engine_config: EngineConfig, step_blocks=None) -> Forward:
-    """Return the forward pass ``engine_config.forward`` names for ``model``.
-
-    step_blocks: the GGUF blocks of ``decode_weights: gguf`` (None: the embedded GGUF's).
-
-    ``auto``: the lean forward when the model is Llama-family, else transformers'.
-    ``engine.decode_weights`` applies to the lean forward only (``auto`` is resolved by
-    LlmEngine before this; here it means the model's dtype).
-    """
-    if not _lean_chosen(model, engine_config):
-        return TransformersForward(model)
-    reason = unsupported_reason(model)
-    if reason is not None:
-        raise ValueError(f'engine.forward is lean, but {reason}')
-    if engine_config.decode_weights == GGUF_FORMAT:
-        if step_blocks is None:
-            step_blocks = _gguf_step_blocks(model, engine_config)
-        return LeanLlamaForward(model, None, step_blocks)
-    return LeanLlamaForward(model, STEP_DTYPES.get(engine_config.decode_weights))
-
-
-def _gguf_unusable_reason(model, engine_config: EngineConfig) -> Optional[str]:
-    """Return why ``decode_weights: gguf`` cannot run ``model`` here, or None when it can.
-
-    It needs the embedded GGUF model in fp32 on the CPU and the kernels built for this CPU
-    (a C++ compiler at the first start; engine/kernels).
-    """
-    if engine_config.model_path:
-        return 'the model is a transformers directory (engine.model_path), not the GGUF'
-    if model.dtype != torch.float32 or model.device.type != 'cpu':
-        return f'the model runs in {model.dtype} on {model.device}, the kernels in fp32 on a CPU'
-    try:
-        kernels.load()
-    except RuntimeError as exc:
-        return str(exc)
-    return None
-
-
-def _gguf_step_blocks(model, engine_config: EngineConfig) -> dict:
-    """Return the GGUF step blocks of ``decode_weights: gguf`` (the embedded model only)."""
-    from timebill_ros.engine.gguf_weights import read_step_blocks
-    if engine_config.model_path:
-        raise ValueError('engine.decode_weights gguf reads the embedded GGUF model; '
-                         f'engine.model_path is {engine_config.model_path!r}')
-    return read_step_blocks(model_source.embedded_gguf_path(), model.config)
-
-
-def _load_tokenizer(model_dir):
-    """Load the tokenizer of ``model_dir`` from disk only."""
-    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-
-
-def _load_model(model_dir, engine_config: EngineConfig):
-    """Load the causal LM of ``model_dir`` with the config's device, dtype and threads."""
-    if engine_config.threads > 0:
-        torch.set_num_threads(engine_config.threads)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=DTYPES[engine_config.dtype], attn_implementation=ATTN_IMPLEMENTATION,
-        local_files_only=True)
-    return model.to(engine_config.device).eval()
-
-
-def _eos_token_ids(model, tokenizer, gguf_file=None) -> tuple:
-    """Return the sorted EOS ids: model/generation config, tokenizer, end-of-turn tokens.
-
-    model: a transformers model, or None for a GGUF file (``gguf_file``: its EOS / EOT ids).
-    """
-    ids = set()
-    if model is not None:
-        generation_config = getattr(model, 'generation_config', None)
-        values = [getattr(generation_config, 'eos_token_id', None), model.config.eos_token_id]
-    else:
-        from timebill_ros.engine.gguf.tokenizer import eos_token_ids
-        values = eos_token_ids(gguf_file)
-    for value in values + [tokenizer.eos_token_id]:
-        ids.update([value] if isinstance(value, int) else value or ())
-    for token in END_OF_TURN_TOKENS:
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-            ids.add(token_id)
-    return tuple(sorted(ids))
+        return random_ids(self.tokenizer, self.vocab_size, n_tokens)

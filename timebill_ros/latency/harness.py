@@ -1,7 +1,8 @@
 """Measurement harness: time the server's engine over a grid of prompt lengths.
 
 The engine is used through one method (duck typing):
-``engine.measure_probe(n_in: int, n_out: int) -> Probe`` (see :class:`LlmEngine`), which
+``engine.measure_probe(n_in: int, n_out: int) -> Probe`` (an LlmEngine's through
+timing/probes.py's EngineProbes), which
 runs the server's own prefill and decode loop with eviction off and EOS ignored.
 """
 
@@ -11,6 +12,7 @@ from typing import Callable, Optional, Sequence
 
 from timebill_ros.latency.grid import GridRun, LatencyGrid
 from timebill_ros.engine.probe import timed_probe
+from timebill_ros.timing.probes import probes_of
 from timebill_ros.checks import check_int, check_nonneg_real
 
 WARM_UP_TOKENS = 8
@@ -43,6 +45,7 @@ def measure_grid(engine, n_in_values: Sequence[int], n_out_max: int, *, repeats=
     repeats = check_int('repeats', repeats, 1)
     cooldown_s = check_nonneg_real('cooldown_s', cooldown_s)
     say = progress or (lambda _msg: None)
+    engine = probes_of(engine)
     start = clock()
     say(f'warm-up: n_in={lengths[-1]}, n_out={WARM_UP_TOKENS}')
     timed_probe(engine, lengths[-1], min(WARM_UP_TOKENS, n_out_max))

@@ -12,6 +12,8 @@ import dataclasses
 
 import numpy as np
 
+from timebill_ros.timing.probes import probes_of
+
 BATCH_SIZES = (1, 2, 4, 8)
 BATCH_KV = (128, 1024)  # cached tokens per row of a probe
 
@@ -67,12 +69,12 @@ def probe_batches(engine, sizes=BATCH_SIZES, kv_lengths=BATCH_KV, steps=4, progr
     through the engine's own batch (stop checks included). Sizes above the engine's forward
     ``max_batch`` are skipped.
     """
-    points = []
+    points, probes = [], probes_of(engine)
     for n_kv in kv_lengths:
         for size in sizes:
             if size > engine.forward.max_batch:
                 continue
-            seconds = engine.measure_batch_step_s(size, n_kv, steps)
+            seconds = probes.measure_batch_step_s(size, n_kv, steps)
             points.append((size, size * (n_kv + 1), seconds))
             if progress is not None:
                 progress(f'batch B={size} N_kv={n_kv}: {seconds:.4f} s/step')

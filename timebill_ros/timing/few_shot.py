@@ -16,6 +16,7 @@ from timebill_ros.timing.design import GridDesign
 from timebill_ros.timing.selection import exponential_inputs, output_lengths
 from timebill_ros.checks import check_int
 from timebill_ros.engine.probe import timed_probe
+from timebill_ros.timing.probes import probes_of
 from timebill_ros.timing.profiler import engine_config_of, held_out_mape, key_fields
 from timebill_ros.timing.model import (Calibration, TimingCoefficients, fit_decode, fit_prefill,
                                        now_iso)
@@ -164,6 +165,7 @@ def few_shot_profile(engine, *, engine_config=None, k=PROBES, max_tokens=MAX_TOK
     if time_limit_s is not None and (not math.isfinite(time_limit_s) or time_limit_s <= 0):
         raise ValueError(f'time_limit_s must be finite and > 0, got {time_limit_s!r}')
     say = progress or (lambda _msg: None)
+    engine = probes_of(engine)
     probes = few_shot_probes(engine.context_tokens, k, max_tokens, seed)
     start = clock()
     say(f'few-shot calibration: {len(probes)} probes (n_in, n_out) {list(probes)}')

@@ -5,7 +5,9 @@ lengths and fits Eq. 4 to them (:mod:`timebill_ros.timing.model`). :func:`load_o
 is what the server calls at start-up: an explicit calibration file, else the per-user cache
 entry, else a short, time-bounded start-up profiling run that is then cached.
 
-The engine is used only through this protocol (duck typing), so any object offering it works:
+The engine is used only through this protocol (duck typing): an LlmEngine through
+timing/probes.py's EngineProbes, or any object offering it (a fake in tests, llama.cpp's
+engine in bench/):
 
 * ``engine.measure_prefill_s(n_x: int, repeats: int = 1) -> float``: median seconds of the
   prefill of an ``n_x``-token prompt;
@@ -28,6 +30,7 @@ import numpy as np
 from timebill_ros.checks import check_int, check_lengths
 from timebill_ros.config import EngineConfig
 from timebill_ros.engine import model_source
+from timebill_ros.timing.probes import probes_of
 from timebill_ros.timing.model import (
     METHODS, Calibration, TimingCoefficients, fit_decode, fit_prefill, mape, now_iso)
 
@@ -345,6 +348,7 @@ def profile(engine, grid, *, held_out_every=3, time_limit_s=None, clock=time.mon
     """
     if not isinstance(grid, ProfileGrid):
         raise TypeError(f'grid must be a ProfileGrid, got {grid!r}')
+    engine = probes_of(engine)
     grid.check_fits(_check_engine(engine))
     _check_profile_args(held_out_every, time_limit_s, clock, progress)
     model_key, device, dtype, threads = key_fields(engine_config_of(engine, engine_config))
