@@ -5,7 +5,7 @@ prompt during its own prefill (engine.forward.HiddenPool, as the server's readou
 them); the same readout head (ordinal, B = 64, median, 6 epochs, val picks the epoch) is
 trained on each layer set, with several seeds each, and scored on the family-held-out test
 split beside the constant mean and the 40 % bar. The features are cached with the server's
-(rlp/prefill_features.py; ~15 min on 2 cores the first time).
+(training/prefill_features.py; ~15 min on 2 cores the first time).
 
     python benchmarks/readout_layers.py [--layers "30;22,30;15,30;8,15,22,30"] [--seeds 3]
         [--out FILE.md]

@@ -7,7 +7,7 @@
 
 Issue 14 asks for a smaller, faster ONNX (172 MB, mostly the 49k x 576 embedding table).
 The int8 files are made by ``onnxruntime.quantization.quantize_dynamic`` (int8 weights;
-activations quantized at run time; rlp.export.quantize_int8) from an fp32 export, next to it
+activations quantized at run time; training.export.quantize_int8) from an fp32 export, next to it
 (``..._rlp.fp32.int8-<i>.onnx``), in four variants (``VARIANTS``; the last, embedding only, is
 what ``make predictor`` ships): MatMul and Gather weights (the embedding table included)
 per tensor, the same per channel, MatMul only (the embedding stays fp32) and the embedding
@@ -30,7 +30,7 @@ import time
 LENGTHS = (32, 128, 512, 1024, 2048)
 
 
-# Keyword arguments of rlp.export.quantize_int8 per variant.
+# Keyword arguments of training.export.quantize_int8 per variant.
 VARIANTS = {'int8': {}, 'int8 per-channel': {'per_channel': True},
             'int8 MatMul only (fp32 embedding)': {'op_types': ['MatMul']},
             'int8 embedding only (fp32 MatMul)': {'op_types': ['Gather']}}

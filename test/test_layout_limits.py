@@ -91,3 +91,16 @@ def test_the_checks_see_what_they_limit():
     sizes = class_sizes()
     assert any(name == 'LlmEngine' for _, _, name in sizes.values())
     assert policy_class_attributes()['KillPolicy'] == {'name', 'code'}
+
+
+def test_no_text_names_the_rlp_package_that_became_training():
+    """``rlp/`` became ``training/`` (and its server half ``predictors/``): no stale paths."""
+    import re
+    stale = re.compile(r'(?<![\w/])rlp[./](models|readout|corpus|export|prefill_features|'
+                       r'compress|dataset)\b')
+    found = [f'{path.relative_to(PACKAGE.parent)}: {match.group(0)}'
+             for folder in (PACKAGE, PACKAGE.parent / 'benchmarks')
+             for path in sorted(folder.rglob('*.py'))
+             for match in stale.finditer(path.read_text(encoding='utf-8'))]
+    assert found == []
+    assert stale.search('see rlp/models/rlp.py') and not stale.search('data/rlp/x.jsonl')

@@ -184,7 +184,7 @@ def _pool_layers(args, engine):
 
 
 def _features(engine, config, splits, layers):
-    """Return prompt id -> pooled prefill states of every example (rlp.prefill_features)."""
+    """Return prompt id -> pooled prefill states of every example (training.prefill_features)."""
     from timebill_ros.training.prefill_features import default_features_path, prefill_features
     examples = [e for split in splits.values() for e in split]
     path = default_features_path(engine.model_key, config.engine.model_cache_dir or None)

@@ -3,7 +3,7 @@
 Prompt compression (TimeBill Sec. 5.2): t^_Predict(N_p) = a_p N_p^2 + b_p N_p + c_p is fitted
 at load time by timing the session on random ids; each call reads at most the largest N_p with
 t^_Predict(N_p) <= t^_prefill(N_x), clamped to [min_input_tokens, max_input_tokens], and
-:func:`compress_ids` keeps the head and tail of the prompt (see rlp/compress.py for why).
+:func:`compress_ids` keeps the head and tail of the prompt (see predictors/compress.py for why).
 """
 
 import dataclasses
@@ -198,7 +198,7 @@ class OnnxRlpPredictor(LengthPredictor):
         return max(self.min_input_tokens, cap)
 
     def to_tokens(self, output: np.ndarray, n_max: int, q: Optional[float] = None) -> int:
-        """Return N^ (or with ``q`` N^_q) of one output, tokens (rlp.readout.OutputFormat)."""
+        """Return N^ (or with ``q`` N^_q) of one output, tokens (readout.OutputFormat)."""
         return self.format.to_tokens(output, n_max, q)
 
     def _output(self, input_ids):

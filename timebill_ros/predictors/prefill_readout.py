@@ -1,6 +1,6 @@
 """N^ read from the goal's own prefill: the exported readout head, run with onnxruntime.
 
-The head (rlp/models/prefill_readout.py) reads the decoder layers' states the prefill pooled
+The head (training/models/prefill_readout.py) reads the decoder layers' states the prefill pooled
 (engine.PrefillState.pooled, (1, 2 x layers x hidden); the service makes the engine pool the
 layers named in the file), so it runs after the prefill, in well under a millisecond, instead
 of beside it as the RLP does. Its time, measured at load, is what the

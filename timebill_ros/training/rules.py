@@ -7,7 +7,7 @@ spaCy and its trained pipelines cannot be installed here (the machines are offli
 rule below is written with plain regular expressions over the lower-cased text and short word
 lists of our own instead of POS tags. Each score is ``weight * count`` of what the rule finds;
 it is 0.0 when the rule finds nothing. The lists are small and tuned on Table I's examples and
-on the corpus templates (``rlp.corpus``), so this is an approximation of RT-LM's rules, not
+on the corpus templates (``training.corpus``), so this is an approximation of RT-LM's rules, not
 a reimplementation of them.
 """
 

@@ -54,7 +54,7 @@ class ReadoutNet(nn.Module):
 
 
 class PrefillReadoutModel(RlpModel):
-    """Trains a :class:`ReadoutNet` on pooled prefill states (rlp.prefill_features).
+    """Trains a :class:`ReadoutNet` on pooled prefill states (training.prefill_features).
 
     Args:
         final_norm: the target model's final norm multiplier (hidden,), as its forward applies
@@ -110,7 +110,7 @@ class PrefillReadoutModel(RlpModel):
             return self.features[example.prompt_id]
         except KeyError:
             raise ValueError(f'no prefill features for prompt {example.prompt_id!r}: '
-                             'run rlp.prefill_features over it first') from None
+                             'run training.prefill_features over it first') from None
 
     def _raw(self, example) -> torch.Tensor:
         return self.net.raw(self._feature(example))

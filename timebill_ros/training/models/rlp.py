@@ -3,7 +3,7 @@
 Embedding + the target LLM's own first L decoder layers (RMSNorm, causal attention, RMSNorm,
 SwiGLU FFN, all transformers' ``LlamaDecoderLayer``) + the final RMSNorm + a classification
 head over ceil(N_model / B) buckets; N^ = min(N_max, n^ B) (Eq. 2), n^ the argmax
-bucket as in the paper or (default) the median of the bucket distribution (rlp/readout.py).
+bucket as in the paper or (default) the median of the bucket distribution (predictors/readout.py).
 Labels are the target model's own response lengths (the paper's knowledge-distillation
 set-up). ``bucket_tokens=None`` gives the regression variant of Table 1 (one output, the
 length / N_model).
