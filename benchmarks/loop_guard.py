@@ -27,7 +27,7 @@ def main(argv=None):
     from timebill_ros.config import EngineConfig, EvictionConfig
     from timebill_ros.engine import LlmEngine
     from timebill_ros.paths import cache_root
-    from timebill_ros.training import loops
+    from timebill_ros.bench import loop_guard as loops
     from timebill_ros.training.corpus import build_corpus
     answers_path = args.answers or os.path.join(cache_root(), 'loops', 'answers.jsonl')
     engine = LlmEngine.load(EngineConfig(), EvictionConfig())

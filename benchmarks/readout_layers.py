@@ -21,8 +21,8 @@ from timebill_ros.params import load_config
 from timebill_ros.engine import LlmEngine
 from timebill_ros.training.dataset import load_examples
 from timebill_ros.training.metrics import length_metrics
-from timebill_ros.training.models.base import true_lengths
-from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+from timebill_ros.training.heads.base import true_lengths
+from timebill_ros.training.heads.prefill_readout import PrefillReadoutModel
 from timebill_ros.training.prefill_features import default_features_path, prefill_features
 from timebill_ros.training.target import final_norm_weight
 

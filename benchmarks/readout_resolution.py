@@ -26,7 +26,7 @@ from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.stopping import StopCriteria
 from timebill_ros.predictors.contract import read_metadata
 from timebill_ros.predictors.prefill_readout import PrefillReadout
-from timebill_ros.predictors.readout import bucket_cdf
+from timebill_ros.predictors.length_distribution import bucket_cdf
 
 N_MAX, Q = 128, 0.9
 ROWS = 'benchmarks/results/robot_context/readout_resolution.json'

@@ -113,7 +113,7 @@ def test_a_bound_that_moves_later_is_decided_at_once(engine):
     Buckets of 16 tokens: 90 % of the answers end by 16, 10 % in 49-64. At the 0.85 level the
     end is 16 until token 6, when less than 85 % of what is left still ends by 16.
     """
-    from timebill_ros.predictors.readout import OutputFormat
+    from timebill_ros.predictors.length_distribution import OutputFormat
     fmt = OutputFormat('classification', bucket_tokens=16, n_model=128, readout='median')
     logits = [math.log(0.9), -1e9, -1e9, math.log(0.1)] + [-1e9] * 4
     rest = RestLength(16, 16, N_MAX, lambda n: fmt.rest_bounds(logits, N_MAX, n, 0.85))
@@ -145,7 +145,7 @@ def test_the_rest_comes_from_the_bound_then_n_max():
 
 def test_the_rest_is_read_from_the_distribution_given_the_tokens_so_far():
     """Four equally likely 16-token buckets: the rest shrinks to what is left above n."""
-    from timebill_ros.predictors.readout import OutputFormat
+    from timebill_ros.predictors.length_distribution import OutputFormat
     fmt = OutputFormat('classification', bucket_tokens=16, n_model=128, readout='median')
     logits = [0.0] * 4 + [-1e9] * 4  # lengths 1-64 only; the top bucket (>= 128) empty
     assert fmt.rest_bounds(logits, 128, 0, 0.9) == (32, 64)

@@ -25,8 +25,8 @@ from timebill_ros.training.dataset import Example
 from timebill_ros.training.decode_features import (
     answer_pooled, answer_states, checkpoints_of, decode_features)
 from timebill_ros.training.export import export_readout_onnx
-from timebill_ros.training.models.decode_readout import checkpoint_examples, DecodeReadoutModel
-from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+from timebill_ros.training.heads.decode_readout import checkpoint_examples, DecodeReadoutModel
+from timebill_ros.training.heads.prefill_readout import PrefillReadoutModel
 from timebill_ros.training.target import final_norm_weight
 
 PROMPT = 'The robot reports: ' + ' '.join(f'sensor {i} nominal.' for i in range(12))

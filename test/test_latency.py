@@ -18,14 +18,14 @@ from timebill_ros.timing.few_shot import few_shot_probes, few_shot_profile, rang
 from timebill_ros.latency.grid import GridRun, LatencyGrid
 from timebill_ros.latency.harness import measure_grid
 from timebill_ros.latency.hardware import Hardware
-from timebill_ros.latency.predictors.base import model_from_coefficients
-from timebill_ros.latency.predictors.linear import LinearRegression
-from timebill_ros.latency.predictors.roofline import Architecture, Roofline
-from timebill_ros.latency.predictors.roofline_lr import RooflineRegression
-from timebill_ros.latency.predictors.section_tps import SectionTps
-from timebill_ros.latency.predictors.simfli_lm import SimFLiLinear
-from timebill_ros.latency.predictors.simfli_sam import SimFLiSaturating, fit_saturating_tps
-from timebill_ros.latency.predictors.timebill_ls import TimeBillLeastSquares
+from timebill_ros.latency.estimators.base import model_from_coefficients
+from timebill_ros.latency.estimators.linear import LinearRegression
+from timebill_ros.latency.estimators.roofline import Architecture, Roofline
+from timebill_ros.latency.estimators.roofline_lr import RooflineRegression
+from timebill_ros.latency.estimators.section_tps import SectionTps
+from timebill_ros.latency.estimators.simfli_lm import SimFLiLinear
+from timebill_ros.latency.estimators.simfli_sam import SimFLiSaturating, fit_saturating_tps
+from timebill_ros.latency.estimators.timebill_ls import TimeBillLeastSquares
 from timebill_ros.engine.probe import Probe
 from timebill_ros.latency.wcet import GoalTiming, exceed_table
 from timebill_ros.engine.stopping import StepTimer, StopCriteria

@@ -26,7 +26,7 @@ from timebill_ros.predictors.contract import predictor_files
 from timebill_ros.training import collect as collect_mod
 from timebill_ros.training.corpus import build_corpus, quick_subset
 from timebill_ros.training.dataset import Example
-from timebill_ros.training.models.rlp import RlpNet
+from timebill_ros.training.heads.rlp import RlpNet
 from timebill_ros.training.prefill_features import FeatureSink, prefill_features
 from timebill_ros.training.target import final_norm_weight, load_target_model
 

@@ -20,8 +20,8 @@ from timebill_ros.predictors import FallbackPredictor, make_readout
 from timebill_ros.predictors.prefill_readout import PrefillReadout
 from timebill_ros.training.dataset import Example
 from timebill_ros.training.export import export_onnx, export_readout_onnx
-from timebill_ros.training.models.prefill_readout import PrefillReadoutModel, ReadoutNet
-from timebill_ros.training.models.rlp import RlpModel, RlpNet
+from timebill_ros.training.heads.prefill_readout import PrefillReadoutModel, ReadoutNet
+from timebill_ros.training.heads.rlp import RlpModel, RlpNet
 from timebill_ros.training.prefill_features import prefill_features
 from timebill_ros.training.target import final_norm_weight
 from timebill_ros.server import status

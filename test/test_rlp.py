@@ -24,9 +24,9 @@ from timebill_ros.training.dataset import Example, load_examples
 from timebill_ros.predictors.contract import read_metadata
 from timebill_ros.training.export import compare_with_torch, export_onnx
 from timebill_ros.training.metrics import length_metrics
-from timebill_ros.training.models.base import bucket_length, bucket_of
-from timebill_ros.training.models.rlp import (ordinal_log_probs, ordinal_threshold_logits,
-                                              RlpModel)
+from timebill_ros.training.heads.base import bucket_length, bucket_of
+from timebill_ros.training.heads.rlp import (ordinal_log_probs, ordinal_threshold_logits,
+                                             RlpModel)
 
 
 def test_corpus_is_deterministic_split_and_diverse():
@@ -388,7 +388,8 @@ def test_report_and_overlap_tables_format_every_row():
 
 
 def test_readouts_of_a_bucket_distribution():
-    from timebill_ros.predictors.readout import bucket_cdf, quantile_bucket, read_bucket
+    from timebill_ros.predictors.length_distribution import (bucket_cdf, quantile_bucket,
+                                                             read_bucket)
     # Most mass on bucket 0 (the mode), but 60 % beyond it: the median is further out.
     logits = np.log([0.4, 0.05, 0.05, 0.3, 0.2])
     assert np.allclose(bucket_cdf(logits), [0.4, 0.45, 0.5, 0.8, 1.0])
@@ -402,7 +403,7 @@ def test_readouts_of_a_bucket_distribution():
 
 
 def test_constant_mean_baseline_and_report_rows(tiny_model, smollm2_tokenizer):
-    from timebill_ros.training.models.constant_mean import ConstantMean
+    from timebill_ros.training.heads.constant_mean import ConstantMean
     from timebill_ros.training.report import evaluate_models
     train, test = planted(24, 'train'), planted(8, 'test')
     splits = {'train': train, 'val': planted(8, 'val'), 'test': test}
@@ -467,7 +468,7 @@ def test_family_view_holds_whole_families_out(tmp_path):
 
 def test_quantile_levels_are_calibrated_on_held_out_prompts(trained_rlp):
     """Each q gets the lowest level whose N^ covers a share q of held-out answers (>= q)."""
-    from timebill_ros.predictors.readout import OutputFormat, parse_quantile_levels
+    from timebill_ros.predictors.length_distribution import OutputFormat, parse_quantile_levels
     from timebill_ros.training.export import calibrate_quantiles, LEVEL_GRID
     # Held-out answers longer than the planted ones: the plain q-levels cover too few.
     held_out = [dataclasses.replace(e, n_tokens=min(64, e.n_tokens + 30))

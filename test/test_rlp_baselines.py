@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from timebill_ros.training.dataset import Example
-from timebill_ros.training.models.input_length_lr import InputLengthLR
-from timebill_ros.training.models.rtlm_mlp import RtlmMlpModel
+from timebill_ros.training.heads.input_length_lr import InputLengthLR
+from timebill_ros.training.heads.rtlm_mlp import RtlmMlpModel
 from timebill_ros.training.rules import RULE_NAMES, rule_scores
 
 N_MODEL = 512  # tokens

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from timebill_ros.training.dataset import Example
-from timebill_ros.training.models.bert_classifier import (
+from timebill_ros.training.heads.bert_classifier import (
     BertBucketClassifier, class_length, class_width, default_encoder_dir, proxymodel_5class,
     s3_10class)
 

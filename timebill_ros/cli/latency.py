@@ -86,7 +86,7 @@ def cmd_report(args, ros_args):
     from timebill_ros.latency import report
     from timebill_ros.timing.design import GridDesign
     from timebill_ros.latency.grid import LatencyGrid
-    from timebill_ros.latency.predictors.roofline import Architecture
+    from timebill_ros.latency.estimators.roofline import Architecture
     from timebill_ros.engine import DTYPES
     config = load_config(args.params, args.set)
     grid_path = os.path.join(args.out, 'grid.json')

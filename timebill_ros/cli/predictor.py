@@ -82,7 +82,7 @@ def cmd_train(args, ros_args):
     """Train the RLP on the train split (val picks the epoch); save it; optionally export."""
     import torch
     from timebill_ros.training.dataset import load_examples
-    from timebill_ros.training.models.rlp import RlpModel
+    from timebill_ros.training.heads.rlp import RlpModel
     from timebill_ros.cli.predictor_build import built_on
     from timebill_ros.training.target import load_target_model
     config = config_of(args)
@@ -153,7 +153,7 @@ def cmd_export(args, ros_args):
     """Export the trained RLP (.pt next to the ONNX path) to ONNX and check it."""
     import torch
     from timebill_ros.training.dataset import load_examples
-    from timebill_ros.training.models.rlp import RlpModel
+    from timebill_ros.training.heads.rlp import RlpModel
     from timebill_ros.training.target import load_target_model
     config = config_of(args)
     onnx_path, pt_path = _paths(args, config)
@@ -173,7 +173,7 @@ def cmd_export(args, ros_args):
 
 def _pool_layers(args, engine):
     """Return ``--pool-layers`` as a tuple of 1-based layers (default: middle and last)."""
-    from timebill_ros.training.models.prefill_readout import default_pool_layers
+    from timebill_ros.training.heads.prefill_readout import default_pool_layers
     if not args.pool_layers:
         return default_pool_layers(engine.n_layers)
     try:
@@ -200,7 +200,7 @@ def cmd_readout(args, ros_args):
     """Train the prefill readout on the engine's pooled prefill states; optionally export it."""
     import torch
     from timebill_ros.training.dataset import load_examples
-    from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+    from timebill_ros.training.heads.prefill_readout import PrefillReadoutModel
     from timebill_ros.cli.predictor_build import built_on
     from timebill_ros.training.target import final_norm_weight
     config = config_of(args)

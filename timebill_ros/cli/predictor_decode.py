@@ -3,7 +3,7 @@
 It reads the answers a collection kept (``answer_ids`` in the lengths file), teacher-forces
 each after its prompt (training/decode_features.py, one prefill of prompt + answer), and
 trains the readout on the prompt's and the answer's pooled states at decoding checkpoints
-(training/models/decode_readout.py). It prints, at each checkpoint k of the held-out
+(training/heads/decode_readout.py). It prints, at each checkpoint k of the held-out
 prompts, the rest's error beside the prefill readout's (the same distribution read from the
 prompt alone, conditioned on N > k, as timebill-online reads it without this file).
 """
@@ -32,7 +32,7 @@ def prefill_pool_layers(config, n_layers):
     (middle and last).
     """
     from timebill_ros.predictors.contract import predictor_files
-    from timebill_ros.training.models.prefill_readout import default_pool_layers
+    from timebill_ros.training.heads.prefill_readout import default_pool_layers
     meta_path = predictor_files(config)['readout'].with_suffix('.json')
     try:
         text = json.loads(meta_path.read_text())['pool_layers']
@@ -51,8 +51,8 @@ def cmd_decode_readout(args, ros_args):
     from timebill_ros.training.dataset import load_examples
     from timebill_ros.training.decode_features import (
         decode_features, default_decode_features_path)
-    from timebill_ros.training.models.decode_readout import (checkpoint_examples,
-                                                             DecodeReadoutModel)
+    from timebill_ros.training.heads.decode_readout import (checkpoint_examples,
+                                                            DecodeReadoutModel)
     from timebill_ros.training.target import final_norm_weight
     if args.rest_table:  # only the table of a saved run's rows
         data = json.loads(pathlib.Path(args.rest_table).read_text())
@@ -136,12 +136,13 @@ def rest_rows(model, examples, prefill=None, q: float = Q_REST) -> list:
     """Return per checkpoint example: k, the true rest, the decode and the prefill bounds.
 
     Each bound is (N^_rem, N^_rem,q) of the distribution conditioned on N > k at N_max =
-    N_model (predictors.readout.OutputFormat.rest_bounds); the prefill readout's is None
-    without one. A capped answer's true rest is N_model - k (what N_max = N_model leaves).
+    N_model (predictors.length_distribution.OutputFormat.rest_bounds); the prefill
+    readout's is None without one. A capped answer's true rest is N_model - k (what
+    N_max = N_model leaves).
     """
     import torch
-    from timebill_ros.predictors.readout import OutputFormat
-    from timebill_ros.training.models.decode_readout import n_generated_of
+    from timebill_ros.predictors.length_distribution import OutputFormat
+    from timebill_ros.training.heads.decode_readout import n_generated_of
     decode_format = OutputFormat('classification', model.bucket_tokens, model.n_model,
                                  model.readout, _levels(getattr(model, 'quantile_levels', '')))
     rows = []
@@ -165,7 +166,7 @@ def rest_rows(model, examples, prefill=None, q: float = Q_REST) -> list:
 
 
 def _levels(text):
-    from timebill_ros.predictors.readout import parse_quantile_levels
+    from timebill_ros.predictors.length_distribution import parse_quantile_levels
     return parse_quantile_levels(text or '')
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from timebill_ros.latency.predictors.base import LatencyPredictor
+from timebill_ros.latency.estimators.base import LatencyPredictor
 from timebill_ros.timing.selection import exponential_inputs, fsp_inputs, output_lengths
 
 EXPONENTIAL = 'exponential'

@@ -8,14 +8,14 @@ import numpy as np
 from timebill_ros.latency.evaluate import (
     EXPONENTIAL, FSP, FULL_GRID, NONE, Method, Target, choose_probes, evaluate, mean_scores,
     score_model)
-from timebill_ros.latency.predictors.base import model_from_coefficients
-from timebill_ros.latency.predictors.linear import LinearRegression
-from timebill_ros.latency.predictors.roofline import Roofline
-from timebill_ros.latency.predictors.roofline_lr import RooflineRegression
-from timebill_ros.latency.predictors.section_tps import SectionTps
-from timebill_ros.latency.predictors.simfli_lm import SimFLiLinear
-from timebill_ros.latency.predictors.simfli_sam import SimFLiSaturating
-from timebill_ros.latency.predictors.timebill_ls import TimeBillLeastSquares
+from timebill_ros.latency.estimators.base import model_from_coefficients
+from timebill_ros.latency.estimators.linear import LinearRegression
+from timebill_ros.latency.estimators.roofline import Roofline
+from timebill_ros.latency.estimators.roofline_lr import RooflineRegression
+from timebill_ros.latency.estimators.section_tps import SectionTps
+from timebill_ros.latency.estimators.simfli_lm import SimFLiLinear
+from timebill_ros.latency.estimators.simfli_sam import SimFLiSaturating
+from timebill_ros.latency.estimators.timebill_ls import TimeBillLeastSquares
 
 FEW_SHOT = 'few-shot Eq. 4 (`profile --few-shot`)'
 REFERENCE = 'TimeBill LS, full grid (reference)'

@@ -1,6 +1,6 @@
 """N^_rem read again at a checkpoint: the exported decode readout, run with onnxruntime.
 
-The head (training/models/decode_readout.py) reads the prompt's pooled states and the
+The head (training/heads/decode_readout.py) reads the prompt's pooled states and the
 answer's (the last layer's output of every decoding step, engine.PrefillState.answer_pool)
 as one pool of L + 1 layers, and gives the answer's length distribution; conditioned on the
 answer not having ended after k tokens it bounds the rest (OutputFormat.rest_bounds). A

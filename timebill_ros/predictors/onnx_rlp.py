@@ -19,7 +19,7 @@ import numpy as np
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.predictors.compress import compress_ids
 from timebill_ros.predictors.contract import INPUT_NAME, OUTPUT_NAME, read_metadata
-from timebill_ros.predictors.readout import OutputFormat
+from timebill_ros.predictors.length_distribution import OutputFormat
 from timebill_ros.timing.model import fit_prefill
 
 TIMING_LENGTHS = (16, 64, 256, 512, 1024, 2048)  # N_p probed for the t^_Predict fit, tokens
@@ -198,7 +198,7 @@ class OnnxRlpPredictor(LengthPredictor):
         return max(self.min_input_tokens, cap)
 
     def to_tokens(self, output: np.ndarray, n_max: int, q: Optional[float] = None) -> int:
-        """Return N^ (or with ``q`` N^_q) of one output, tokens (readout.OutputFormat)."""
+        """Return N^ (or with ``q`` N^_q) of one output, tokens (OutputFormat.to_tokens)."""
         return self.format.to_tokens(output, n_max, q)
 
     def _output(self, input_ids):

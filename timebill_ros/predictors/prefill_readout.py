@@ -1,6 +1,6 @@
 """N^ read from the goal's own prefill: the exported readout head, run with onnxruntime.
 
-The head (training/models/prefill_readout.py) reads the decoder layers' states the prefill pooled
+The head (training/heads/prefill_readout.py) reads the decoder layers' states the prefill pooled
 (engine.PrefillState.pooled, (1, 2 x layers x hidden); the service makes the engine pool the
 layers named in the file), so it runs after the prefill, in well under a millisecond, instead
 of beside it as the RLP does. Its time, measured at load, is what the
@@ -14,7 +14,7 @@ import numpy as np
 
 from timebill_ros.predictors.onnx_rlp import resolve_providers
 from timebill_ros.predictors.contract import OUTPUT_NAME, POOLED_NAME, read_metadata
-from timebill_ros.predictors.readout import OutputFormat
+from timebill_ros.predictors.length_distribution import OutputFormat
 
 TIMING_REPEATS = 20  # runs timed at load; the median is time_s
 

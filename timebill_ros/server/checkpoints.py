@@ -22,9 +22,9 @@ class RestLength:
     n_hat, n_w: N^ and N^_W of the prediction; n_max: N_max. rest_bounds: None, or
     ``n -> (N^_rem, N^_rem,q) or None`` from the predictor's length distribution
     conditioned on the answer not having ended by token n
-    (predictors.readout.OutputFormat.rest_bounds). ``decode_bounds`` (set before decoding,
-    the same form): the decode readout's, read first (predictors/decode_readout.py); an
-    error there is kept in ``decode_error`` and the prefill's distribution reads instead.
+    (predictors.length_distribution.OutputFormat.rest_bounds). ``decode_bounds`` (set before
+    decoding, the same form): the decode readout's, read first (predictors/decode_readout.py);
+    an error there is kept in ``decode_error`` and the prefill's distribution reads instead.
     Without either (or where they give None) the rest is N^_W - n, and N_max - n once the
     answer has run past N^_W.
     """

@@ -1,6 +1,6 @@
 """Pooled layer states of the engine's own prefill, per corpus prompt, cached on disk.
 
-What the prefill readout (training/models/prefill_readout.py) trains on: exactly what the server's
+What the prefill readout (training/heads/prefill_readout.py) trains on: exactly what the server's
 prefill hands it (engine.PrefillState.pooled), computed by the same engine over the whole
 chat-formatted prompt. One prefill per prompt (~270 k prompt tokens for the corpus: about 15
 min on 2 cores); the cache is keyed by a hash of the token ids, the forward and the layers

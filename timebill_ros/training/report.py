@@ -14,8 +14,8 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from timebill_ros.training.metrics import length_metrics, wcet_coverage, WITHIN_TOKENS
-from timebill_ros.training.models.base import true_lengths
-from timebill_ros.predictors.readout import READOUTS
+from timebill_ros.training.heads.base import true_lengths
+from timebill_ros.predictors.length_distribution import READOUTS
 
 # B = 16 / 32 / 64 as in TimeBill's Table 1, plus B = 8: at N_model = 128, B = 16 gives only
 # 8 buckets, coarser than S3's 10 classes; B = 8 (16 buckets) keeps the RLP the finest, as
@@ -28,7 +28,7 @@ WCET_FACTORS = (2.0, 5.0)  # k of TimeBill's N^_W = min(k N^, N_max) in that tab
 
 def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwargs) -> list:
     """Return untrained RLP models (one per B) sharing one trunk feature cache."""
-    from timebill_ros.training.models.rlp import RlpModel
+    from timebill_ros.training.heads.rlp import RlpModel
     head = kwargs.pop('head', 'softmax')
     return [RlpModel(engine.model, engine.encode, bucket_tokens=b, n_model=n_model,
                      feature_cache=feature_cache, log=log,
@@ -38,7 +38,7 @@ def rlp_variants(engine, n_model, feature_cache, log, buckets=RLP_BUCKETS, **kwa
 def readout_variants(engine, n_model, features, log, buckets=(64,), head='ordinal',
                      **kwargs) -> list:
     """Return untrained prefill readouts (one per B) on pooled prefill ``features``."""
-    from timebill_ros.training.models.prefill_readout import PrefillReadoutModel
+    from timebill_ros.training.heads.prefill_readout import PrefillReadoutModel
     from timebill_ros.training.target import final_norm_weight
     return [PrefillReadoutModel(final_norm_weight(engine), engine.n_layers, features,
                                 bucket_tokens=b, n_model=n_model, log=log,
@@ -51,10 +51,10 @@ def baseline_models(log) -> list:
 
     Constant mean, input-length LR, RT-LM rules + MLP, ProxyModel, S3.
     """
-    from timebill_ros.training.models.bert_classifier import proxymodel_5class, s3_10class
-    from timebill_ros.training.models.input_length_lr import InputLengthLR
-    from timebill_ros.training.models.rtlm_mlp import RtlmMlpModel
-    from timebill_ros.training.models.constant_mean import ConstantMean
+    from timebill_ros.training.heads.bert_classifier import proxymodel_5class, s3_10class
+    from timebill_ros.training.heads.input_length_lr import InputLengthLR
+    from timebill_ros.training.heads.rtlm_mlp import RtlmMlpModel
+    from timebill_ros.training.heads.constant_mean import ConstantMean
     return [ConstantMean(), InputLengthLR(), RtlmMlpModel(), proxymodel_5class(),
             s3_10class()]
 

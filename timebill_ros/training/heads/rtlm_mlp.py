@@ -15,8 +15,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from timebill_ros.training.models.base import LengthModel
-from timebill_ros.training.models.checks import input_arrays, label_arrays
+from timebill_ros.training.heads.base import LengthModel
+from timebill_ros.training.heads.checks import input_arrays, label_arrays
 from timebill_ros.training.rules import RULE_NAMES, rule_scores
 
 FEATURE_NAMES = RULE_NAMES + ('n_prompt_tokens',)

@@ -10,8 +10,8 @@ attention's quadratic cost takes over on long prompts.
 import numpy as np
 import scipy.optimize
 
-from timebill_ros.latency.predictors.base import LatencyPredictor, check_probes, probe_arrays
-from timebill_ros.latency.predictors.simfli_lm import simfli_model
+from timebill_ros.latency.estimators.base import LatencyPredictor, check_probes, probe_arrays
+from timebill_ros.latency.estimators.simfli_lm import simfli_model
 
 
 def fit_saturating_tps(n_in, tps):

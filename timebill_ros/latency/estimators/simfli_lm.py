@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from timebill_ros.latency.predictors.base import (
+from timebill_ros.latency.estimators.base import (
     TOKENS, LatencyModel, LatencyPredictor, check_probes, probe_arrays)
 
 

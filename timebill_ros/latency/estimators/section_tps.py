@@ -7,7 +7,7 @@ slope beta, seconds per token, is fitted through the origin to decode time vs. n
 
 import numpy as np
 
-from timebill_ros.latency.predictors.base import (
+from timebill_ros.latency.estimators.base import (
     LatencyModel, LatencyPredictor, check_probes, probe_arrays)
 
 

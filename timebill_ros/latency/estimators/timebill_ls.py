@@ -5,7 +5,7 @@ fitted on a full grid it is the reference; fitted on five probes it is the few-s
 calibration ``timebill profile --few-shot`` writes.
 """
 
-from timebill_ros.latency.predictors.base import (
+from timebill_ros.latency.estimators.base import (
     LatencyPredictor, check_probes, model_from_coefficients)
 from timebill_ros.timing.few_shot import fit_probes
 

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from timebill_ros.latency.predictors.base import LatencyModel, LatencyPredictor
+from timebill_ros.latency.estimators.base import LatencyModel, LatencyPredictor
 
 
 @dataclasses.dataclass(frozen=True)

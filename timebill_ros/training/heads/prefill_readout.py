@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 from torch import nn
 
-from timebill_ros.training.models.rlp import make_head, ordinal_log_probs, RlpModel
+from timebill_ros.training.heads.rlp import make_head, ordinal_log_probs, RlpModel
 
 
 def default_pool_layers(n_layers: int) -> tuple:

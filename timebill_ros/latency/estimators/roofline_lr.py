@@ -6,8 +6,8 @@ the pieces scale the same way (prefill w1 T_prefill + w0, decoding step w1 T_ste
 
 import numpy as np
 
-from timebill_ros.latency.predictors.base import LatencyModel, check_probes
-from timebill_ros.latency.predictors.roofline import Roofline
+from timebill_ros.latency.estimators.base import LatencyModel, check_probes
+from timebill_ros.latency.estimators.roofline import Roofline
 
 
 class RooflineRegression(Roofline):

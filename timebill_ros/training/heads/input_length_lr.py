@@ -5,8 +5,8 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
-from timebill_ros.training.models.base import LengthModel
-from timebill_ros.training.models.checks import input_arrays, label_arrays
+from timebill_ros.training.heads.base import LengthModel
+from timebill_ros.training.heads.checks import input_arrays, label_arrays
 
 
 class InputLengthLR(LengthModel):
