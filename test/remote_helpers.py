@@ -17,7 +17,8 @@ from timebill_ros.config import EngineConfig, ServerConfig
 from timebill_ros.engine.remote import client
 from timebill_ros.engine.remote.model import RemoteModel
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.server.remote_runner import RemoteRunner
+from timebill_ros.server.backends.openai import OpenAiApi
+from timebill_ros.server.backends.remote import RemoteRunner
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.remote import RemoteCoefficients, RemoteTimeModel
 
@@ -81,7 +82,7 @@ def remote_service(url, coefficients, name='model', fallback=None, **engine_fiel
     time_model = RemoteTimeModel(coefficients, config.timing.online_settings())
     predictor = FallbackPredictor()
     runner = CountingRunner(model, predictor, time_model, config,
-                            client.Endpoint.parse(url))
+                            client.Endpoint.parse(url), OpenAiApi())
     runner.fallback = fallback
     service = TimeBillService(config, model, predictor, time_model, runner=runner)
     service.start()

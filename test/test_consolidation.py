@@ -5,7 +5,7 @@ import types
 import pytest
 
 from timebill_ros.config import SchedulerConfig, ServerConfig
-from timebill_ros.server.factory import build_batch_step
+from timebill_ros.server.backends.local import build_batch_step
 from timebill_ros.server.scheduler import EdfPolicy, FifoPolicy
 from timebill_ros.server.scheduler.consolidation import cut_batch, keep_on_time
 from timebill_ros.server.service import TimeBillService

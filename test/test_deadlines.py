@@ -14,7 +14,7 @@ import pytest
 from timebill_ros.config import (AdmissionConfig, EngineConfig, QueueConfig, ServerConfig,
                                  TimingConfig)
 from timebill_ros.engine import LlmEngine
-from timebill_ros.server.factory import build_time_model
+from timebill_ros.server.backends.local import build_time_model
 from timebill_ros.predictors import FallbackPredictor, LengthPredictor
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest

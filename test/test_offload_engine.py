@@ -16,7 +16,8 @@ from timebill_ros.config import (EngineConfig, EvictionConfig, OffloadConfig, Pr
                                  PrefixCacheConfig, ServerConfig, TimingConfig)
 from timebill_ros.engine import LlmEngine, model_source
 from timebill_ros.predictors import FallbackPredictor
-from timebill_ros.server.factory import build_offload, offload_engine_config, resolved_engine
+from timebill_ros.server.backends.local import (build_offload, offload_engine_config,
+                                                resolved_engine)
 from timebill_ros.timing.model import (Calibration, TimingCoefficients, calibration_key,
                                        default_calibration_path, now_iso)
 from timebill_ros.timing.profiler import key_fields
@@ -140,7 +141,7 @@ def test_the_factory_twins_the_primary_on_its_own_device_and_format(
 
 def test_the_offload_executor_starts_after_the_primary_on_another_kind_of_device():
     """Beside a GPU primary the ARM cores' executor loads and calibrates while it serves."""
-    from timebill_ros.server.factory import offload_after_primary
+    from timebill_ros.server.backends.local import offload_after_primary
     gpu = ServerConfig(engine=EngineConfig(device='cuda:0', dtype='float16'),
                        offload=OffloadConfig(enabled=True, device='cpu'))
     assert offload_after_primary(gpu)

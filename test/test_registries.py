@@ -8,7 +8,7 @@ import pytest
 from timebill_ros import plugins
 from timebill_ros.action import Instruct
 from timebill_ros.engine import eviction
-from timebill_ros.server import admission, overrun, scheduler, status
+from timebill_ros.server import admission, backends, overrun, scheduler, status
 from timebill_ros.server.goals import GoalRejected, GoalRequest, resolve_policy
 
 FAMILIES = [
@@ -16,6 +16,7 @@ FAMILIES = [
     (admission.POLICIES, 'admission policy'),
     (scheduler.POLICIES, 'scheduler policy'),
     (eviction.SCORERS, 'eviction scorer'),
+    (backends.BACKENDS, 'backend'),
 ]
 
 

@@ -22,7 +22,7 @@ from timebill_ros.predictors import FallbackPredictor
 from timebill_ros.engine.remote.model import common_head, RemoteModel
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
-from timebill_ros.server.remote_factory import build_remote_service
+from timebill_ros.server.backends.openai import OpenAiBackend
 from timebill_ros.server.runner import JobRunner
 from timebill_ros.timing.model import TimingCoefficients
 from timebill_ros.timing.online import DECIDE, EXPECTED, LEAST, TimeModel, WORST
@@ -109,7 +109,7 @@ def test_remote_config_is_checked():
         import dataclasses
         config = dataclasses.replace(remote_config('http://127.0.0.1:9/v1'),
                                      scheduler=SchedulerConfig(consolidation=True))
-        build_remote_service(config, log=lambda line: None)
+        OpenAiBackend.build(config, log=lambda line: None)
 
 
 def test_the_cached_head_is_what_the_last_prompt_shares():
@@ -250,7 +250,7 @@ def test_chat_api_goals_complete(llama):
 
 
 def test_start_up_probes_fit_the_loopback_server(llama):
-    service = build_remote_service(remote_config(llama.url), log=lambda line: None)
+    service = OpenAiBackend.build(remote_config(llama.url), log=lambda line: None)
     try:
         co = service.time_model.coefficients
         assert 0 < co.prefill_token_s < 0.05 and 0 < co.step_s < 0.5

@@ -22,7 +22,8 @@ from service_helpers import ask
 from timebill_ros.engine.remote import client
 from timebill_ros.server import status
 from timebill_ros.server.goals import GoalRequest
-from timebill_ros.server.remote_runner import MAX_TOKENS_SLACK
+from timebill_ros.server.backends import openai
+from timebill_ros.server.backends.remote import MAX_TOKENS_SLACK
 from timebill_ros.timing.online import DECODE, PREFILL
 from timebill_ros.timing.remote import RemoteTimeModel
 
@@ -335,13 +336,13 @@ def test_models_of_a_wrong_shape_are_a_remote_error_naming_it(body, words):
     engine = RawEngine(models_body(body))
     try:
         with pytest.raises(client.RemoteError) as error:
-            client.list_models(client.Endpoint.parse(engine.url), 2.0)
+            openai.list_models(client.Endpoint.parse(engine.url), 2.0)
         assert error.value.kind == client.HTTP and words in str(error.value)
     finally:
         engine.close()
     engine = RawEngine(models_body(b'{"data": [{"id": "m"}]}'))
     try:
-        assert client.list_models(client.Endpoint.parse(engine.url), 2.0) == ['m']
+        assert openai.list_models(client.Endpoint.parse(engine.url), 2.0) == ['m']
     finally:
         engine.close()
 
@@ -351,7 +352,7 @@ def test_an_endless_models_body_is_bounded_in_bytes_and_time():
     rss_mb, start = _rss_mb(), time.monotonic()
     try:
         with pytest.raises(client.RemoteError) as error:
-            client.list_models(client.Endpoint.parse(engine.url), 2.0)
+            openai.list_models(client.Endpoint.parse(engine.url), 2.0)
         assert 'over' in str(error.value) and time.monotonic() - start < 2.0 + LATE_S
         assert _rss_mb() - rss_mb <= RSS_MB
     finally:
@@ -360,7 +361,7 @@ def test_an_endless_models_body_is_bounded_in_bytes_and_time():
     start = time.monotonic()
     try:
         with pytest.raises(client.RemoteError) as error:
-            client.list_models(client.Endpoint.parse(engine.url), 0.5)
+            openai.list_models(client.Endpoint.parse(engine.url), 0.5)
         assert error.value.kind == client.TIMEOUT
         assert time.monotonic() - start < 0.5 + 0.5
     finally:
@@ -390,7 +391,8 @@ def test_a_request_closed_while_connecting_is_never_sent():
     try:
         endpoint = _HeldEndpoint(*client.Endpoint.parse(engine.url).__dict__.values())
         endpoint.started, endpoint.go = threading.Event(), threading.Event()
-        stream = client.CompletionStream(endpoint, '/completions', {'prompt': 'x'}, 1.0, 1.0)
+        stream = client.CompletionStream(endpoint, '/completions', {'prompt': 'x'}, 1.0, 1.0,
+                                         parse=openai.parse_chunk)
         assert endpoint.started.wait(5)
         stream.close()
         endpoint.go.set()

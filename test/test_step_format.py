@@ -6,7 +6,7 @@ import torch
 from timebill_ros.config import EngineConfig, EvictionConfig, ServerConfig
 from timebill_ros.engine import LlmEngine
 from timebill_ros.engine.step_format import choose_step_format, MIN_GAIN, PROBE_ROUNDS
-from timebill_ros.server.factory import resolved_engine
+from timebill_ros.server.backends.local import resolved_engine
 from timebill_ros.engine.stopping import StopCriteria
 
 PROMPT = 'List the steps to pick up the red cup from the table and put it in the sink.'

@@ -269,7 +269,7 @@ def test_default_calibration_path_cache_resolution(tmp_path, monkeypatch):
 def test_the_mask_cost_is_probed_once_and_kept_in_the_calibration(monkeypatch):
     """The json_schema mask's step cost: probed when the calibration lacks it, then stored."""
     from timebill_ros.config import ServerConfig
-    from timebill_ros.server import factory
+    from timebill_ros.server.backends import local as factory
     probes = []
     monkeypatch.setattr(factory, 'mask_cost', lambda engine, log: probes.append(1) or 2.5e-4)
     config, logs = ServerConfig(), []

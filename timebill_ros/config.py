@@ -21,9 +21,7 @@ PREDICTOR_KINDS = ('rlp', 'fallback')
 PREFILL_DTYPES = ('auto', 'float32', 'bfloat16')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 OFFLOAD_DTYPES = ('auto',) + WEIGHT_FORMATS
-# Where goals run: this process's engine, or an existing serving engine over its
-# OpenAI-compatible HTTP API (docs/remote.md), through one of its two endpoints.
-BACKENDS = ('local', 'openai')
+# The OpenAI backend's two endpoints (engine.backend names are plugins.NAMES['backend']).
 REMOTE_APIS = ('completions', 'chat')
 
 
@@ -169,7 +167,7 @@ class EngineConfig:
 
     def _check_remote(self):
         """Check the remote backend's fields (ValueError / TypeError naming the value)."""
-        check_choice('engine.backend', self.backend, BACKENDS)
+        check_choice('engine.backend', self.backend, PLUGINS['backend'])
         check_choice('engine.remote_api', self.remote_api, REMOTE_APIS)
         check_positive('engine.remote_connect_timeout_s', self.remote_connect_timeout_s)
         check_positive('engine.remote_idle_timeout_s', self.remote_idle_timeout_s)
@@ -181,11 +179,12 @@ class EngineConfig:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f'engine.{name} must be a string, got '
                                 f'{getattr(self, name)!r}')
-        if self.backend != 'openai':
+        if self.backend == 'local':
             return
         if not self.remote_url.startswith(('http://', 'https://')):
-            raise ValueError('engine.backend openai needs engine.remote_url, an http(s) URL '
-                             f'such as http://127.0.0.1:8080/v1; got {self.remote_url!r}')
+            raise ValueError(f'engine.backend {self.backend} needs engine.remote_url, an '
+                             'http(s) URL such as http://127.0.0.1:8080/v1; got '
+                             f'{self.remote_url!r}')
 
     def _check_device(self):
         """Refuse a device that the chosen weight format cannot run on (ValueError).

@@ -17,6 +17,7 @@ NAMES = {
     'admission policy': ('feasibility', 'none'),
     'scheduler policy': ('fifo', 'edf', 'luf', 'muf', 'slack', 'up'),
     'eviction scorer': ('snapkv', 'streaming_llm', 'knorm'),
+    'backend': ('local', 'openai'),
 }
 # family -> the package whose modules hold its plugins.
 FAMILIES = {
@@ -24,6 +25,7 @@ FAMILIES = {
     'admission policy': 'timebill_ros.server.admission',
     'scheduler policy': 'timebill_ros.server.scheduler',
     'eviction scorer': 'timebill_ros.engine.eviction',
+    'backend': 'timebill_ros.server.backends',
 }
 
 

@@ -14,6 +14,7 @@ import time
 
 from timebill_ros.engine import model_source
 from timebill_ros.engine.remote import client
+from timebill_ros.server.backends.openai import list_models
 
 READY_TIMEOUT_S = 120.0
 
@@ -79,7 +80,7 @@ class LoopbackLlamaServer:
     def models(self) -> list:
         """Return the ids of ``/v1/models`` ([] while it does not answer)."""
         try:
-            return client.list_models(client.Endpoint.parse(self.url), 1.0)
+            return list_models(client.Endpoint.parse(self.url), 1.0)
         except client.RemoteError:
             return []
 

@@ -75,11 +75,12 @@ def straight(url, model, context, question, budget_s, max_tokens=N_MAX):
     close, the tokens streamed meanwhile.
     """
     from timebill_ros.engine.remote import client
+    from timebill_ros.server.backends.openai import parse_chunk
     body = {'model': model.name, 'prompt': model.prompt_text(question, context),
             'max_tokens': max_tokens, 'temperature': 0.0}
     start = time.monotonic()
     stream = client.CompletionStream(client.Endpoint.parse(url), '/completions', body, 2.0,
-                                     60.0)
+                                     60.0, parse=parse_chunk)
     parts = []
     while True:
         left = None if budget_s is None else start + budget_s - time.monotonic()

@@ -9,7 +9,7 @@ DEFAULT_OUT = 'benchmarks/results/latency'
 def _engine(args):
     from timebill_ros.params import load_config
     from timebill_ros.engine import LlmEngine
-    from timebill_ros.server.factory import resolved_engine
+    from timebill_ros.server.backends.local import resolved_engine
     config = load_config(args.params, args.set)
     engine = LlmEngine.load(config.engine, config.eviction)
     return resolved_engine(config, engine), engine
@@ -106,7 +106,7 @@ def cmd_wcet(args, ros_args):
     """Run held-out RLP prompts; print the share of goals over t^_WCET per k and calibration."""
     import json
     from timebill_ros.bench.timebill import rlp_test_prompts
-    from timebill_ros.server.factory import build_predictor
+    from timebill_ros.server.backends.local import build_predictor
     from timebill_ros.latency.wcet import exceed_table, run_goals, time_ratios
     config, engine = _engine(args)
     calibrations = _calibrations(args.calibration)

@@ -295,7 +295,7 @@ def cmd_eval(args, ros_args):
 
 def cmd_overlap(args, ros_args):
     """Measure t_Predict against t_prefill when both run concurrently, as in the server."""
-    from timebill_ros.server.factory import build_predictor
+    from timebill_ros.server.backends.local import build_predictor
     from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
     from timebill_ros.timing.startup import load_or_calibrate
     from timebill_ros.training.overlap import format_overlap, measure_overlap

@@ -5,7 +5,7 @@ def cmd_profile(args, ros_args):
     """Profile prefill and decode-step times, fit Eq. 4, print the report, save the YAML."""
     from timebill_ros.engine import LlmEngine
     from timebill_ros.params import load_config
-    from timebill_ros.server.factory import resolved_engine
+    from timebill_ros.server.backends.local import resolved_engine
     from timebill_ros.timing.few_shot import few_shot_profile
     from timebill_ros.timing.profiler import ProfileGrid, format_report, profile
     from timebill_ros.timing.model import default_calibration_path

@@ -1,4 +1,8 @@
-"""A streaming client of an OpenAI-compatible completions API (llama.cpp's server, vLLM).
+"""The transport of the remote backends: a streamed HTTP request read on its own thread.
+
+What a request and a stream chunk hold is the API's (server/backends/: openai.py's
+WireFormat for OpenAI-compatible engines, llama.cpp's server, vLLM); this is the socket,
+the server-sent events, the timeouts and the errors' kinds.
 
 Why the standard library and not the ``openai`` package: a goal's thread must end a request
 at its deadline from outside the blocking read (Kill, cancel), see each streamed token when
@@ -177,79 +181,20 @@ def get_json(endpoint: Endpoint, path: str, timeout_s: float):
         connection.close()
 
 
-def list_models(endpoint: Endpoint, timeout_s: float) -> list:
-    """Return the model ids the server's ``/models`` lists (RemoteError naming a bad shape)."""
-    body = get_json(endpoint, '/models', timeout_s)
-    data = body.get('data') if isinstance(body, dict) else None
-    if not isinstance(data, list):
-        raise RemoteError(HTTP, f'/models: expected {{"data": [...]}}, got '
-                                f'{_excerpt(body)}')
-    ids = []
-    for entry in data:
-        if not isinstance(entry, dict) or not isinstance(entry.get('id'), str):
-            raise RemoteError(HTTP, f'/models: an entry without a string "id": '
-                                    f'{_excerpt(entry)}')
-        ids.append(entry['id'])
-    return ids
-
-
-def _excerpt(value, n_chars: int = 80) -> str:
+def excerpt(value, n_chars: int = 80) -> str:
     """Return ``repr(value)`` cut to ``n_chars`` characters (for error messages)."""
     text = repr(value)
     return text if len(text) <= n_chars else text[:n_chars] + '...'
 
 
-def parse_chunk(data: bytes):
-    """Return (texts, finish_reason, usage) of one stream chunk's JSON ``data``.
-
-    texts: the tokens' texts it streams, in order; finish_reason: str or None; usage: dict
-    or None. RemoteError (HTTP) when it is not JSON, reports an error, or a field has the
-    wrong type (a number for a text, a list for a finish_reason, ...).
-    """
-    try:
-        chunk = json.loads(data)
-    except ValueError as exc:
-        raise RemoteError(HTTP, f'a stream chunk is not JSON: {_excerpt(data)}') from exc
-    if not isinstance(chunk, dict):
-        raise RemoteError(HTTP, f'a stream chunk is not an object: {_excerpt(chunk)}')
-    if 'error' in chunk:
-        raise RemoteError(HTTP, f'the engine reported: {_excerpt(chunk["error"], 200)}')
-    usage = chunk.get('usage')
-    choices = chunk.get('choices') or []
-    if usage is not None and not isinstance(usage, dict):
-        raise RemoteError(HTTP, f'a stream chunk\'s usage is not an object: {_excerpt(usage)}')
-    if not isinstance(choices, list):
-        raise RemoteError(HTTP, f'a stream chunk\'s choices are not a list: '
-                                f'{_excerpt(choices)}')
-    texts, finish = [], None
-    for choice in choices:
-        if not isinstance(choice, dict):
-            raise RemoteError(HTTP, f'a stream choice is not an object: {_excerpt(choice)}')
-        text = choice.get('text')
-        if text is None:  # the chat endpoint's delta; its role chunk is no token
-            delta = choice.get('delta') or {}
-            if not isinstance(delta, dict):
-                raise RemoteError(HTTP, f'a stream delta is not an object: {_excerpt(delta)}')
-            text = delta.get('content') or None
-        reason = choice.get('finish_reason')
-        for name, value in (('text', text), ('finish_reason', reason)):
-            if value is not None and not isinstance(value, str):
-                raise RemoteError(HTTP, f'a stream choice\'s {name} is not a string: '
-                                        f'{_excerpt(value)}')
-        if reason:
-            finish = reason
-            if text:
-                texts.append(text)
-        elif text is not None:
-            texts.append(text)
-    return texts, finish, usage
-
-
 class CompletionStream:
     """One streamed request (``stream: true``) read on a thread of its own.
 
-    endpoint: where. path: ``/completions`` or ``/chat/completions``. body: the request
-    (``stream`` is set here). connect_timeout_s: the longest the connection may take to
+    endpoint: where. path: the API's endpoint (``/completions``, ``/chat/completions``,
+    ...). body: the request (``stream`` is set here). parse(data) -> (texts, finish_reason,
+    usage): the API's reading of one ``data:`` line (server/backends' WireFormat.parse_chunk);
+    end_marker: the ``data:`` line that ends the stream (OpenAI's ``[DONE]``; None: the
+    connection's end). connect_timeout_s: the longest the connection may take to
     open; idle_timeout_s: the longest the engine may stay silent once it is open (a prompt's
     prefill included); the response's headers must have arrived ``connect_timeout_s +
     idle_timeout_s`` after the connect. ``events`` receives StreamEvents: TEXT per token,
@@ -259,8 +204,10 @@ class CompletionStream:
     """
 
     def __init__(self, endpoint: Endpoint, path: str, body: dict, connect_timeout_s: float,
-                 idle_timeout_s: float, clock=time.monotonic):
+                 idle_timeout_s: float, clock=time.monotonic, *, parse,
+                 end_marker: Optional[bytes] = b'[DONE]'):
         self.endpoint, self.path = endpoint, path
+        self.parse, self.end_marker = parse, end_marker
         self.body = dict(body, stream=True)
         self.connect_timeout_s, self.idle_timeout_s = connect_timeout_s, idle_timeout_s
         self.clock = clock
@@ -345,7 +292,7 @@ class CompletionStream:
         self.sent_s = self.clock()
 
     def _read_events(self, response) -> None:
-        """Read the server-sent events until ``[DONE]``; TEXT per token, then END."""
+        """Read the server-sent events until the end marker; TEXT per token, then END."""
         finish, usage = None, None
         while not self._closed.is_set():
             line = response.readline(MAX_LINE_BYTES + 1)
@@ -359,9 +306,9 @@ class CompletionStream:
             if not line.startswith(b'data:'):
                 continue
             data = line[5:].strip()
-            if data == b'[DONE]':
+            if self.end_marker is not None and data == self.end_marker:
                 break
-            texts, reason, chunk_usage = parse_chunk(data)
+            texts, reason, chunk_usage = self.parse(data)
             usage = chunk_usage or usage
             finish = reason or finish
             for text in texts:

@@ -1,8 +1,9 @@
-"""One goal on a remote engine (``engine.backend: openai``), under its deadline.
+"""The remote backends' pipeline: one goal on an engine behind an HTTP API, under its deadline.
 
 N^ (only when the time left might not hold N_max tokens) -> max_tokens for the time left
 (timing/remote.py decide_max_tokens: the remote alpha*) -> one streamed request
-(engine/remote/client.py) -> tokens as feedback. Kill ends the request at the deadline by
+(engine/remote/client.py; the body, path and chunks in the API's WireFormat, e.g.
+backends/openai.py) -> tokens as feedback. Kill ends the request at the deadline by
 closing its connection, cancel at once; Partial returns the text streamed so far just before
 the deadline; Skip-Next lets it finish late. The first token's time and the steps correct
 the remote time model. A refused connection, a timeout, a 429 / 503, another HTTP error or a
@@ -15,20 +16,26 @@ request still open at its ceiling (Skip-Next's only end besides the engine's) en
 REMOTE_TIMEOUT.
 """
 
+import abc
 import concurrent.futures
 import dataclasses
 import queue
+import random
 import time
 
 from timebill_ros.engine import stopping
 from timebill_ros.engine.remote import client
+from timebill_ros.engine.remote.model import RemoteModel
+from timebill_ros.predictors import make_predictor
 from timebill_ros.server import outcome, status
+from timebill_ros.server.backends.base import Backend
 from timebill_ros.server.goals import check_prompt, Feedback, JobResult
 from timebill_ros.server.prediction import timed_predict
+from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.budget import upper_tokens
 from timebill_ros.timing.online import WORST
-from timebill_ros.timing.remote import (decide_max_tokens, DECIDE, MaxTokensDecision,
-                                        ProbePoint)
+from timebill_ros.timing.remote import (decide_max_tokens, DECIDE, fit_probes,
+                                        MaxTokensDecision, ProbePoint, RemoteTimeModel)
 
 POLL_S = 0.005  # the goal's thread re-checks cancel and the deadline this often, seconds
 # Partial stops this long before its deadline, so that its text is returned on time.
@@ -40,7 +47,6 @@ MAX_TOKENS_SLACK = 2
 # or after engine.remote_idle_timeout_s when that is longer (a shared engine may hold it
 # that long before its first token), seconds after the goal started.
 CEILING_WCET_FACTOR = 4.0
-FINISH_OF_SERVER = {'length': stopping.MAX_TOKENS, 'stop': stopping.EOS}
 ERROR_OF_KIND = {client.UNREACHABLE: status.ERROR_REMOTE_UNREACHABLE,
                  client.TIMEOUT: status.ERROR_REMOTE_TIMEOUT,
                  client.BUSY: status.ERROR_REMOTE_BUSY,
@@ -50,6 +56,58 @@ ERROR_OF_KIND = {client.UNREACHABLE: status.ERROR_REMOTE_UNREACHABLE,
 FALLBACK_ERRORS = (status.ERROR_REMOTE_UNREACHABLE, status.ERROR_REMOTE_BUSY,
                    status.ERROR_REMOTE_TIMEOUT)
 FALLBACK = 'fallback'
+PROBE_MAX_TOKENS = 32           # tokens each probe asks for
+PROBE_LONG_TOKENS = 1024        # the long probes' prompt, tokens (at most a third of the context)
+PROBE_WORDS = ('dock', 'shelf', 'pallet', 'door', 'charger', 'ramp', 'aisle', 'crate')
+
+
+class WireFormat(abc.ABC):
+    """A remote API's requests and stream chunks: what a new remote backend writes.
+
+    The remote pipeline (:class:`RemoteRunner`) sends one streamed request a goal and reads
+    TEXT events a token, then END (engine/remote/client.py is the transport); everything
+    that differs between APIs is here. ``finish_of``: the API's finish reasons -> the
+    engine's stop reasons (stopping.MAX_TOKENS, stopping.EOS).
+    """
+
+    finish_of = {'length': stopping.MAX_TOKENS, 'stop': stopping.EOS}
+
+    @abc.abstractmethod
+    def path(self, engine_config) -> str:
+        """Return the endpoint a goal's request goes to, under ``engine.remote_url``."""
+
+    @abc.abstractmethod
+    def body(self, model, request, messages, max_tokens, engine_config) -> dict:
+        """Return a goal's request: its prompt, the answer's cap, sampling and stops.
+
+        model: the RemoteModel (name, chat template). request: the GoalRequest; messages:
+        its earlier turns ((role, content) pairs); max_tokens: the cap the budget chose.
+        """
+
+    @abc.abstractmethod
+    def probe_body(self, model, text, max_tokens, engine_config) -> dict:
+        """Return a greedy request of the user turn ``text`` (a start-up probe)."""
+
+    @abc.abstractmethod
+    def parse_chunk(self, data: bytes):
+        """Return (texts, finish_reason, usage) of one stream chunk (RemoteError if bad)."""
+
+    @abc.abstractmethod
+    def list_models(self, endpoint, timeout_s) -> list:
+        """Return the model names the server serves (RemoteError when it cannot say)."""
+
+    def answer_tokens(self, usage, n_counted, max_tokens) -> int:
+        """Return the answer's length: the tokens counted here, or the server's usage.
+
+        An engine may stream several tokens in one chunk (llama.cpp holds back text that
+        might begin a stop string), so its ``completion_tokens`` is taken where it is
+        plausible: an int from the tokens counted here up to the max_tokens sent.
+        """
+        claimed = usage.get('completion_tokens') if isinstance(usage, dict) else None
+        if (isinstance(claimed, int) and not isinstance(claimed, bool)
+                and n_counted <= claimed <= max_tokens):
+            return claimed
+        return n_counted
 
 
 @dataclasses.dataclass
@@ -65,7 +123,8 @@ class RemoteRunner:
     """Runs jobs on a remote engine and returns their JobResult (never raises for job faults).
 
     model: engine.remote.model.RemoteModel. predictor: LengthPredictor. time_model:
-    timing.remote.RemoteTimeModel. endpoint: client.Endpoint. clock: monotonic seconds.
+    timing.remote.RemoteTimeModel. endpoint: client.Endpoint. api: the API's WireFormat.
+    clock: monotonic seconds.
     fallback: a local JobRunner (``engine.remote_fallback``) that runs a goal the remote
     engine could not start (unreachable, busy, silent before its first token) when its time
     model says the goal still fits; None: no fallback.
@@ -74,8 +133,9 @@ class RemoteRunner:
     readout = None
     fallback = None
 
-    def __init__(self, model, predictor, time_model, server_config, endpoint,
+    def __init__(self, model, predictor, time_model, server_config, endpoint, api,
                  clock=time.monotonic):
+        self.api = api
         self.engine = model
         self.predictor = predictor
         self.time_model = time_model
@@ -107,36 +167,16 @@ class RemoteRunner:
         """Nothing: the start-up probes (:meth:`probe`) measured the engine of the moment."""
 
     def open_stream(self, body):
-        """Start one streamed request of ``body`` on ``engine.remote_api``'s endpoint."""
+        """Start one streamed request of ``body`` on the API's endpoint."""
         engine = self.config.engine
-        path = '/chat/completions' if engine.remote_api == 'chat' else '/completions'
-        return client.CompletionStream(self.endpoint, path, body,
+        return client.CompletionStream(self.endpoint, self.api.path(engine), body,
                                        engine.remote_connect_timeout_s,
-                                       engine.remote_idle_timeout_s, self.clock)
+                                       engine.remote_idle_timeout_s, self.clock,
+                                       parse=self.api.parse_chunk)
 
     def request_body(self, request, messages, max_tokens):
         """Return the request body of a goal: its prompt, max_tokens, sampling and stops."""
-        model = self.engine
-        body = {'model': model.name, 'max_tokens': int(max_tokens),
-                'temperature': float(request.temperature)}
-        if self.config.engine.remote_api == 'chat':
-            body['messages'] = model.chat_messages(request.prompt, request.system_prompt,
-                                                   messages)
-        else:
-            body['prompt'] = model.prompt_text(request.prompt, request.system_prompt, messages)
-        if request.temperature > 0:
-            body['top_p'] = float(request.top_p or 1.0)
-            if request.top_k:
-                body['top_k'] = int(request.top_k)
-            if request.seed is not None:
-                body['seed'] = int(request.seed)
-        if request.repetition_penalty and request.repetition_penalty != 1.0:
-            # llama.cpp's name, and vLLM's.
-            body['repeat_penalty'] = body['repetition_penalty'] = float(
-                request.repetition_penalty)
-        if request.stop:
-            body['stop'] = list(request.stop)
-        return body
+        return self.api.body(self.engine, request, messages, max_tokens, self.config.engine)
 
     def run(self, job) -> JobResult:
         """Run ``job`` to a terminal JobResult (on the fallback when the engine failed it)."""
@@ -181,11 +221,7 @@ class RemoteRunner:
         model = self.engine
         input_ids = model.encode(text)
         n_cached = model.match_prefix(input_ids).n_tokens
-        body = {'model': model.name, 'max_tokens': max_tokens, 'temperature': 0.0}
-        if self.config.engine.remote_api == 'chat':
-            body['messages'] = model.chat_messages(text)
-        else:
-            body['prompt'] = model.prompt_text(text)
+        body = self.api.probe_body(model, text, max_tokens, self.config.engine)
         start = self.clock()
         stream = self.open_stream(body)
         self.engine.sent(input_ids)
@@ -414,7 +450,8 @@ class RemoteGoal:
         last_s, n_steps = self.last_s, self.n_tokens - 1
         if end is not None:
             last_s = end.at_s
-            n_steps += 1 if end.finish_reason == 'stop' else 0
+            n_steps += 1 if self.runner.api.finish_of.get(end.finish_reason) == \
+                stopping.EOS else 0
         result.prefill_time_s = self.first_s - self.start_s
         result.decode_time_s = last_s - self.first_s
         self.model.observe_prefill(job.n_x, result.prefill_time_s, n_cached=self.n_cached)
@@ -424,27 +461,14 @@ class RemoteGoal:
         """Fill the result of an answer the engine ended (END event)."""
         job, result = self.job, self.result
         self._observe(event)
-        n_tokens = self._answer_tokens(event.usage)
+        n_tokens = self.runner.api.answer_tokens(event.usage, self.n_tokens, self.max_tokens)
         result.response_tokens = n_tokens
         answer = Answer(''.join(self.parts), [0] * n_tokens,
-                        FINISH_OF_SERVER.get(event.finish_reason, stopping.EOS))
+                        self.runner.api.finish_of.get(event.finish_reason, stopping.EOS))
         outcome.decoded(job, result, answer, event.at_s - job.deadline_s)
         if result.status == status.COMPLETED and decision.capped \
                 and answer.stop_reason == stopping.MAX_TOKENS:
             result.message += f'; {decision.describe(job.n_max)}'
-
-    def _answer_tokens(self, usage) -> int:
-        """Return the answer's length: the tokens counted here, or the server's usage.
-
-        An engine may stream several tokens in one chunk (llama.cpp holds back text that
-        might begin a stop string), so its ``completion_tokens`` is taken where it is
-        plausible: an int from the tokens counted here up to the max_tokens sent.
-        """
-        claimed = usage.get('completion_tokens') if isinstance(usage, dict) else None
-        if (isinstance(claimed, int) and not isinstance(claimed, bool)
-                and self.n_tokens <= claimed <= self.max_tokens):
-            return claimed
-        return self.n_tokens
 
     def _at_deadline(self):
         """End the goal whose deadline (less Partial's margin) came with its request open."""
@@ -473,3 +497,113 @@ class RemoteGoal:
     def _feedback(self, phase, tokens=0, text=''):
         self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
                                       elapsed_s=self.clock() - self.job.received_s))
+
+
+class RemoteBackend(Backend):
+    """An existing engine serves the goals over HTTP; ``api``: its WireFormat.
+
+    The model's tokenizer and the length predictor load here; the engine's times are probed
+    through its API (a few greedy requests, ~1-5 s) and fitted (timing/remote.py). The remote
+    engine batches and offloads on its own side, so the scheduler's consolidation, continuous
+    batching and the offload executor are refused with the reason.
+    """
+
+    name = 'remote'  # not a backend itself: each API's subclass names one
+    api = None
+
+    @classmethod
+    def check_config(cls, config):
+        """Refuse batching and offload settings: the remote engine does both itself."""
+        refused = [(config.scheduler.consolidation, 'scheduler.consolidation'),
+                   (config.scheduler.continuous, 'scheduler.continuous'),
+                   (config.offload.enabled, 'offload.enabled')]
+        for is_set, name in refused:
+            if is_set:
+                raise ValueError(f'{name} is true, but engine.backend {cls.name} leaves '
+                                 'batching and placement to the remote engine: set it false')
+
+    @classmethod
+    def build(cls, config, log=print):
+        """Return the TimeBillService of a remote engine (not yet started).
+
+        With ``engine.remote_fallback`` goals the engine could not start fall back to a
+        local runner. RuntimeError when the engine cannot be reached or named: the node then
+        fails to configure with that message, rather than start without a time model.
+        """
+        cls.check_config(config)
+        from timebill_ros.server.backends.local import build_fallback
+        fallback = build_fallback(config, log) if config.engine.remote_fallback else None
+        engine = config.engine
+        endpoint = client.Endpoint.parse(engine.remote_url)
+        name = engine.remote_model or cls._first_model(endpoint, engine.remote_connect_timeout_s)
+        log(f'remote engine: {engine.remote_url}, model {name!r} ({cls.name} backend, '
+            f'{engine.remote_api} API)')
+        model = RemoteModel.load(engine, name)
+        log(f'remote engine: tokenizer of {model.model_key}, context {model.context_tokens} '
+            'tokens')
+        # The probes need neither the predictor nor the time model.
+        runner = RemoteRunner(model, None, None, config, endpoint, cls.api)
+        coefficients = fit_probes(probe_engine(runner, log))
+        time_model = RemoteTimeModel(coefficients, config.timing.online_settings())
+        # The RLP compresses long prompts against the engine's first-token time (Eq. 4a's).
+        predictor = make_predictor(config.predictor, model.model_key, time_model.prefill_s,
+                                   engine.model_cache_dir or None, log=log)
+        runner.predictor, runner.time_model = predictor, time_model
+        runner.fallback = fallback
+        log(f'remote time model: first token {coefficients.first_token_s * 1e3:.1f} ms + '
+            f'{coefficients.prefill_token_s * 1e6:.1f} us/uncached prompt token; each further '
+            f'token {coefficients.step_s * 1e3:.2f} ms + '
+            f'{coefficients.step_kv_token_s * 1e6:.2f} us/token before it')
+        return TimeBillService(config, model, predictor, time_model, log=log, state_path=None,
+                               runner=runner)
+
+    @classmethod
+    def _first_model(cls, endpoint, timeout_s):
+        """Return the first model the server lists (RuntimeError if none or down)."""
+        try:
+            models = cls.api.list_models(endpoint, timeout_s)
+        except client.RemoteError as exc:
+            raise RuntimeError(f'engine.remote_url: cannot list the models: {exc}') from exc
+        if not models:
+            raise RuntimeError('engine.remote_url: the server lists no models; set '
+                               'engine.remote_model')
+        return models[0]
+
+
+def probe_texts(tokenizer, n_long, seed=0):
+    """Return the probe prompts: (short fresh, long fresh, the long again, long fresh).
+
+    Each fresh one starts with words no other probe starts with, so the engine holds none
+    of it; the repeat finds all of it held.
+    """
+    rng = random.Random(seed)
+
+    def fresh(n_tokens):
+        words, text = [], ''
+        while len(tokenizer(text, add_special_tokens=False)['input_ids']) < n_tokens:
+            words.append(f'{rng.choice(PROBE_WORDS)} {rng.randrange(1000)}')
+            text = ', '.join(words)
+        return f'Inventory: {text}. Describe the inventory.'
+
+    long_text = fresh(n_long)
+    return [fresh(16), long_text, long_text, fresh(n_long // 2)]
+
+
+def probe_engine(runner, log=print):
+    """Send the probes (:func:`probe_texts`) and return their ProbePoints.
+
+    RuntimeError naming the failure when a probe fails.
+    """
+    model = runner.engine
+    n_long = min(PROBE_LONG_TOKENS, model.context_tokens // 3)
+    points = []
+    for index, text in enumerate(probe_texts(model.tokenizer, n_long)):
+        try:
+            point = runner.probe(text, PROBE_MAX_TOKENS)
+        except client.RemoteError as exc:
+            raise RuntimeError(f'remote engine probe {index + 1} failed: {exc}') from exc
+        log(f'remote probe {index + 1}: N_x {point.n_x} ({point.n_cached} held), first token '
+            f'{point.first_token_s * 1e3:.0f} ms, {point.n_steps} more in '
+            f'{point.decode_s * 1e3:.0f} ms')
+        points.append(point)
+    return points
