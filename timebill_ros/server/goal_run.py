@@ -6,21 +6,18 @@ the time left (timing/goal_budget.py) -> evict -> decode under the goal's criter
 the clock; the budget only computes.
 """
 
-import concurrent.futures
-
 from timebill_ros.engine import GenerationStopped
 from timebill_ros.engine import stopping
 from timebill_ros.server import outcome, status
 from timebill_ros.server.checkpoints import GoalCheckpoints, RestLength
 from timebill_ros.server.goal_criteria import answer_criteria, sampler_for
 from timebill_ros.server.goals import Feedback
+from timebill_ros.server.prediction import await_prediction
 from timebill_ros.timing.budget import upper_tokens
 from timebill_ros.timing.checkpoint import CacheNow
 from timebill_ros.timing.chunks import chunk_sizes, planned
 from timebill_ros.timing.goal_budget import GoalBudget
 from timebill_ros.timing.online import EXPECTED, LEAST
-
-POLL_S = 0.005          # the predictor wait re-checks cancel and the deadline this often
 
 
 class GoalRun:
@@ -173,42 +170,36 @@ class GoalRun:
     def _await_prediction(self, future, prefill_end, early=False):
         """Return N^ (the fallback N_max when late or broken), or None when the goal stopped.
 
-        The wait re-checks cancel, the deadline and (Kill / Partial) whether one decoding
-        step still fits, every POLL_S seconds; it gives up after predictor.timeout_s.
+        The wait (prediction.await_prediction) re-checks cancel, the deadline and (Kill /
+        Partial) whether one decoding step still fits; it gives up after predictor.timeout_s.
         early: the prediction was started at admission (u_J); its time is not a
         beside-the-prefill t_Predict, so the time model does not learn from it.
         """
         job, result = self.job, self.result
-        limit = prefill_end + self.runner.config.predictor.timeout_s
-        predictor = self.runner.predictor
-        while True:
-            reason = self.interrupt.check(0, None) or self._cannot_decode(0.0)
-            if reason is not None:
-                self._drop(future)
-                self._stopped(reason)
-                return None
-            if self.clock() >= limit and not future.done():
-                future.cancel()
-                result.predictor = 'fallback (predictor late)'
-                break
-            try:
-                done = future.result(timeout=max(0.0, min(POLL_S, limit - self.clock())))
-            except concurrent.futures.TimeoutError:
-                continue
-            except Exception as exc:
-                result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
-                break
-            n_hat = done.n_hat
-            if 0 <= n_hat <= job.n_max:
-                result.predictor = predictor.name + (' (at admission)' if early else '')
-                result.predict_time_s = done.end_s - done.start_s
-                if not early:
-                    self.model.observe_predict(job.n_x, done.end_s - done.start_s)
-                self._keep_upper(n_hat, done.n_upper)
-                return n_hat
-            result.predictor = (f'fallback (predictor error: predicted {n_hat} tokens, '
+        waited = await_prediction(
+            future, prefill_end + self.runner.config.predictor.timeout_s,
+            lambda: self.interrupt.check(0, None) or self._cannot_decode(0.0), self.clock)
+        if waited.stop_reason is not None:
+            self._drop(future)
+            self._stopped(waited.stop_reason)
+            return None
+        done = waited.prediction
+        if waited.late:
+            future.cancel()
+            result.predictor = 'fallback (predictor late)'
+        elif waited.error is not None:
+            exc = waited.error
+            result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
+        elif 0 <= done.n_hat <= job.n_max:
+            result.predictor = self.runner.predictor.name + (' (at admission)' if early else '')
+            result.predict_time_s = done.end_s - done.start_s
+            if not early:
+                self.model.observe_predict(job.n_x, done.end_s - done.start_s)
+            self._keep_upper(done.n_hat, done.n_upper)
+            return done.n_hat
+        else:
+            result.predictor = (f'fallback (predictor error: predicted {done.n_hat} tokens, '
                                 f'outside [0, {job.n_max}])')
-            break
         result.predict_time_s = self.clock() - prefill_end
         return job.n_max
 

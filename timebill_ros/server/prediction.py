@@ -1,7 +1,14 @@
-"""One length-predictor call timed on the service's clock (N^ and N^_q, tokens)."""
+"""One length-predictor call timed on the service's clock (N^ and N^_q, tokens), and the wait.
 
+Both pipelines (the local goal run, the remote one) wait for a prediction the same way:
+:func:`await_prediction` polls it while the goal's own stop checks run.
+"""
+
+import concurrent.futures
 import dataclasses
 from typing import Optional
+
+POLL_S = 0.005  # a wait re-checks cancel and the deadline this often, seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,3 +32,35 @@ def timed_predict(predictor, prompt, input_ids, n_max, clock, upper_quantile=0.0
     else:
         n_hat, n_upper = predictor.predict(prompt, input_ids, n_max), None
     return Prediction(int(n_hat), None if n_upper is None else int(n_upper), start, clock())
+
+
+@dataclasses.dataclass(frozen=True)
+class Waited:
+    """How a wait for a prediction ended: exactly one field is set (or ``late``)."""
+
+    prediction: Optional[Prediction] = None  # the call's result
+    stop_reason: Optional[str] = None  # the goal stopped meanwhile (a stopping.py reason)
+    late: bool = False  # the call had not ended by the wait's limit
+    error: Optional[BaseException] = None  # the call raised
+
+
+def await_prediction(future, limit_s, should_stop, clock, poll_s=POLL_S) -> Waited:
+    """Wait for ``future`` (a Prediction) until ``limit_s`` (clock seconds); never raises.
+
+    should_stop() -> a stop reason or None, checked every ``poll_s`` seconds; the caller
+    cancels or aborts the call when the wait ends without its result. A call that ended is
+    taken even when the limit passed meanwhile.
+    """
+    while True:
+        reason = should_stop()
+        if reason is not None:
+            return Waited(stop_reason=reason)
+        if clock() >= limit_s and not future.done():
+            return Waited(late=True)
+        try:
+            done = future.result(timeout=max(0.0, min(poll_s, limit_s - clock())))
+        except concurrent.futures.TimeoutError:
+            continue
+        except Exception as exc:
+            return Waited(error=exc)
+        return Waited(prediction=done)

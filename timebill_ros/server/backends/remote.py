@@ -30,7 +30,7 @@ from timebill_ros.predictors import make_predictor
 from timebill_ros.server import outcome, status
 from timebill_ros.server.backends.base import Backend
 from timebill_ros.server.goals import check_prompt, Feedback, JobResult
-from timebill_ros.server.prediction import timed_predict
+from timebill_ros.server.prediction import await_prediction, timed_predict
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.budget import upper_tokens
 from timebill_ros.timing.online import WORST
@@ -332,36 +332,38 @@ class RemoteGoal:
         """Return (N^, N^_q) from the queue-time prediction or a new one; None if stopped."""
         job, result, runner = self.job, self.result, self.runner
         future = job.prediction or runner.submit_prediction(job)
-        limit = self.clock() + runner.config.predictor.timeout_s
-        while True:
+
+        def should_stop():
             if job.cancel_event.is_set():
-                future.cancel()
-                self._stopped(stopping.CANCELED)
-                return None
+                return stopping.CANCELED
             if self.stops_at_deadline and self.clock() >= job.deadline_s:
-                future.cancel()
-                self._stopped(stopping.DEADLINE)
-                return None
-            if self.clock() >= limit:
-                future.cancel()
-                result.predictor = 'fallback (predictor late)'
-                return job.n_max, None
-            try:
-                done = future.result(timeout=POLL_S)
-            except concurrent.futures.TimeoutError:
-                continue
-            except Exception as exc:
-                result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
-                return job.n_max, None
-            result.predict_time_s = done.end_s - done.start_s
-            if not 0 <= done.n_hat <= job.n_max:
-                result.predictor = f'fallback (predicted {done.n_hat} tokens)'
-                return job.n_max, None
-            result.predictor = runner.predictor.name
-            n_upper = done.n_upper
-            if n_upper is not None and not done.n_hat <= n_upper <= job.n_max:
-                n_upper = None
-            return done.n_hat, n_upper
+                return stopping.DEADLINE
+            return None
+
+        waited = await_prediction(future, self.clock() + runner.config.predictor.timeout_s,
+                                  should_stop, self.clock, POLL_S)
+        done = waited.prediction
+        if waited.stop_reason is not None or waited.late:
+            future.cancel()
+        if waited.stop_reason is not None:
+            self._stopped(waited.stop_reason)
+            return None
+        if waited.late:
+            result.predictor = 'fallback (predictor late)'
+            return job.n_max, None
+        if waited.error is not None:
+            exc = waited.error
+            result.predictor = f'fallback (predictor error: {type(exc).__name__}: {exc})'
+            return job.n_max, None
+        result.predict_time_s = done.end_s - done.start_s
+        if not 0 <= done.n_hat <= job.n_max:
+            result.predictor = f'fallback (predicted {done.n_hat} tokens)'
+            return job.n_max, None
+        result.predictor = runner.predictor.name
+        n_upper = done.n_upper
+        if n_upper is not None and not done.n_hat <= n_upper <= job.n_max:
+            n_upper = None
+        return done.n_hat, n_upper
 
     def _stop_at_s(self):
         """Return when the goal's thread must end the request, or None (Skip-Next)."""
