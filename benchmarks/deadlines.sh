@@ -54,17 +54,17 @@ print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
       mkdir -p "$(dirname "$cache")"
       cp "$OUT/calibration.yaml" "$cache" ;;
     cost)
-      python benchmarks/stop_check_cost.py | tee "$OUT/stop_check_cost.txt" ;;
+      timebill study stop_check_cost | tee "$OUT/stop_check_cost.txt" ;;
     kill)
-      python benchmarks/kill_latency.py plan --out "$OUT"
-      env PYTHONPATH="$BEFORE" python benchmarks/kill_latency.py run --out "$OUT" --label before
-      python benchmarks/kill_latency.py run --out "$OUT" --label after
-      python benchmarks/kill_latency.py report --out "$OUT" ;;
+      timebill study kill_latency plan --out "$OUT"
+      env PYTHONPATH="$BEFORE" python timebill study kill_latency run --out "$OUT" --label before
+      timebill study kill_latency run --out "$OUT" --label after
+      timebill study kill_latency report --out "$OUT" ;;
     after)
-      python benchmarks/kill_latency.py run --out "$OUT" --label after
-      python benchmarks/kill_latency.py report --out "$OUT" ;;
+      timebill study kill_latency run --out "$OUT" --label after
+      timebill study kill_latency report --out "$OUT" ;;
     drift)
-      python benchmarks/wcet_drift.py --calibration "$OUT/calibration.yaml" --out "$OUT" \
+      timebill study wcet_drift --calibration "$OUT/calibration.yaml" --out "$OUT" \
         --goal-set second --tag wcet_drift ;;
     bench)
       timebill bench --methods timebill,timebill-clamp,timebill-fixed \
@@ -72,9 +72,9 @@ print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
         --out "$OUT/bench_interleaved" ;;
     ab)
       before_tree
-      python benchmarks/ab_speed.py --tree before="$BEFORE" --tree after=. --rounds 2 ;;
+      timebill study ab_speed --tree before="$BEFORE" --tree after=. --rounds 2 ;;
     admission)
-      python benchmarks/admission_latency.py --out "$OUT" ;;
+      timebill study admission_latency --out "$OUT" ;;
     bench-before)
       before_tree
       env -i HOME="$HOME" PATH=/usr/local/bin:/usr/bin:/bin bash -c \
@@ -82,7 +82,7 @@ print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
          timebill bench --methods timebill --out '$ROOT/$OUT/bench_seq_before'"
       timebill bench --methods timebill --out "$OUT/bench_seq_after" ;;
     report)
-      python benchmarks/kill_latency.py report --out "$OUT" ;;
+      timebill study kill_latency report --out "$OUT" ;;
     *)
       echo "unknown stage $stage" >&2
       exit 2 ;;

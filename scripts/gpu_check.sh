@@ -3,10 +3,10 @@
 # scripts/gpu_check.sh OUT_DIR). Each part runs in its own process under a time limit, so one
 # that fails or hangs leaves the others' figures; the report is made of what finished.
 # Parts: the refused formats; the GGUF files of GPU_MODELS (default: the embedded model) on the
-# device, bare and through the service (benchmarks/gpu_gguf.py: agreement with the committed CPU
+# device, bare and through the service (timebill_ros/bench/studies/gpu_gguf.py: agreement with the committed CPU
 # reference, decode at 100 / 1000 / 3000 KV, prefill, held-out goals under Kill); stop latency
 # and chunked prefill; the CPU kernels' build; the demo's goals with the preset's CPU offload
-# executor and the decode probe (benchmarks/gpu_check.py).
+# executor and the decode probe (timebill_ros/bench/studies/gpu_check.py).
 # A second argument `cpu` makes it a dry run on the CPU at small sizes (CI runs it so).
 set -u
 out="${1:-log/gpu_check}"
@@ -43,18 +43,18 @@ run() {  # run NAME LIMIT_S PART...; each part's exit status and seconds go to p
   timeout "$limit" "$@" || { rc=$?; echo "== FAILED ($rc): $*"; status=1; }
   printf '%s\t%s\t%s\t%s\n' "$*" "$rc" "$((SECONDS - begin))" "$limit" >> "$out/parts.tsv"
 }
-run refusals "${limits[0]}" "$py" benchmarks/gpu_check.py refusals --device "$device" --out "$out"
+run refusals "${limits[0]}" "$py" timebill_ros/bench/studies/gpu_check.py refusals --device "$device" --out "$out"
 # The GGUF files on the device (the dense decoder, CUDA-graph steps), bare and through the service.
-run bare "${limits[1]}" "$py" benchmarks/gpu_gguf.py bare --models "${models[@]}" "${gguf[@]}" \
+run bare "${limits[1]}" "$py" timebill study gpu_gguf bare --models "${models[@]}" "${gguf[@]}" \
   --out "$out"
-run serve "${limits[2]}" "$py" benchmarks/gpu_gguf.py serve --models "${models[@]}" "${serve[@]}" \
+run serve "${limits[2]}" "$py" timebill study gpu_gguf serve --models "${models[@]}" "${serve[@]}" \
   --out "$out"
-run stops "${limits[3]}" "$py" benchmarks/gpu_check.py stops "${stops[@]}" --out "$out"
+run stops "${limits[3]}" "$py" timebill_ros/bench/studies/gpu_check.py stops "${stops[@]}" --out "$out"
 # The CPU kernels (the preset's offload executor decodes on them): built once, cached.
 run kernels "${limits[4]}" "$py" -m timebill_ros.engine.kernels
-run demo "${limits[5]}" "$py" benchmarks/gpu_check.py demo --device "$device" --offload --out "$out"
+run demo "${limits[5]}" "$py" timebill_ros/bench/studies/gpu_check.py demo --device "$device" --offload --out "$out"
 if [[ " $parts " == *" report "* ]]; then
-  "$py" benchmarks/gpu_gguf.py report --out "$out" || status=1
-  "$py" benchmarks/gpu_check.py report --out "$out" || status=1
+  "$py" timebill study gpu_gguf report --out "$out" || status=1
+  "$py" timebill study gpu_check report --out "$out" || status=1
 fi
 exit "$status"

@@ -155,7 +155,7 @@ def test_goal_and_cancel_responses_and_diagnostics_while_a_goal_decodes(server_f
     """While one goal decodes: goal and cancel responses p99 < 150 ms; /diagnostics ~1 Hz.
 
     The issue's bound is 50 ms; the margin is 3x for a loaded CI machine, and
-    ``benchmarks/responsiveness.py`` reports the precise figures on the embedded model.
+    ``bench/studies/responsiveness.py`` reports the precise figures on the embedded model.
     """
     with _served(server_files(1.0), 'responsive') as (proc, stderr, client, heard):
         long_goal, long_result = _long_goal(client)

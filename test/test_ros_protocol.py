@@ -111,7 +111,7 @@ def test_a_cancel_inside_rclpys_execute_transition_still_ends_the_goal(graph, mo
 
     rclpy's ServerGoalHandle.execute() checks and transitions without a lock; a cancel
     processed in between made the transition raise and the goal never got a result (found by
-    benchmarks/responsiveness.py). The window is widened here by 0.3 s.
+    bench/studies/responsiveness.py). The window is widened here by 0.3 s.
     """
     real_update = ServerGoalHandle._update_state
 

@@ -739,7 +739,7 @@ class RosConfig:
     gil_switch_interval_s: the server process's ``sys.setswitchinterval``, seconds: how long
         the decoding thread may hold Python's GIL before a goal, cancel or timer callback gets
         it (Python's default 0.005; 0.001 cut the cancel p99 while decoding from 50.5 to
-        35.3 ms, ``benchmarks/responsiveness.py``). Set by ``timebill serve`` only.
+        35.3 ms, ``bench/studies/responsiveness.py``). Set by ``timebill serve`` only.
     autostart: bring the node to active as soon as it starts (configure, then activate), as a
         lifecycle manager would; false: it waits unconfigured for ``~/change_state``. Read
         by ``timebill serve`` (and so ``llm.launch.py``).

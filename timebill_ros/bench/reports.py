@@ -17,7 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -50,18 +50,8 @@ def _json(path):
 
 
 def _script(name):
-    """Import ``benchmarks/<name>.py`` (a script, beside its sibling scripts) as a module."""
-    folder = pathlib.Path(__file__).resolve().parents[2] / 'benchmarks'
-    if not folder.is_dir():  # an installed copy: the tree is the working directory
-        folder = pathlib.Path('benchmarks').resolve()
-    spec = importlib.util.spec_from_file_location(f'_benchmarks_{name}', folder / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(folder))  # a script imports its siblings by name
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(folder))
-    return module
+    """Import study ``name`` (``timebill_ros/bench/studies/<name>.py``)."""
+    return importlib.import_module(f'timebill_ros.bench.studies.{name}')
 
 
 def splice_table(text, lines):
@@ -133,7 +123,7 @@ def _repeats(committed, out):
 
 
 def _responsiveness(committed, out):
-    """Rebuild responsiveness.md's table (``benchmarks/responsiveness.py --report JSON``).
+    """Rebuild responsiveness.md's table (``timebill study responsiveness --report JSON``).
 
     The notes written under the table by hand (a run's history) stay.
     """
@@ -145,7 +135,7 @@ def _responsiveness(committed, out):
 
 
 def _rlp_call_memory(committed, out):
-    """Rebuild rlp_call_memory.md (``benchmarks/rlp_call_memory.py --table DIR``)."""
+    """Rebuild rlp_call_memory.md (``timebill study rlp_call_memory --table DIR``)."""
     script = _script('rlp_call_memory')
     rows = [json.loads(line) for line in committed.with_name(script.ROWS).read_text()
             .splitlines() if line]
@@ -173,7 +163,7 @@ def _script_report(name):
 
 
 def _under_load_table(committed, out):
-    """Rebuild a README's runs table (``benchmarks/test_under_load_table.py DIR``)."""
+    """Rebuild a README's runs table (``timebill study test_under_load_table DIR``)."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         _script('test_under_load_table').main([str(committed.parent)])
@@ -208,7 +198,7 @@ TABLES = (
     Table(f'{ROBOT}/readout_resolution.md', (f'{ROBOT}/readout_resolution.json',),
           _script_report('readout_resolution')),
     Table(f'{ROBOT}/readout_in_domain.md', (f'{ROBOT}/robot_bench_vanilla.json',),
-          why=f'benchmarks/readout_in_domain.py {NO_PREFILLS} (its feature cache is '
+          why=f'timebill study readout_in_domain {NO_PREFILLS} (its feature cache is '
           'log/readout_in_domain.npz)'),
     *(bench_table(f'{RESULTS}/{folder}'.rstrip('/')) for folder in (
         '', 'deadlines/bench_interleaved', 'deadlines/bench_interleaved_run1',

@@ -20,12 +20,13 @@ def _split_ros_args(argv):
 def build_parser():
     """Return the argparse parser of the ``timebill`` command."""
     from timebill_ros.cli import (bench, demo, latency, monitor, params_doc, plot, predictor,
-                                  profile, server, soak)
+                                  profile, server, soak, study)
     parser = argparse.ArgumentParser(
         prog='timebill', description='timebill_ros: serve, send, monitor, record, plot, '
-        'profile, demo, bench, enginebench, schedbench, soak, predictor, latency, params-doc.')
+        'profile, demo, bench, enginebench, schedbench, soak, study, predictor, latency, '
+        'params-doc.')
     sub = parser.add_subparsers(dest='command', required=True)
-    for module in (server, monitor, plot, profile, demo, bench, soak, predictor, latency,
+    for module in (server, monitor, plot, profile, demo, bench, soak, study, predictor, latency,
                    params_doc):
         module.add_parser(sub)
     return parser

@@ -106,7 +106,7 @@ class OnnxRlpPredictor(LengthPredictor):
         # One call at a time: a call's activations grow with N_p^2 (attention) and a node calls
         # from up to three threads (each runner's prediction, the queue's uncertainty). The
         # embedded model's RLP on 2048-token prompts: one call peaked at +380 MB resident,
-        # three at once at +1.1 GB (benchmarks/rlp_call_memory.py; the soak's node stepped up
+        # three at once at +1.1 GB (bench/studies/rlp_call_memory.py; the soak's node stepped up
         # ~420 MB after its predictor swap). A caller waits at most its predictor.timeout_s
         # (then the fallback N^).
         self._run_lock = threading.Lock()
@@ -119,7 +119,7 @@ class OnnxRlpPredictor(LengthPredictor):
         self.prefill_s = prefill_s
         # Never longer inputs than the training's N_p (its compress_ids cap): the RLP saw none,
         # and a call's activations grow with N_p^2. The embedded model's RLP was trained at 512
-        # tokens and read up to 2048 here: +380 MB a call (benchmarks/rlp_call_memory.py).
+        # tokens and read up to 2048 here: +380 MB a call (bench/studies/rlp_call_memory.py).
         self.trained_input_tokens = trained_input_tokens(meta)
         if self.trained_input_tokens:
             max_input_tokens = min(max_input_tokens, self.trained_input_tokens)

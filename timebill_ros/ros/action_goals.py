@@ -74,7 +74,7 @@ class InstructGoals:
         to EXECUTING without a lock. A cancel processed on another executor thread in between
         makes that transition raise (CANCELING -> EXECUTE is invalid) before the execute
         callback is scheduled, and the goal would never get a result. Found by
-        benchmarks/responsiveness.py (a cancel sent as soon as the goal was accepted).
+        bench/studies/responsiveness.py (a cancel sent as soon as the goal was accepted).
         """
         try:
             goal_handle.execute()

@@ -204,7 +204,7 @@ class TimeModel(TrackedPhases):
 
         Eq. 4a was fitted on prefills in chunks of ``calibration_chunk_tokens``; a prefill in
         more (smaller) chunks pays c (one forward pass's overhead) once more per extra chunk
-        (benchmarks/chunk_cost.py on the 2-core VM: 2,750 tokens in 128-token chunks took
+        (bench/studies/chunk_cost.py on the 2-core VM: 2,750 tokens in 128-token chunks took
         1.29-1.42x the time in 512-token chunks, 0.17-0.23 s per extra chunk; c was 0.11-0.16
         s). Without this, a goal prefilled in small chunks would read as a slower machine.
         n_cached: the prompt's first tokens copied from the prefix store: the prefill is then

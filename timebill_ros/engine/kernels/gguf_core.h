@@ -84,7 +84,7 @@ namespace {
 // sleep at once and every region pays a futex wake-up. A ROS server holds a team per thread
 // that ran torch ops (start-up, executors), so on a 2-core host each of the ~150 regions of a
 // decoding step paid one: 26 ms a step in an executor thread against 11 ms on the main
-// thread, same process (benchmarks/node_step.py, docs/engine.md). These workers spin
+// thread, same process (timebill_ros/bench/studies/node_step.py, docs/engine.md). These workers spin
 // (yielding the core to any other runnable thread) for SPIN_US after a job, then sleep.
 class WorkerPool {
  public:
@@ -966,7 +966,7 @@ void groups_simd_k6(const uint8_t* w, const float* x, int64_t K, float* y, int64
 // Decoding (ROWS <= 2) with the scales outside the sums. A Q4_K / Q5_K weight is s q + c per
 // 32-weight sub-block (c = -dmin m), so a sub-block's share of x . w is s (x . q) + c sum(x):
 // the codes are multiplied as they are (one conversion and one FMA a weight and row, where
-// dequantizing costs a third operation; benchmarks/decode_types.py) and each sub-block's sum
+// dequantizing costs a third operation; timebill_ros/bench/studies/decode_types.py) and each sub-block's sum
 // is scaled once (Q6_K: groups_simd_k6_scaled). Still fp32 throughout, rounded in another
 // order than dequantize-then-multiply (the tests' tolerance). The sums of x over each SPAN
 // weights, once a call: sums[r * (K / SPAN) + j] (ROWS, K / SPAN), in this thread's scratch.

@@ -1,0 +1,33 @@
+"""The studies behind the figures the docs cite, one per module, run as ``timebill study NAME``.
+
+A study module has a ``main(argv) -> int`` and a docstring whose first line says what it
+measures (``timebill study --list`` prints them). The docs name each figure's command as
+``timebill study NAME [flags]``; the benchmark recipes in ``benchmarks/*.sh`` call them,
+and ``benchmarks/results/`` keeps what they wrote.
+"""
+
+import importlib
+import pkgutil
+
+
+def names() -> list:
+    """Return the study names: the modules of this package, sorted."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__))
+
+
+def describe(name) -> str:
+    """Return the first line of study ``name``'s docstring."""
+    module = _module(name)
+    return (module.__doc__ or '').strip().splitlines()[0] if module.__doc__ else ''
+
+
+def run(name, argv) -> int:
+    """Run study ``name`` with its own flags ``argv``; return its exit status."""
+    return _module(name).main(list(argv)) or 0
+
+
+def _module(name):
+    """Import study ``name`` (ValueError naming the known ones when there is none)."""
+    if name not in names():
+        raise ValueError(f'unknown study {name!r}; expected one of {names()}')
+    return importlib.import_module(f'{__name__}.{name}')
