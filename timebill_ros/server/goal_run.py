@@ -11,7 +11,7 @@ from timebill_ros.engine import stopping
 from timebill_ros.server import outcome, status
 from timebill_ros.server.checkpoints import GoalCheckpoints, RestLength
 from timebill_ros.server.goal_criteria import answer_criteria, sampler_for
-from timebill_ros.server.goals import Feedback
+from timebill_ros.server.pipeline import GoalPipeline
 from timebill_ros.server.prediction import await_prediction
 from timebill_ros.timing.budget import upper_tokens
 from timebill_ros.timing.checkpoint import CacheNow
@@ -20,7 +20,7 @@ from timebill_ros.timing.goal_budget import GoalBudget
 from timebill_ros.timing.online import EXPECTED, LEAST
 
 
-class GoalRun:
+class GoalRun(GoalPipeline):
     """The state of one goal while it runs (phase, criteria, timings).
 
     step_scale: the decoding step of the batch it runs in over a goal's step alone (1.0
@@ -31,33 +31,22 @@ class GoalRun:
     """
 
     def __init__(self, runner, job, result, step_scale=1.0, wait_s=0.0, scale_size=1):
-        self.runner = runner
+        super().__init__(runner, job, result)
         self.engine = runner.engine
-        self.model = runner.time_model
         # A schema's token mask adds its cost to every step (measured at start-up).
         self.budget = GoalBudget(
             self.model, job.n_x, job.deadline_s, job.policy.budget_rules(), step_scale,
             runner.mask_step_s if job.grammar is not None else 0.0, wait_s)
         self.scale_size = scale_size
-        self.clock = runner.clock
-        self.job = job
-        self.result = result
         self.n_upper = None  # N^_q of the prediction, tokens (budget.upper_quantile)
         self.length_output = None  # the readout's raw output (its length distribution)
         self.rest = None  # server.checkpoints.RestLength of timebill-online, else None
         self.checkpoints = None
-        self.phase = 'prefill'
         self.interrupt = stopping.StopCriteria(
             [stopping.CancelStop(job.cancel_event)]
             + list(job.policy.stop_criteria(job.deadline_s, self.clock)))
 
-    # --- the pipeline ------------------------------------------------------------------
-    def execute(self):
-        """Run the goal alone: prepare, then decode."""
-        prepared = self.prepare()
-        if prepared is not None:
-            self._decode(*prepared)
-
+    # --- the pipeline (pipeline.py: execute = prepare, then run) -------------------------
     def prepare(self):
         """Prefill, predict, budget and evict; return (state, alpha) or None when it ended."""
         job, model, result = self.job, self.model, self.result
@@ -134,22 +123,6 @@ class GoalRun:
                                   f'{admitted_with} to {match.n_tokens} tokens)')
                 return None
         return match
-
-    def failed(self, exc):
-        """Record a model or predictor fault as this goal's FAILED result."""
-        outcome.failed(self.result, exc, self.phase)
-
-    def ended(self):
-        """Stamp the run's end on the result and return it."""
-        end, job, result = self.runner.timed_now(), self.job, self.result
-        result.execution_time_s = end - job.started_s
-        result.total_time_s = end - job.received_s
-        return result
-
-    def _feedback(self, phase, tokens=0, text='', alpha=0.0):
-        self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
-                                      elapsed_s=self.clock() - self.job.received_s,
-                                      eviction_ratio=alpha))
 
     def _prefill_stop(self):
         """Interrupts, plus (Kill / Partial) stop once the rest of the prefill cannot fit."""
@@ -300,7 +273,7 @@ class GoalRun:
             self.model.observe_evict(state.n_x, self.runner.timed_now() - start)
         return True
 
-    def _decode(self, state, alpha):
+    def run(self, state, alpha):
         """Decode alone on the engine, then record the outcome."""
         stop, on_tokens = self._decode_criteria(state, alpha)
         out = self.engine.decode(state, self.job.n_max, stop, on_tokens,
@@ -392,8 +365,3 @@ class GoalRun:
             self._stopped(out.stop_reason)
             return
         outcome.decoded(self.job, self.result, out, self.clock() - self.job.deadline_s)
-
-    def _stopped(self, reason):
-        """Fill the result of a goal stopped by ``reason`` during ``self.phase``."""
-        now = self.runner.timed_now()  # kill latency: once the stopped work has drained
-        outcome.stopped(self.job, self.result, reason, self.phase, now)

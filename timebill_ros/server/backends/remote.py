@@ -29,7 +29,8 @@ from timebill_ros.engine.remote.model import RemoteModel
 from timebill_ros.predictors import make_predictor
 from timebill_ros.server import outcome, status
 from timebill_ros.server.backends.base import Backend
-from timebill_ros.server.goals import check_prompt, Feedback, JobResult
+from timebill_ros.server.goals import check_prompt, JobResult
+from timebill_ros.server.pipeline import GoalPipeline
 from timebill_ros.server.prediction import await_prediction, timed_predict
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.budget import upper_tokens
@@ -185,7 +186,7 @@ class RemoteRunner:
             goal.execute()
         except Exception as exc:  # a fault in this goal ends this goal only
             goal.close()
-            outcome.failed(goal.result, exc, goal.phase)
+            goal.failed(exc)
         result = goal.ended()
         if self.fallback is None or result.error_code not in FALLBACK_ERRORS \
                 or goal.n_tokens or job.cancel_event.is_set():
@@ -245,18 +246,16 @@ class RemoteRunner:
                           arrivals[-1] - arrivals[0])
 
 
-class RemoteGoal:
-    """The state of one goal while its request runs."""
+class RemoteGoal(GoalPipeline):
+    """The state of one goal while its request runs (pipeline.py: prepare, then run)."""
 
     def __init__(self, runner, job):
-        self.runner, self.job = runner, job
-        self.model = runner.time_model
-        self.clock = runner.clock
+        job.started_s = runner.timed_now()
+        super().__init__(runner, job, JobResult(
+            status=status.FAILED, message='', prompt_tokens=job.n_x,
+            queue_time_s=job.started_s - job.received_s, batch_size=1))
         self.phase = 'queue'
         self.stream = None
-        job.started_s = runner.timed_now()
-        self.result = JobResult(status=status.FAILED, message='', prompt_tokens=job.n_x,
-                                queue_time_s=job.started_s - job.received_s, batch_size=1)
         self.parts, self.first_s, self.last_s = [], None, None
         self.n_tokens, self.n_sent_feedback = 0, 0
         self.n_cached = 0
@@ -268,25 +267,20 @@ class RemoteGoal:
         if self.stream is not None:
             self.stream.close()
 
-    def ended(self):
-        """Stamp the run's end on the result and return it."""
-        end, job, result = self.runner.timed_now(), self.job, self.result
-        result.execution_time_s = end - job.started_s
-        result.total_time_s = end - job.received_s
-        return result
-
     # --- the pipeline ------------------------------------------------------------------
-    def execute(self):
-        """Decide max_tokens, send the request, stream the answer to its end."""
+    def prepare(self):
+        """Match the engine's held head, decide max_tokens; (decision,) or None if ended."""
         job, result = self.job, self.result
-        if job.cancel_event.is_set():
-            self._stopped(stopping.CANCELED)
-            return
+        if self._canceled_before():
+            return None
         self.n_cached = self.runner.engine.match_prefix(job.input_ids).n_tokens
         result.cached_tokens = self.n_cached
         decision = self._decide()
-        if decision is None:
-            return
+        return None if decision is None else (decision,)
+
+    def run(self, decision):
+        """Send the request and stream the answer to its end."""
+        job = self.job
         messages = check_prompt(job.request, self.runner.config.queue.max_prompt_chars)
         self.max_tokens = decision.max_tokens
         body = self.runner.request_body(job.request, messages, decision.max_tokens)
@@ -483,9 +477,6 @@ class RemoteGoal:
             return
         self._stopped(stopping.DEADLINE)
 
-    def _stopped(self, reason):
-        outcome.stopped(self.job, self.result, reason, self.phase, self.runner.timed_now())
-
     def _remote_error(self, error):
         """End the goal FAILED with the error code of the remote failure's kind."""
         self.runner.engine.forget()  # a restarted or failing engine holds nothing of ours
@@ -495,10 +486,6 @@ class RemoteGoal:
         result.stop_phase = self.phase
         result.message = f'remote engine: {error}'
         result.response = ''
-
-    def _feedback(self, phase, tokens=0, text=''):
-        self.job.on_feedback(Feedback(phase=phase, tokens_generated=tokens, text=text,
-                                      elapsed_s=self.clock() - self.job.received_s))
 
 
 class RemoteBackend(Backend):
