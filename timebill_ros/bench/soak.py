@@ -3,7 +3,7 @@
 The node runs as ``timebill serve`` (its own process, continuous batching of 4, offload, the
 ``up`` scheduler, the prefix store on); this process plans the load from one
 ``random.Random(seed)`` (:func:`make_plan`) and plays it through ROS
-(``timebill_ros.ros.soak_client``):
+(``timebill_ros.ros.stream_client``):
 
 - Poisson arrivals at ``--rate`` goals/s, and a burst of BURST_GOALS goals every
   BURST_PERIOD_S seconds;
@@ -157,7 +157,7 @@ class GoalSpec:
     context: int = -1
 
     def fields(self):
-        """Return the fields as a dict (what ``soak_client.goal_message`` reads)."""
+        """Return the fields as a dict (what ``stream_client.goal_message`` reads)."""
         return dataclasses.asdict(self)
 
 
@@ -501,7 +501,7 @@ class LoadPlayer:
             time.sleep(min(left, 0.25))
 
     def _send(self, spec):
-        from timebill_ros.ros.soak_client import goal_message
+        from timebill_ros.ros.stream_client import goal_message
         goal = goal_message(spec.fields())
         record = self.recorder.new(spec, self.now_s())
         sent = self.client.send(
@@ -540,7 +540,7 @@ class LoadPlayer:
 def run_soak(args):
     """Run ``timebill soak``; return the exit status (1: a goal lost or the node died)."""
     from timebill_ros.bench import soak_report
-    from timebill_ros.ros.soak_client import soak_session
+    from timebill_ros.ros.stream_client import stream_session
     duration_s = _check_minutes(args.minutes) * 60.0
     out = pathlib.Path(args.out)
     if getattr(args, 'report_only', False):
@@ -557,7 +557,7 @@ def run_soak(args):
     node_cmdline = process_cmdline(proc.pid)
     player = None
     try:
-        with soak_session(node_name, f'{node_name}_client') as client:
+        with stream_session(node_name, f'{node_name}_client') as client:
             ready_s = _wait_ready(client, proc, args.ready_wait_s)
             if ready_s is not None:
                 print(f'node ready after {ready_s:.0f} s; load starts', flush=True)

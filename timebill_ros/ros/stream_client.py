@@ -1,10 +1,12 @@
-"""The soak's ROS side: goals sent without blocking, their timings, and lifecycle transitions.
+"""A client that streams goals: sent without blocking, their timings, lifecycle transitions.
 
-``timebill soak`` (``timebill_ros/bench/soak.py``) plans its load as plain values; this module
-turns a planned goal into an ``Instruct.Goal`` (bad ones included: a negative budget, a NaN
-temperature), sends it with a callback for the goal response and one for the result, cancels
-it, and asks the node's ``~/change_state`` for deactivate / activate. Every time it reports is
-``time.monotonic()`` seconds, taken in the callback that saw the event.
+Where ros/client.py's TimebillClient waits for each answer, :class:`StreamClient` keeps many
+goals in flight (a load test, a planner that fires and forgets): it turns plain fields into
+an ``Instruct.Goal`` (bad ones included, sent as they are: a negative budget, a NaN
+temperature, for testing the server's checks), sends it with a callback for the goal
+response and one for the result, cancels it, and asks the node's ``~/change_state`` for
+deactivate / activate. Every time it reports is ``time.monotonic()`` seconds, taken in the
+callback that saw the event. ``timebill soak`` (bench/soak.py) drives it.
 """
 
 import contextlib
@@ -34,7 +36,7 @@ TRANSITIONS = {'activate': Transition.TRANSITION_ACTIVATE,
 def raw_duration(seconds):
     """Return a Duration message of ``seconds``, negatives kept (sec < 0, nanosec >= 0).
 
-    The soak sends negative budgets on purpose; ``conversions.s_to_duration`` clamps them.
+    A load test sends negative budgets on purpose; ``conversions.s_to_duration`` clamps them.
     ValueError for a non-finite number (a Duration holds integers: NaN cannot be sent).
     """
     if not math.isfinite(seconds):
@@ -44,7 +46,7 @@ def raw_duration(seconds):
 
 
 def goal_message(spec):
-    """Return the Instruct.Goal of a planned goal (a dict of ``bench.soak.GoalSpec`` fields).
+    """Return the Instruct.Goal of plain fields (a dict, e.g. ``bench.soak.GoalSpec``'s).
 
     Keys used: prompt, system_prompt, messages ([(role, content)]), json_schema, budget_s
     (seconds, sent as is: negative or zero too), policy, max_new_tokens, temperature.
@@ -67,7 +69,7 @@ class SentGoal:
         self.lock = threading.Lock()
 
 
-class SoakClient(Node):
+class StreamClient(Node):
     """Sends Instruct goals to ``/<server>/instruct`` without waiting; needs a spinning executor.
 
     Its goal, cancel and result queues are ``REQUEST_QUEUE_DEPTH`` deep, like the server's, so
@@ -153,11 +155,11 @@ class SoakClient(Node):
 
 
 @contextlib.contextmanager
-def soak_session(server_name, node_name='timebill_soak_client', threads=4):
-    """Yield a SoakClient spun by a MultiThreadedExecutor of ``threads`` threads.
+def stream_session(server_name, node_name='timebill_stream_client', threads=4):
+    """Yield a StreamClient spun by a MultiThreadedExecutor of ``threads`` threads.
 
     rclpy is initialised here when it is not yet, and shut down on exit then.
     """
-    with spinning(lambda: SoakClient(server_name, node_name), threads,
-                  thread_name='soak-spin') as client:
+    with spinning(lambda: StreamClient(server_name, node_name), threads,
+                  thread_name='stream-spin') as client:
         yield client
