@@ -57,7 +57,7 @@ print(default_calibration_path(calibration_key(*key_fields(EngineConfig()))))')"
       timebill study stop_check_cost | tee "$OUT/stop_check_cost.txt" ;;
     kill)
       timebill study kill_latency plan --out "$OUT"
-      env PYTHONPATH="$BEFORE" python timebill study kill_latency run --out "$OUT" --label before
+      env PYTHONPATH="$BEFORE" python timebill_ros/bench/studies/kill_latency.py run --out "$OUT" --label before
       timebill study kill_latency run --out "$OUT" --label after
       timebill study kill_latency report --out "$OUT" ;;
     after)

@@ -43,18 +43,18 @@ run() {  # run NAME LIMIT_S PART...; each part's exit status and seconds go to p
   timeout "$limit" "$@" || { rc=$?; echo "== FAILED ($rc): $*"; status=1; }
   printf '%s\t%s\t%s\t%s\n' "$*" "$rc" "$((SECONDS - begin))" "$limit" >> "$out/parts.tsv"
 }
-run refusals "${limits[0]}" "$py" timebill_ros/bench/studies/gpu_check.py refusals --device "$device" --out "$out"
+run refusals "${limits[0]}" "$py" -m timebill_ros.bench.studies.gpu_check refusals --device "$device" --out "$out"
 # The GGUF files on the device (the dense decoder, CUDA-graph steps), bare and through the service.
-run bare "${limits[1]}" "$py" timebill study gpu_gguf bare --models "${models[@]}" "${gguf[@]}" \
+run bare "${limits[1]}" "$py" -m timebill_ros.bench.studies.gpu_gguf bare --models "${models[@]}" "${gguf[@]}" \
   --out "$out"
-run serve "${limits[2]}" "$py" timebill study gpu_gguf serve --models "${models[@]}" "${serve[@]}" \
+run serve "${limits[2]}" "$py" -m timebill_ros.bench.studies.gpu_gguf serve --models "${models[@]}" "${serve[@]}" \
   --out "$out"
-run stops "${limits[3]}" "$py" timebill_ros/bench/studies/gpu_check.py stops "${stops[@]}" --out "$out"
+run stops "${limits[3]}" "$py" -m timebill_ros.bench.studies.gpu_check stops "${stops[@]}" --out "$out"
 # The CPU kernels (the preset's offload executor decodes on them): built once, cached.
 run kernels "${limits[4]}" "$py" -m timebill_ros.engine.kernels
-run demo "${limits[5]}" "$py" timebill_ros/bench/studies/gpu_check.py demo --device "$device" --offload --out "$out"
+run demo "${limits[5]}" "$py" -m timebill_ros.bench.studies.gpu_check demo --device "$device" --offload --out "$out"
 if [[ " $parts " == *" report "* ]]; then
-  "$py" timebill study gpu_gguf report --out "$out" || status=1
-  "$py" timebill study gpu_check report --out "$out" || status=1
+  "$py" -m timebill_ros.bench.studies.gpu_gguf report --out "$out" || status=1
+  "$py" -m timebill_ros.bench.studies.gpu_check report --out "$out" || status=1
 fi
 exit "$status"

@@ -2,7 +2,7 @@
 
     timebill study kill_latency plan   --out DIR          # goals.json from the calibration
     timebill study kill_latency run    --out DIR --label after
-    PYTHONPATH=<old tree> timebill study kill_latency run --out DIR --label before
+    PYTHONPATH=<old tree> python bench/studies/kill_latency.py run --out DIR --label before
     timebill study kill_latency report --out DIR          # kill_latency.md / .json / .png
 
 ``benchmarks/deadlines.sh`` runs all of it. ``run`` imports whichever ``timebill_ros`` is on
