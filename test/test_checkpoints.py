@@ -59,7 +59,7 @@ def run_goal(engine, budget_s, policy='kill', rest=None):
     start = clock()
     budget = GoalBudget(model, state.n_x, start + budget_s, POLICIES[policy].budget_rules())
     config = BudgetConfig(checkpoint_tokens=EVERY, upper_quantile=0.0)
-    job = types.SimpleNamespace(started_s=start, policy=budget.policy)
+    job = types.SimpleNamespace(started_s=start, policy=POLICIES[policy])
     runner = types.SimpleNamespace(config=types.SimpleNamespace(budget=config),
                                    timed_now=clock)
     run = types.SimpleNamespace(clock=clock, job=job, budget=budget, model=model,

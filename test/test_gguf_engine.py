@@ -245,8 +245,8 @@ def test_layers_with_biases_are_not_fused(tiny_qwen2, quantize_model):
 def test_the_default_serves_the_embedded_gguf_on_its_blocks():
     """The server's default (embedded model, CPU, fp32, auto): the GGUF file, no fp32 copy."""
     engine = LlmEngine.load(EngineConfig(), EvictionConfig())
-    assert engine.embedded_model and engine.model is None
-    assert engine.gguf_file is not None and engine.engine_config.decode_weights == 'gguf'
+    assert engine.gguf_file is not None and engine.model is None
+    assert engine.engine_config.decode_weights == 'gguf'
     assert engine.engine_config.model_path == ''  # the model key stays the embedded one
     assert engine.model_key == 'smollm2-135m-instruct'
 

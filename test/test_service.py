@@ -434,7 +434,7 @@ def test_u_j_is_predicted_at_admission_only_when_something_reads_it(make_service
     from timebill_ros.config import SchedulerConfig
     predictor = PromptLengthPredictor()
     service = make_service(predictor=predictor)  # fifo
-    service.readout = object()  # the service's own choice only; the runner keeps its own
+    service.uncertainty.readout = object()  # u_J's choice only; the runner keeps its own
     first = Recorder(block_phase=status.PHASE_DECODE)
     submit(service, GoalRequest('Plan.', budget_s=LONG), first)
     assert first.blocked.wait(30)
