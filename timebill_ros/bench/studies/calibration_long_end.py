@@ -67,7 +67,7 @@ def main(argv=None):
             json.dumps({**meta, 'rows': rows}, indent=1), encoding='utf-8')
         head = [f'# The start-up calibration of a 0.5B-class file at the long end '
                 f'({meta["date"]})', '', f'`{command}` on {meta["host"]}, {path.name}; rows: '
-                'calibration_long_end.json; the table again: `python '
+                'calibration_long_end.json; the table again: `'
                 'timebill study calibration_long_end --table calibration_long_end.json`.', '']
         (out / 'calibration_long_end.md').write_text('\n'.join(head + lines) + '\n',
                                                      encoding='utf-8')

@@ -185,7 +185,7 @@ def main(argv=None):
     text = (f'# Decoding {data["file"]}: this revision\'s kernels against {data["baseline"]}\'s '
             f'({data["threads"]} threads, {data["steps"]} tokens a round)\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
-            f'`{data["command"]}`; raw: decode_ab.json; this table: `python '
+            f'`{data["command"]}`; raw: decode_ab.json; this table: `'
             f'timebill study decode_ab --report --out {out}`.\n\n' + table(data) + '\n')
     (out / 'decode_ab.md').write_text(text)
     print(text)

@@ -183,7 +183,7 @@ def main(argv=None):
     gemm = 'decoding GEMM' if n_rows == 1 else f'prefill GEMM on {n_rows} rows'
     text = (f'# The {gemm} by weight type ({data["threads"]} threads)\n\n'
             f'Host {data["host"]} ({data["machine"]}), {data["date"]}; command: '
-            f'`{data["command"]}`; raw: decode_types.json; this table: `python '
+            f'`{data["command"]}`; raw: decode_types.json; this table: `'
             f'timebill study decode_types --report --out {out}`.\n\n'
             + table(data['rows'], data['bandwidth_gbs'], data.get('baseline')) + '\n')
     (out / 'decode_types.md').write_text(text)

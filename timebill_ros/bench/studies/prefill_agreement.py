@@ -133,7 +133,7 @@ def chunk_plans_main(args):
         f'{platform.node()} ({platform.machine()}), {datetime.date.today().isoformat()}. '
         f'Prompts: the first {args.prompts} of the RLP test split, {args.tokens} tokens; '
         'plans: chunks of 512 and of 16 tokens. Rows (each answer\'s token ids): '
-        f'{args.out.with_suffix(".json").name}; the table again from them: `python '
+        f'{args.out.with_suffix(".json").name}; the table again from them: `'
         'timebill study prefill_agreement --chunk-plans-table JSON`.', '',
         '| file | auto resolved to | answers = fp32 (512) | answers equal, 512 vs 16 |',
         '|---|---|---|---|', *rows, ''])

@@ -101,7 +101,7 @@ def report(data) -> str:
     lines = ['# Do the pooled prefill states tell short robot-context answers from long ones?',
              '', f'{data["date"]}, {data["host"]} ({data["machine"]}), the embedded model, fp32 '
              f'prefill. {len(y)} items, {int(y.sum())} answered in fewer than {N_MAX} tokens. '
-             f'Command: `{data["command"]}`; the table rebuilt from the rows by `python '
+             f'Command: `{data["command"]}`; the table rebuilt from the rows by `'
              'timebill study readout_in_domain --report`. A long item called short at >= 0.9 '
              'is a goal budgeted below its length: under Kill, a miss.', '',
              '| score | AUC | P(short) >= 0.9 on short items | ... on long items |',

@@ -83,7 +83,7 @@ def _report(data):
     lines = [f'# N^ and N^_W (q = {Q}, N_max {N_MAX}) of prefill readouts on the robot-context '
              'items', '', f'{data["date"]}, {data["host"]} ({data["machine"]}), the embedded '
              f'model, fp32 prefill. Readouts: {readouts}. {len(rows)} items; command: '
-             f'`{data["command"]}`; the table rebuilt from the rows by `python '
+             f'`{data["command"]}`; the table rebuilt from the rows by `'
              'timebill study readout_resolution --report`.', '',
              '| readout | N^ values (count) | N^_W values (count) | N^ MAE vs N_v | '
              'P(N > N_max): median, min, max | on the items with N_v < N_max |',
