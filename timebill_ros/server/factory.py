@@ -37,9 +37,7 @@ def build_service(config, log=print):
 
 def _build(config, log):
     """Build the service of ``config.engine.backend`` on the calling thread."""
-    backend = backend_of(config.engine.backend)
-    backend.check_config(config)
-    return backend.build(config, log)
+    return backend_of(config.engine.backend).build(config, log)
 
 
 def predictor_upgrade(service):

@@ -10,7 +10,6 @@ wait for a prediction is shared too (prediction.await_prediction).
 
 import abc
 
-from timebill_ros.engine import stopping
 from timebill_ros.server import outcome
 from timebill_ros.server.goals import Feedback
 
@@ -63,10 +62,3 @@ class GoalPipeline(abc.ABC):
         """Fill the result of a job stopped by ``reason`` during ``self.phase``."""
         now = self.runner.timed_now()  # kill latency: once the stopped work has drained
         outcome.stopped(self.job, self.result, reason, self.phase, now)
-
-    def _canceled_before(self):
-        """End the job CANCELED and return True when it was canceled before it started."""
-        if self.job.cancel_event.is_set():
-            self._stopped(stopping.CANCELED)
-            return True
-        return False

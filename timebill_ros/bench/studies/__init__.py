@@ -16,9 +16,12 @@ def names() -> list:
 
 
 def describe(name) -> str:
-    """Return the first line of study ``name``'s docstring."""
-    module = _module(name)
-    return (module.__doc__ or '').strip().splitlines()[0] if module.__doc__ else ''
+    """Return the first line of study ``name``'s docstring ('' without one).
+
+    name: one of :func:`names` (what ``--list`` walks: each is imported, not looked up).
+    """
+    lines = (importlib.import_module(f'{__name__}.{name}').__doc__ or '').strip().splitlines()
+    return lines[0] if lines else ''
 
 
 def run(name, argv) -> int:

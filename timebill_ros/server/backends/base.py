@@ -7,8 +7,8 @@ class Backend(abc.ABC):
     """One value of ``engine.backend``: builds the service whose goals run there.
 
     ``name``: the parameter's value (the registry key, plugins.NAMES['backend']). A backend
-    checks the settings it cannot serve (:meth:`check_config`) and builds the
-    TimeBillService with its runner, time model and predictor (:meth:`build`).
+    builds the TimeBillService with its runner, time model and predictor (:meth:`build`),
+    first refusing the settings it cannot serve (:meth:`check_config`).
     """
 
     name = 'base'

@@ -271,7 +271,8 @@ class RemoteGoal(GoalPipeline):
     def prepare(self):
         """Match the engine's held head, decide max_tokens; (decision,) or None if ended."""
         job, result = self.job, self.result
-        if self._canceled_before():
+        if job.cancel_event.is_set():
+            self._stopped(stopping.CANCELED)
             return None
         self.n_cached = self.runner.engine.match_prefix(job.input_ids).n_tokens
         result.cached_tokens = self.n_cached
