@@ -51,6 +51,46 @@ def test_structure_that_is_not_a_loop_goes_on(tokens):
     assert _replay(LoopGuard(max_period=64, min_repeats=3, min_span=48), tokens)[0] is None
 
 
+def _steps_after(guard, tokens):
+    """Feed ``tokens``; return steps_to_fire after each (None where no loop is trusted)."""
+    out = []
+    for index, token in enumerate(tokens, start=1):
+        guard.should_stop(index, token)
+        out.append(guard.steps_to_fire())
+    return out
+
+
+def test_a_loop_seen_three_times_gives_the_steps_until_the_guard_ends_it():
+    intro, cycle = list(range(100, 110)), [1, 2, 3, 4, 5]  # a 5-token cycle: 48 to fire
+    tokens = intro + cycle * 12
+    guard = LoopGuard(max_period=64, min_repeats=3, min_span=48)
+    steps = _steps_after(guard, tokens)
+    # Twice over (10 tokens) is not trusted; the third copy (15 tokens) is.
+    assert steps[len(intro) + 14 - 1] is None
+    assert steps[len(intro) + 15 - 1] == 48 - 15
+    # Each token of the loop brings the end one step closer, down to the step it fires.
+    fired = _replay(LoopGuard(max_period=64, min_repeats=3, min_span=48), tokens)[1]
+    at = len(intro) + 20
+    assert steps[at - 1] == fired - at == 48 - 20
+
+
+def test_a_long_cycle_is_trusted_only_once_the_guard_fires():
+    """A cycle of 20 repeated three times already meets min_repeats: no step before."""
+    tokens = list(range(100, 110)) + list(range(1, 21)) * 3
+    steps = _steps_after(LoopGuard(max_period=64, min_repeats=3, min_span=48), tokens)
+    assert steps == [None] * len(tokens)
+
+
+@pytest.mark.parametrize('tokens', [
+    [7, 8, 9] + [60, 61, 62, 63] * 2 + list(range(300, 340)),  # a cycle seen twice
+    [5, 5, 5, 5] + list(range(300, 340)),  # three copies of one token: under 12 tokens
+    [t for i in range(1, 30) for t in (900 + i, 13, 40, 41, 42, 43, 198)],  # a list
+])
+def test_no_steps_where_no_loop_is_trusted(tokens):
+    steps = _steps_after(LoopGuard(max_period=64, min_repeats=3, min_span=48), tokens)
+    assert steps == [None] * len(tokens)
+
+
 @pytest.mark.parametrize('kwargs', [{'max_period': 0}, {'min_repeats': 1}, {'min_span': 0},
                                     {'max_period': True}])
 def test_bad_guard_settings_are_refused(kwargs):

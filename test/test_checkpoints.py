@@ -9,9 +9,10 @@ import types
 
 import pytest
 
-from timebill_ros.config import BudgetConfig, OnlineSettings
+from timebill_ros.config import BudgetConfig, OnlineSettings, ServerConfig
 from timebill_ros.engine.stopping import StopCriteria
 from timebill_ros.engine.stopping import StopCriterion
+from timebill_ros.server import status
 from timebill_ros.server.checkpoints import GoalCheckpoints, RestLength
 from timebill_ros.server.overrun import POLICIES
 from timebill_ros.timing.budget import decide_remaining
@@ -143,6 +144,18 @@ def test_the_rest_comes_from_the_bound_then_n_max():
     assert rest.bounds(40) == (0, 0)
 
 
+def test_a_loop_bounds_the_rest_by_the_steps_until_the_guard_ends_it():
+    rest = RestLength(n_hat=20, n_w=30, n_max=40)
+    looping = [None]
+    rest.loop_steps = lambda: looping[0]
+    assert rest.bounds(9) == (11, 21)
+    looping[0] = 6
+    assert rest.bounds(9) == (6, 6)
+    looping[0] = 25  # never above what the readouts give
+    assert rest.bounds(9) == (11, 21)
+    assert rest.prompt_end(9) == 30  # the watch for a later end reads the prompt only
+
+
 def test_the_rest_is_read_from_the_distribution_given_the_tokens_so_far():
     """Four equally likely 16-token buckets: the rest shrinks to what is left above n."""
     from timebill_ros.predictors.length_distribution import OutputFormat
@@ -166,3 +179,35 @@ def test_a_hopeless_checkpoint_follows_the_policy(policy, alpha):
     plan = budget.decide_rest(0.0, CacheNow(100, 100, 8, 0.0), 30,
                               BudgetConfig(checkpoint_tokens=EVERY))
     assert plan.alpha == alpha and not plan.fits
+
+
+def test_a_looping_answer_is_bounded_by_the_guard_at_its_checkpoints(
+        slow_model, smollm2_tokenizer):
+    """slow_model's greedy answer settles into a cycle: the guard ends it, the rest knew."""
+    import threading
+    from timebill_ros.config import EngineConfig, EvictionConfig, PrefixCacheConfig
+    from timebill_ros.engine.llm_engine import LlmEngine
+    from timebill_ros.predictors import FallbackPredictor
+    from timebill_ros.server.goals import GoalRequest
+    from timebill_ros.server.service import TimeBillService
+    engine = LlmEngine(EngineConfig(), EvictionConfig(), model=slow_model,
+                       tokenizer=smollm2_tokenizer, prefix_cache=PrefixCacheConfig(enabled=False))
+    service = TimeBillService(ServerConfig(budget=BudgetConfig(checkpoint_tokens=4)), engine,
+                              FallbackPredictor(),
+                              TimingCoefficients(a=1e-9, b=1e-5, c=1e-3, p=1e-6, q=1e-3))
+    service.start()
+    try:
+        done, results = threading.Event(), []
+        service.submit(GoalRequest('Here is the robot log: all ok. Summarize it.',
+                                   budget_s=100_000.0, max_new_tokens=120),
+                       lambda feedback: None,
+                       lambda result: (results.append(result), done.set()))
+        assert done.wait(120)
+    finally:
+        service.shutdown()
+    result = results[0]
+    assert result.status == status.COMPLETED and 'repeated itself' in result.message
+    # The last checkpoint's rest was the guard's: exact (N^ - n would be 60-odd tokens off),
+    # counted against the tokens generated, not the ones the cut kept.
+    assert result.rest_error_tokens == 0
+    assert result.checkpoint_tokens[-1] > result.response_tokens

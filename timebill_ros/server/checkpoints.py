@@ -26,7 +26,10 @@ class RestLength:
     decoding, the same form): the decode readout's, read first (predictors/decode_readout.py);
     an error there is kept in ``decode_error`` and the prefill's distribution reads instead.
     Without either (or where they give None) the rest is N^_W - n, and N_max - n once the
-    answer has run past N^_W.
+    answer has run past N^_W. ``loop_steps`` (set before decoding; None: no loop guard):
+    ``() -> tokens or None``, the goal's engine.stopping.LoopGuard.steps_to_fire: while the
+    answer is caught in a loop, both bounds are at most the steps until the guard ends it
+    (what no length readout learned: the loops an eviction causes).
     """
 
     def __init__(self, n_hat, n_w, n_max, rest_bounds=None):
@@ -34,6 +37,7 @@ class RestLength:
         self.rest_bounds = rest_bounds
         self.decode_bounds = None
         self.decode_error = None
+        self.loop_steps = None
 
     def _read(self, n_generated):
         """Return the first (N^_rem, N^_rem,q) the readouts give, or None."""
@@ -49,7 +53,11 @@ class RestLength:
 
     def bounds(self, n_generated):
         """Return (N^_rem, N^_rem,q) after ``n_generated`` tokens, each in [0, N_max - n]."""
-        return self._clip(n_generated, self._read(n_generated))
+        point, upper = self._clip(n_generated, self._read(n_generated))
+        looping = None if self.loop_steps is None else self.loop_steps()
+        if looping is not None:
+            point, upper = min(point, looping), min(upper, looping)
+        return point, upper
 
     def prompt_end(self, n_generated):
         """Return where the prompt's bound ends the answer now, n + N^_rem,q (tokens).

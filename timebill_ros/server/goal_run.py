@@ -304,9 +304,11 @@ class GoalRun(GoalPipeline):
         self.timer = stopping.StepTimer(self.clock, sync=self.engine.synchronize)
         # The timer first: check() returns at the first criterion that fires, and the
         # boundary after the last step must still be recorded.
+        by_content = answer_criteria(job, self.engine, self.runner.config.engine)
+        if self.rest is not None:
+            self.rest.loop_steps = _loop_steps(by_content)
         criteria = [self.timer, stopping.EosStop(self.engine.eos_token_ids),
-                    stopping.MaxTokensStop(job.n_max)] \
-            + answer_criteria(job, self.engine, self.runner.config.engine) \
+                    stopping.MaxTokensStop(job.n_max)] + by_content \
             + list(self.interrupt.criteria)
 
         def next_step_s(n_generated):  # the cache as it is (a checkpoint may evict)
@@ -334,7 +336,10 @@ class GoalRun(GoalPipeline):
         if self.checkpoints is not None:
             segments = self.checkpoints.segments(self.n_kv_first, steps)
             steps = [step for _, segment in segments for step in segment]
-            self._record_checkpoints(len(out.token_ids))
+            # A loop's or stop string's cut leaves fewer tokens than were generated; the
+            # rest's error counts what was generated (the timer checks once per token).
+            cut = out.stop_reason in (stopping.REPETITION, stopping.STOP_STRING)
+            self._record_checkpoints(len(self.timer.times_s) if cut else len(out.token_ids))
         else:
             segments = [(self.n_kv_first, steps)]
         if self.budget.step_scale == 1.0:  # the online model learns a goal's step alone
@@ -365,3 +370,9 @@ class GoalRun(GoalPipeline):
             self._stopped(out.stop_reason)
             return
         outcome.decoded(self.job, self.result, out, self.clock() - self.job.deadline_s)
+
+
+def _loop_steps(criteria):
+    """Return the loop guard's steps_to_fire among ``criteria``, or None without a guard."""
+    guards = [c for c in criteria if isinstance(c, stopping.LoopGuard)]
+    return guards[0].steps_to_fire if guards else None
