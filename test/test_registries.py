@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from timebill_ros import plugins
+from timebill_ros import plugins, predictors
 from timebill_ros.action import Instruct
 from timebill_ros.engine import eviction
 from timebill_ros.server import admission, backends, overrun, scheduler, status
@@ -17,6 +17,7 @@ FAMILIES = [
     (scheduler.POLICIES, 'scheduler policy'),
     (eviction.SCORERS, 'eviction scorer'),
     (backends.BACKENDS, 'backend'),
+    (plugins.load('length predictor', predictors.LengthPredictor), 'length predictor'),
 ]
 
 

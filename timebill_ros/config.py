@@ -17,7 +17,6 @@ WEIGHT_FORMATS = ('float32', 'float16', 'bfloat16')
 DECODE_FORMATS = ('auto',) + WEIGHT_FORMATS + ('int8', 'gguf')
 FORWARDS = ('auto', 'lean', 'transformers')
 BUDGET_MODES = ('timebill', 'fixed')
-PREDICTOR_KINDS = ('rlp', 'fallback')
 PREFILL_DTYPES = ('auto', 'float32', 'bfloat16')
 PREDICTOR_PROVIDERS = ('auto', 'cpu', 'cuda')
 OFFLOAD_DTYPES = ('auto',) + WEIGHT_FORMATS
@@ -384,7 +383,7 @@ class PredictorConfig:
     reload_check_s: float = 10.0
 
     def __post_init__(self):
-        check_choice('predictor.kind', self.kind, PREDICTOR_KINDS)
+        check_choice('predictor.kind', self.kind, PLUGINS['length predictor'])
         if (isinstance(self.reload_check_s, bool)
                 or not isinstance(self.reload_check_s, (int, float))
                 or not 0 <= self.reload_check_s < float('inf')):

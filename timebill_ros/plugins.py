@@ -18,6 +18,7 @@ NAMES = {
     'scheduler policy': ('fifo', 'edf', 'luf', 'muf', 'slack', 'up'),
     'eviction scorer': ('snapkv', 'streaming_llm', 'knorm'),
     'backend': ('local', 'openai'),
+    'length predictor': ('rlp', 'fallback'),
 }
 # family -> the package whose modules hold its plugins.
 FAMILIES = {
@@ -26,6 +27,7 @@ FAMILIES = {
     'scheduler policy': 'timebill_ros.server.scheduler',
     'eviction scorer': 'timebill_ros.engine.eviction',
     'backend': 'timebill_ros.server.backends',
+    'length predictor': 'timebill_ros.predictors',
 }
 
 

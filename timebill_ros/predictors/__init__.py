@@ -1,43 +1,29 @@
 """Response-length predictors (N^, Eq. 2)."""
 
+from timebill_ros import plugins
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.predictors.fallback import FallbackPredictor
 
 
 def make_predictor(predictor_config, model_key='', prefill_s=None, cache_dir=None, log=print):
-    """Build the predictor named by ``predictor_config.kind``.
+    """Build the predictor named by ``predictor_config.kind`` (its ``from_config``).
 
-    For ``rlp``: the ONNX file of ``predictor.model_file`` (or the cache entry of
-    ``model_key``) with prompt compression against ``prefill_s`` (N_x tokens -> seconds).
-    If it cannot be loaded, log why and return the fallback, whose name carries the reason
-    (results then say ``fallback (rlp unavailable: ...)``).
+    The registry: the LengthPredictor classes of this package named in
+    plugins.NAMES['length predictor']. For ``rlp``: the ONNX file of ``predictor.model_file``
+    (or the cache entry of ``model_key``) with prompt compression against ``prefill_s``
+    (N_x tokens -> seconds). If it cannot be built, log why and return the fallback, whose
+    name carries the reason (results then say ``fallback (rlp unavailable: ...)``).
     """
-    if predictor_config.kind == 'fallback':
-        return FallbackPredictor()
-    if predictor_config.kind != 'rlp':
-        raise ValueError(f'unknown predictor.kind {predictor_config.kind!r}')
-    from timebill_ros.predictors.onnx_rlp import OnnxRlpPredictor
-    from timebill_ros.predictors.contract import predictor_paths
-    path = predictor_paths(predictor_config, model_key, cache_dir)['RLP']
+    kinds = plugins.load('length predictor', LengthPredictor)
+    kind = plugins.choose('length predictor', kinds, predictor_config.kind)
     try:
-        predictor = OnnxRlpPredictor.load(
-            path, threads=predictor_config.threads, provider=predictor_config.provider,
-            prefill_s=prefill_s, min_input_tokens=predictor_config.min_input_tokens,
-            max_input_tokens=predictor_config.max_input_tokens)
-        if model_key and predictor.model_key != model_key:
-            raise ValueError(f'{path} was trained for model {predictor.model_key!r}, '
-                             f'not {model_key!r}')
+        return kind.from_config(predictor_config, model_key, prefill_s, cache_dir, log)
     except Exception as exc:  # the server must still serve: fall back, say why
         reason = f'{type(exc).__name__}: {exc}'
-        log(f'RLP unavailable, using the fallback N^ = N_max: {reason}')
+        log(f'{kind.name.upper()} unavailable, using the fallback N^ = N_max: {reason}')
         fallback = FallbackPredictor()
-        fallback.name = f'fallback (rlp unavailable: {reason})'
+        fallback.name = f'fallback ({kind.name} unavailable: {reason})'
         return fallback
-    timing = predictor.timing
-    log(f'RLP loaded from {path}: t^_Predict(N_p) = {timing.a_p:.3g} N_p^2 + '
-        f'{timing.b_p:.3g} N_p + {timing.c_p:.3g} s; reads N_p <= '
-        f'{predictor.max_input_tokens} tokens')
-    return predictor
 
 
 def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_layers=None):

@@ -12,6 +12,18 @@ class LengthPredictor(abc.ABC):
 
     name = 'base'
 
+    @classmethod
+    def from_config(cls, predictor_config, model_key='', prefill_s=None, cache_dir=None,
+                    log=print):
+        """Return the predictor ``predictor.kind`` names, built from the config (the registry).
+
+        predictor_config: config.PredictorConfig. model_key: the served model's (a file
+        trained for another is refused). prefill_s: N_x tokens -> seconds (Eq. 4a).
+        cache_dir: where built predictors live (None: the default). Raises when the
+        predictor cannot be built; make_predictor then serves the fallback.
+        """
+        return cls()
+
     @abc.abstractmethod
     def predict(self, prompt: str, input_ids: Sequence[int], n_max: int) -> int:
         """Return N^ in tokens, 0 <= N^ <= n_max (Eq. 2 post-processing included)."""

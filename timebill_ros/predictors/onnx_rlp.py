@@ -131,6 +131,25 @@ class OnnxRlpPredictor(LengthPredictor):
         self._run_options = None
 
     @classmethod
+    def from_config(cls, predictor_config, model_key='', prefill_s=None, cache_dir=None,
+                    log=print):
+        """Load ``predictor.model_file`` (or the cache's file of ``model_key``); see base."""
+        from timebill_ros.predictors.contract import predictor_paths
+        path = predictor_paths(predictor_config, model_key, cache_dir)['RLP']
+        predictor = cls.load(
+            path, threads=predictor_config.threads, provider=predictor_config.provider,
+            prefill_s=prefill_s, min_input_tokens=predictor_config.min_input_tokens,
+            max_input_tokens=predictor_config.max_input_tokens)
+        if model_key and predictor.model_key != model_key:
+            raise ValueError(f'{path} was trained for model {predictor.model_key!r}, '
+                             f'not {model_key!r}')
+        timing = predictor.timing
+        log(f'RLP loaded from {path}: t^_Predict(N_p) = {timing.a_p:.3g} N_p^2 + '
+            f'{timing.b_p:.3g} N_p + {timing.c_p:.3g} s; reads N_p <= '
+            f'{predictor.max_input_tokens} tokens')
+        return predictor
+
+    @classmethod
     def load(cls, path, threads: int = 1, provider: str = 'auto', **kwargs):
         """Open the ONNX file at ``path`` with ``threads`` intra-op threads; see __init__."""
         import onnxruntime
