@@ -835,7 +835,7 @@ def test_a_prediction_that_cannot_start_leaves_the_queued_goal_running(make_serv
 
     def refuse(*args, **kwargs):
         raise RuntimeError('cannot schedule new futures after shutdown')
-    monkeypatch.setattr(service.uncertainty.pool, 'submit', refuse)
+    monkeypatch.setattr(service.uncertainty.thread, 'submit', refuse)
     rec = submit(service, GoalRequest('Count to 3.', budget_s=LONG))
     assert rec.job is not None and rec.job.prediction is None
     first.release.set()

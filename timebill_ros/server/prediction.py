@@ -1,4 +1,4 @@
-"""One length-predictor call timed on the service's clock (N^ and N^_q, tokens), and the wait.
+"""A length-predictor call timed on the service's clock (N^, N^_q: tokens), its thread, the wait.
 
 Both pipelines (the local goal run, the remote one) wait for a prediction the same way:
 :func:`await_prediction` polls it while the goal's own stop checks run.
@@ -32,6 +32,31 @@ def timed_predict(predictor, prompt, input_ids, n_max, clock, upper_quantile=0.0
     else:
         n_hat, n_upper = predictor.predict(prompt, input_ids, n_max), None
     return Prediction(int(n_hat), None if n_upper is None else int(n_upper), start, clock())
+
+
+class PredictorThread:
+    """One thread that runs length-predictor calls one at a time; each returns a future.
+
+    The local and remote runs (a goal's N^) and the queue (a waiting goal's u_J) each own
+    one. name: the thread's name prefix (``timebill-predict``, ``timebill-uncertainty``:
+    profiles and logs show it). clock: the service's monotonic seconds, the Prediction's
+    times. upper_quantile: q > 0 also asks for N^_q (``budget.upper_quantile``).
+    """
+
+    def __init__(self, name, clock, upper_quantile=0.0):
+        self.clock = clock
+        self.upper_quantile = upper_quantile
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                          thread_name_prefix=name)
+
+    def submit(self, predictor, prompt, input_ids, n_max):
+        """Queue one call of ``predictor`` (the one serving now); return its future."""
+        return self.pool.submit(timed_predict, predictor, prompt, input_ids, n_max,
+                                self.clock, self.upper_quantile)
+
+    def close(self):
+        """Stop the thread once its call ends; calls not started are dropped."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,14 +9,13 @@ goals also stop as soon as the time model says they can no longer finish, so the
 goes to the next goal. Every measured phase updates the online time model.
 """
 
-import concurrent.futures
 import time
 
 from timebill_ros.engine import stopping
 from timebill_ros.server import status
 from timebill_ros.server.goal_run import GoalRun
 from timebill_ros.server.goals import JobResult
-from timebill_ros.server.prediction import timed_predict
+from timebill_ros.server.prediction import PredictorThread
 from timebill_ros.timing.batch import BatchScale
 from timebill_ros.timing.online import EXPECTED
 WARM_UP_TOKENS = 256    # the start-up warm-up goal: prompt tokens, decoding steps, alpha
@@ -49,8 +48,8 @@ class JobRunner:
         self.config = server_config
         self.clock = clock
         self.batch_scale = BatchScale(batch_step)
-        self._predict_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix='timebill-predict')
+        self._predictions = PredictorThread('timebill-predict', clock,
+                                            server_config.budget.upper_quantile)
 
     def timed_now(self) -> float:
         """Return the clock once the engine's queued work has run, seconds (a timing read).
@@ -66,13 +65,11 @@ class JobRunner:
     def close(self):
         """Stop the predictor thread."""
         self.predictor.abort()
-        self._predict_pool.shutdown(wait=True, cancel_futures=True)
+        self._predictions.close()
 
     def submit_prediction(self, prompt, input_ids, n_max):
         """Start the length predictor on its thread; return the future."""
-        return self._predict_pool.submit(timed_predict, self.predictor, prompt, input_ids,
-                                         n_max, self.clock,
-                                         self.config.budget.upper_quantile)
+        return self._predictions.submit(self.predictor, prompt, input_ids, n_max)
 
     def run(self, job) -> JobResult:
         """Run ``job`` to a terminal JobResult."""

@@ -5,9 +5,8 @@ prediction as N^ (goal_run.py) instead of predicting again. It is started only w
 something reads u_J (:meth:`Uncertainty.wanted`).
 """
 
-import concurrent.futures
 
-from timebill_ros.server.prediction import timed_predict
+from timebill_ros.server.prediction import PredictorThread
 
 
 class Uncertainty:
@@ -26,8 +25,8 @@ class Uncertainty:
         self.estimated_time_s = estimated_time_s
         self.clock = clock
         # Its time is the goal's t_Predict (predict_time): the run reuses it.
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix='timebill-uncertainty')
+        self.thread = PredictorThread('timebill-uncertainty', clock,
+                                      config.budget.upper_quantile)
 
     def wanted(self, offloading):
         """Return whether anything reads a waiting goal's u_J (so it is worth predicting).
@@ -50,9 +49,8 @@ class Uncertainty:
         """
         if self.config.scheduler.uncertainty != 'predictor' or not self.wanted(offloading):
             return
-        future = self.pool.submit(timed_predict, self.predictor, job.request.prompt,
-                                  job.input_ids, job.n_max, self.clock,
-                                  self.config.budget.upper_quantile)
+        future = self.thread.submit(self.predictor, job.request.prompt, job.input_ids,
+                                    job.n_max)
         job.prediction = future
         future.add_done_callback(lambda done: self._known(job, done))
 
@@ -67,4 +65,4 @@ class Uncertainty:
 
     def shutdown(self):
         """Stop the thread; predictions not started are dropped."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.thread.close()

@@ -17,7 +17,6 @@ REMOTE_TIMEOUT.
 """
 
 import abc
-import concurrent.futures
 import dataclasses
 import queue
 import random
@@ -31,7 +30,7 @@ from timebill_ros.server import outcome, status
 from timebill_ros.server.backends.base import Backend
 from timebill_ros.server.goals import check_prompt, JobResult
 from timebill_ros.server.pipeline import GoalPipeline
-from timebill_ros.server.prediction import await_prediction, timed_predict
+from timebill_ros.server.prediction import await_prediction, PredictorThread
 from timebill_ros.server.service import TimeBillService
 from timebill_ros.timing.budget import upper_tokens
 from timebill_ros.timing.online import WORST
@@ -143,8 +142,8 @@ class RemoteRunner:
         self.config = server_config
         self.endpoint = endpoint
         self.clock = clock
-        self._predict_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix='timebill-predict')
+        self._predictions = PredictorThread('timebill-predict', clock,
+                                            server_config.budget.upper_quantile)
 
     def timed_now(self) -> float:
         """Return the clock (nothing is queued on this side)."""
@@ -154,15 +153,14 @@ class RemoteRunner:
         """Stop the predictor thread (and the fallback's)."""
         if self.predictor is not None:
             self.predictor.abort()
-        self._predict_pool.shutdown(wait=True, cancel_futures=True)
+        self._predictions.close()
         if self.fallback is not None:
             self.fallback.close()
 
     def submit_prediction(self, job):
         """Start the length predictor on the goal's prompt on its thread; return the future."""
-        return self._predict_pool.submit(timed_predict, self.predictor, job.request.prompt,
-                                         job.input_ids, job.n_max, self.clock,
-                                         self.config.budget.upper_quantile)
+        return self._predictions.submit(self.predictor, job.request.prompt, job.input_ids,
+                                        job.n_max)
 
     def warm_up(self):
         """Nothing: the start-up probes (:meth:`probe`) measured the engine of the moment."""
