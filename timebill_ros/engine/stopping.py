@@ -239,9 +239,13 @@ class LoopGuard(_TailCut):
             run = self.runs[period] + 1 if tokens[last - period] == tokens[last] else 0
             self.runs[period] = run
             span = run + period  # the tail of this length has period p
-            if span >= self.min_span and span >= self.min_repeats * period:
+            if span >= self._fire_span(period):
                 return len(tokens) - span + period
         return None
+
+    def _fire_span(self, period):
+        """Return the tail a cycle of ``period`` tokens must span for the guard to fire."""
+        return max(self.min_span, self.min_repeats * period)
 
     def steps_to_fire(self, repeats: int = LOOP_EVIDENCE_REPEATS,
                       min_tokens: int = LOOP_EVIDENCE_TOKENS) -> Optional[int]:
@@ -259,7 +263,7 @@ class LoopGuard(_TailCut):
         for period in range(1, min(self.max_period, len(self.tokens) - 1) + 1):
             span = self.runs[period] + period
             if span >= max(repeats * period, min_tokens):
-                left = max(self.min_span, self.min_repeats * period) - span
+                left = self._fire_span(period) - span
                 steps = left if steps is None else min(steps, left)
         return None if steps is None else max(0, steps)
 

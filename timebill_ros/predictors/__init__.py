@@ -36,10 +36,10 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_la
     if predictor_config.kind != 'rlp' or not predictor_config.prefill_readout:
         return None
     from timebill_ros.predictors.prefill_readout import PrefillReadout
-    from timebill_ros.predictors.contract import predictor_paths
+    from timebill_ros.predictors.contract import load_for, predictor_paths
     path = predictor_paths(predictor_config, model_key, cache_dir)['readout']
     try:
-        readout = _load_for(PrefillReadout, path, predictor_config, model_key)
+        readout = load_for(PrefillReadout, path, predictor_config, model_key)
         if n_layers is not None and max(readout.pool_layers) > n_layers:
             raise ValueError(f'{path} reads layers {readout.pool_layers}, the model has '
                              f'{n_layers}')
@@ -52,19 +52,6 @@ def make_readout(predictor_config, model_key='', cache_dir=None, log=print, n_la
     return readout
 
 
-def _load_for(kind, path, predictor_config, model_key):
-    """Return ``kind.load(path)`` with the config's threads and provider, for ``model_key``.
-
-    ValueError when the file was trained for another model (``model_key`` '': any).
-    """
-    readout = kind.load(path, threads=predictor_config.threads,
-                        provider=predictor_config.provider)
-    if model_key and readout.model_key != model_key:
-        raise ValueError(f'{path} was trained for model {readout.model_key!r}, '
-                         f'not {model_key!r}')
-    return readout
-
-
 def _decode_readout(predictor_config, model_key, cache_dir, log, prefill):
     """Return the decode readout that reads at checkpoints beside ``prefill``, or None.
 
@@ -74,14 +61,14 @@ def _decode_readout(predictor_config, model_key, cache_dir, log, prefill):
     """
     if not predictor_config.decode_readout:
         return None
-    from timebill_ros.predictors.contract import predictor_paths
+    from timebill_ros.predictors.contract import load_for, predictor_paths
     from timebill_ros.predictors.decode_readout import DecodeReadout
     path = predictor_paths(predictor_config, model_key, cache_dir)['decode readout']
     if not path.is_file():
         log(f'no decode readout at {path}: checkpoints read the prefill readout')
         return None
     try:
-        readout = _load_for(DecodeReadout, path, predictor_config, model_key)
+        readout = load_for(DecodeReadout, path, predictor_config, model_key)
         if readout.pool_layers != prefill.pool_layers:
             raise ValueError(f'it reads prompt layers {readout.pool_layers}, the prefill '
                              f'readout {prefill.pool_layers}')

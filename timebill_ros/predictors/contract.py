@@ -23,6 +23,20 @@ def default_onnx_path(model_key: str, cache_dir=None) -> pathlib.Path:
     return pathlib.Path(paths.cache_root(cache_dir)) / 'rlp' / f'{model_key}__rlp.onnx'
 
 
+def load_for(kind, path, predictor_config, model_key, **kwargs):
+    """Return ``kind.load(path, **kwargs)`` with the config's threads and provider.
+
+    kind: a predictor class with ``load`` (the RLP, a readout). ValueError when the file was
+    trained for another model than ``model_key`` ('': any).
+    """
+    loaded = kind.load(path, threads=predictor_config.threads,
+                       provider=predictor_config.provider, **kwargs)
+    if model_key and loaded.model_key != model_key:
+        raise ValueError(f'{path} was trained for model {loaded.model_key!r}, '
+                         f'not {model_key!r}')
+    return loaded
+
+
 def default_readout_path(model_key: str, cache_dir=None) -> pathlib.Path:
     """Return where ``timebill predictor readout --export`` puts the prefill readout."""
     return pathlib.Path(paths.cache_root(cache_dir)) / 'rlp' / f'{model_key}__readout.onnx'

@@ -18,7 +18,8 @@ import numpy as np
 
 from timebill_ros.predictors.base import LengthPredictor
 from timebill_ros.predictors.compress import compress_ids
-from timebill_ros.predictors.contract import INPUT_NAME, OUTPUT_NAME, read_metadata
+from timebill_ros.predictors.contract import (INPUT_NAME, load_for, OUTPUT_NAME,
+                                              predictor_paths, read_metadata)
 from timebill_ros.predictors.length_distribution import OutputFormat
 from timebill_ros.timing.model import fit_prefill
 
@@ -134,15 +135,10 @@ class OnnxRlpPredictor(LengthPredictor):
     def from_config(cls, predictor_config, model_key='', prefill_s=None, cache_dir=None,
                     log=print):
         """Load ``predictor.model_file`` (or the cache's file of ``model_key``); see base."""
-        from timebill_ros.predictors.contract import predictor_paths
         path = predictor_paths(predictor_config, model_key, cache_dir)['RLP']
-        predictor = cls.load(
-            path, threads=predictor_config.threads, provider=predictor_config.provider,
-            prefill_s=prefill_s, min_input_tokens=predictor_config.min_input_tokens,
-            max_input_tokens=predictor_config.max_input_tokens)
-        if model_key and predictor.model_key != model_key:
-            raise ValueError(f'{path} was trained for model {predictor.model_key!r}, '
-                             f'not {model_key!r}')
+        predictor = load_for(cls, path, predictor_config, model_key, prefill_s=prefill_s,
+                             min_input_tokens=predictor_config.min_input_tokens,
+                             max_input_tokens=predictor_config.max_input_tokens)
         timing = predictor.timing
         log(f'RLP loaded from {path}: t^_Predict(N_p) = {timing.a_p:.3g} N_p^2 + '
             f'{timing.b_p:.3g} N_p + {timing.c_p:.3g} s; reads N_p <= '
