@@ -277,7 +277,10 @@ def _online_run(online_answer):
                              'item': item, 'status': 1, 'deadline_met': True,
                              'response': answer, 'alpha': 0.0, 'decided': True,
                              'predicted_wcet_s': 1.5, 'total_s': 1.2, 'queue_s': 0.2,
-                             'checkpoint_wcet_s': [1.5, 1.1]})
+                             'checkpoint_wcet_s': [1.5, 1.1], 'rest_error_tokens': 2,
+                             'message': 'completed (end of answer), on time'
+                             if item == 'i1' else
+                             'completed (max_new_tokens reached), on time'})
     return {'rows': rows, 'vanilla': vanilla, 'items': items}
 
 
@@ -309,5 +312,8 @@ def test_the_repeats_check_and_paired_difference_of_timebill_online(tmp_path):
     assert text[effect + 4:effect + 6] == ['| 1 | kill | 0.95 | +0.333 [+0.333, +0.333] |',
                                            '| 1 | kill | 1.25 | +0.333 [+0.333, +0.333] |']
     assert '| 2 | kill | all | 8 | 1.000 | 1.50 | 1.10 |' in text
+    # ... and split by how the answers ended (item i1 by EOS, the others at N_max).
+    assert '| 2 | kill | all | eos | 2 | 1.000 | 1.50 | 1.10 | 2 of 2 | 2 |' in text
+    assert '| 2 | kill | 0.95 | max_tokens | 3 | 1.000 | 1.50 | 1.10 | 3 of 3 | 2 |' in text
     assert '| kill | 0.95 | timebill-online | 1.000 [1.000, 1.000] | 0.667 [0.667, 0.667] | '\
         '0.333 | 1.00 / 1.00 |' in text

@@ -13,7 +13,9 @@ the raw rows of runs made by separate ``timebill bench --workload robot-context`
   its bootstrap interval, per repeat; the same against timebill-online-prefill where a run
   has it (what the decode readout changes);
 * t^_WCET against the run (total - queue) of completed jobs: coverage and the median ratio
-  at admission and at the last checkpoint, per budget and over all budgets.
+  at admission and at the last checkpoint, per budget and over all budgets; the same per way
+  the answer ended (EOS, the loop guard, max_new_tokens), with the last checkpoint's
+  coverage and N^_rem error.
 """
 
 import json
@@ -22,8 +24,10 @@ import pathlib
 import numpy as np
 
 from timebill_ros.bench import scores
+from timebill_ros.engine import stopping
 from timebill_ros.bench.robot_bench import score_lines
 from timebill_ros.bench.timebill import _rouge_l_scorer
+from timebill_ros.server import outcome
 
 ONLINE, ONE_SHOT, VANILLA = 'timebill-online', 'timebill', 'vanilla'
 ONLINE_PREFILL = 'timebill-online-prefill'  # timebill-online without its decode readout
@@ -89,16 +93,59 @@ def wcet_lines(raw, method=ONLINE):
     last checkpoint's ratio is (its t^_WCET) / run; None where no job had a checkpoint. Each
     policy ends with its jobs of every budget pooled (fraction None).
     """
+    return [(policy, fraction, *_wcet_ratios(done))
+            for policy, fraction, done in _by_budget(_completed_with_wcet(raw, method))]
+
+
+def wcet_by_end(raw, method=ONLINE):
+    """Return :func:`wcet_lines`' figures per way the answer ended, with the last checkpoint's.
+
+    Each entry: (policy, fraction, end, n, coverage, median at admission, median at the
+    last, covered at the last checkpoint, jobs with a checkpoint, median N^_rem error in
+    tokens or None). end: :func:`answer_end`.
+    """
     out = []
-    rows = [r for r in raw['rows'] if r['method'] == method and scores.completed(r)
+    for policy, fraction, done in _by_budget(_completed_with_wcet(raw, method)):
+        for end in sorted({answer_end(r) for r in done}):
+            ended = [r for r in done if answer_end(r) == end]
+            out.append((policy, fraction, end, *_wcet_ratios(ended), *_last_checkpoint(ended)))
+    return out
+
+
+def answer_end(row):
+    """Return how a completed job's answer ended: a stopping reason, from its message.
+
+    The server's words for EOS, a stop string and the loop guard (outcome.STOP_WORDS); any
+    other completed answer reached max_new_tokens.
+    """
+    for reason, words in outcome.STOP_WORDS.items():
+        if words in row['message']:
+            return reason
+    return stopping.MAX_TOKENS
+
+
+def _completed_with_wcet(raw, method):
+    """Return the completed jobs of ``method`` that carry a t^_WCET."""
+    return [r for r in raw['rows'] if r['method'] == method and scores.completed(r)
             and r.get('predicted_wcet_s', 0) > 0]
+
+
+def _by_budget(rows):
+    """Yield (policy, fraction, rows) per budget, then per policy over all (fraction None)."""
     for policy in sorted({r['policy'] for r in rows}):
         fractions = sorted({r['fraction'] for r in rows if r['policy'] == policy})
         for fraction in fractions + [None]:
-            done = [r for r in rows if r['policy'] == policy
-                    and fraction in (None, r['fraction'])]
-            out.append((policy, fraction, *_wcet_ratios(done)))
-    return out
+            yield policy, fraction, [r for r in rows if r['policy'] == policy
+                                     and fraction in (None, r['fraction'])]
+
+
+def _last_checkpoint(done):
+    """Return (covered at the last checkpoint, jobs with one, median N^_rem error or None)."""
+    run = [r['total_s'] - r.get('queue_s', 0.0) for r in done]
+    last = [(r, t) for r, t in zip(done, run) if r.get('checkpoint_wcet_s')]
+    errors = [r['rest_error_tokens'] for r, _ in last if 'rest_error_tokens' in r]
+    return (sum(r['checkpoint_wcet_s'][-1] >= t for r, t in last), len(last),
+            float(np.median(errors)) if errors else None)
 
 
 def _wcet_ratios(done):
@@ -141,10 +188,32 @@ def report(raw_paths, out_dir):
             budget = 'all' if fraction is None else f'{fraction:.2f}'
             text.append(f'| {index} | {policy} | {budget} | {n} | {cover:.3f} | '
                         f'{admission:.2f} | {last_text} |')
+    text += _by_end_table(runs)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / 'repeats.md').write_text('\n'.join(text) + '\n', encoding='utf-8')
     print('\n'.join(text))
+    return text
+
+
+def _by_end_table(runs):
+    """Return the t^_WCET table of completed timebill-online jobs by how the answer ended."""
+    text = ['', '## ... by how the answer ended', '',
+            'The last checkpoint: jobs whose run its t^_WCET covers, of those with one; the '
+            'N^_rem error: its predicted tokens still to come minus those generated (rows of '
+            'code before 4b3bc11 counted the tokens a loop\'s cut kept instead).', '',
+            '| repeat | policy | T / t_v | ended by | jobs | coverage | median at admission | '
+            '... at the last checkpoint | last checkpoint covers | median N^_rem error |',
+            '|---|---|---|---|---|---|---|---|---|---|']
+    for index, raw in enumerate(runs, 1):
+        for (policy, fraction, end, n, cover, admission, last, covered, n_last,
+             error) in wcet_by_end(raw):
+            budget = 'all' if fraction is None else f'{fraction:.2f}'
+            last_text = '-' if last is None else f'{last:.2f}'
+            error_text = '-' if error is None else f'{error:.0f}'
+            text.append(f'| {index} | {policy} | {budget} | {end} | {n} | {cover:.3f} | '
+                        f'{admission:.2f} | {last_text} | {covered} of {n_last} | '
+                        f'{error_text} |')
     return text
 
 
